@@ -1,0 +1,104 @@
+"""Records (JSON, one per job) into Parquet tables; reports read only these tables.
+
+``configs``: one row per model × configuration (outcome, failure phase, placement, memory).
+``measurements``: one row per model × configuration × workload, every setting a column.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+
+from . import host as host_mod
+from . import settings as settings_mod
+from .atomic import atomic_path, read_json
+
+
+def _settings_columns(resolved: dict) -> dict:
+    return {
+        f"s_{k}": (" ".join(v) if isinstance(v, list) else v) for k, v in resolved.items()
+    }
+
+
+def _config_row(rec: dict) -> dict:
+    placement = rec.get("placement") or {}
+    memory = rec.get("memory") or {}
+    budget = rec.get("budget") or {}
+    gpu = rec["host"]["gpu"]
+    return {
+        "model": rec["model"]["name"],
+        "config_id": rec["config_id"],
+        "model_source": rec["model"]["source"],
+        "model_sha256": rec["model"]["sha256"],
+        "architecture": rec["model"].get("architecture"),
+        "quantisation": rec["model"].get("quantisation"),
+        "model_bytes": rec["model"].get("total_bytes"),
+        **_settings_columns(rec["settings"]),
+        "server_args": " ".join(settings_mod.server_args(rec["settings"])),
+        "command": json.dumps(rec.get("command")),
+        "server_version": rec["server"].get("version"),
+        "server_sha256": rec["server"].get("sha256"),
+        "server_backend": rec["server"].get("backend"),
+        "server_obtained": rec["server"].get("obtained"),
+        "environment": host_mod.environment_key(rec["host"]),
+        "cpu_model": rec["host"].get("cpu_model"),
+        "gpu": ", ".join(d["name"] for d in gpu.get("devices", [])) or "no GPU",
+        "vram_budget_mib": budget.get("vram_budget_mib"),
+        "margin_mib": budget.get("margin_mib"),
+        "repetitions": rec.get("repetitions"),
+        "outcome": rec["outcome"],
+        "failure": rec.get("failure"),
+        "phase": rec.get("phase"),
+        "message": rec.get("message"),
+        "returncode": rec.get("returncode"),
+        "load_s": rec.get("load_s"),
+        "page_cache_resident_at_start": rec.get("page_cache_resident_at_start"),
+        "peak_rss_mib": memory.get("peak_rss_mib"),
+        "peak_gpu_mib": memory.get("peak_gpu_mib"),
+        "n_ctx": placement.get("n_ctx"),
+        "n_threads": placement.get("n_threads"),
+        "n_threads_batch": placement.get("n_threads_batch"),
+        "layers_offloaded": placement.get("layers_offloaded"),
+        "buffers_mib": json.dumps(placement.get("buffers_mib") or {}),
+        "started_at": rec.get("started_at"),
+    }
+
+
+def _stat_columns(prefix: str, s: dict | None) -> dict:
+    s = s or {}
+    return {f"{prefix}_{k}": s.get(k) for k in ("median", "min", "max", "n", "spread_pct")}
+
+
+def tables(record_paths: list[Path]) -> tuple[pd.DataFrame, pd.DataFrame]:
+    configs, measurements = [], []
+    for path in record_paths:
+        rec = read_json(path)
+        row = _config_row(rec)
+        configs.append(row)
+        for w in rec.get("workloads", []):
+            peak = ((rec.get("memory") or {}).get("per_phase") or {}).get(w["name"], {})
+            measurements.append(
+                {
+                    **row,
+                    "workload": w["name"],
+                    "prompt_tokens": w["prompt_tokens"],
+                    "gen_tokens": w["gen_tokens"],
+                    "workload_outcome": w["outcome"],
+                    "workload_message": w.get("message"),
+                    **_stat_columns("prefill_tps", w.get("prefill_tps")),
+                    **_stat_columns("decode_tps", w.get("decode_tps")),
+                    "workload_peak_rss_mib": peak.get("rss_mib"),
+                    "workload_peak_gpu_mib": peak.get("gpu_mib"),
+                }
+            )
+    return pd.DataFrame(configs), pd.DataFrame(measurements)
+
+
+def write(record_paths: list[Path], configs_path: Path, measurements_path: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
+    configs, measurements = tables([Path(p) for p in record_paths])
+    for frame, path in ((configs, configs_path), (measurements, measurements_path)):
+        with atomic_path(path) as tmp:
+            frame.to_parquet(tmp, index=False)
+    return configs, measurements

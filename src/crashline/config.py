@@ -1,0 +1,148 @@
+"""Load and validate the workflow configuration; expand it into configurations with ids."""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import os
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import yaml
+
+from . import settings as settings_mod
+
+SCHEMA_NAME = "schema.yaml"
+
+
+class ConfigError(ValueError):
+    """The configuration is invalid; the message names the key and the bad value."""
+
+
+def default_schema_path() -> Path:
+    """The schema beside the packaged default config, or the repository's config/schema.yaml."""
+    packaged = Path(__file__).parent / "data" / SCHEMA_NAME
+    if packaged.exists():
+        return packaged
+    return Path(__file__).resolve().parents[2] / "config" / SCHEMA_NAME
+
+
+def _fill_defaults(schema: dict, instance: Any) -> Any:
+    """Fill ``default`` values from the schema into ``instance`` (objects and array items)."""
+    if isinstance(instance, dict):
+        for key, sub in schema.get("properties", {}).items():
+            if key not in instance and "default" in sub:
+                instance[key] = copy.deepcopy(sub["default"])
+            if key in instance:
+                instance[key] = _fill_defaults(sub, instance[key])
+        extra = schema.get("additionalProperties")
+        if isinstance(extra, dict):
+            for key in instance:
+                if key not in schema.get("properties", {}):
+                    instance[key] = _fill_defaults(extra, instance[key])
+    elif isinstance(instance, list) and isinstance(schema.get("items"), dict):
+        return [_fill_defaults(schema["items"], item) for item in instance]
+    return instance
+
+
+def _key_path(error: jsonschema.ValidationError) -> str:
+    parts = [str(p) for p in error.absolute_path]
+    return ".".join(parts) if parts else "(top level)"
+
+
+def validate(config: dict, schema: dict) -> dict:
+    """Validate against the schema, fill defaults, then check cross references."""
+    validator = jsonschema.Draft202012Validator(schema)
+    errors = sorted(validator.iter_errors(config), key=lambda e: list(e.absolute_path))
+    if errors:
+        lines = []
+        for e in errors:
+            if e.validator == "additionalProperties":
+                lines.append(f"config key {_key_path(e)}: {e.message}")
+            else:
+                lines.append(f"config key {_key_path(e)} = {e.instance!r}: {e.message}")
+        raise ConfigError("invalid configuration:\n  " + "\n  ".join(lines))
+    config = _fill_defaults(schema, copy.deepcopy(config))
+    _check_references(config)
+    return config
+
+
+def _check_references(config: dict) -> None:
+    models = set(config["models"])
+    for i, entry in enumerate(config["configurations"]):
+        for name in entry.get("models", []):
+            if name not in models:
+                raise ConfigError(
+                    f"config key configurations.{i}.models: unknown model {name!r}; "
+                    f"models are {', '.join(sorted(models))}"
+                )
+    names = [w["name"] for w in config["workloads"]]
+    dupes = sorted({n for n in names if names.count(n) > 1})
+    if dupes:
+        raise ConfigError(f"config key workloads: duplicate workload name(s) {', '.join(dupes)}")
+    objective = config["objective"].get("workload")
+    if objective is not None and objective not in names:
+        raise ConfigError(f"config key objective.workload = {objective!r}: no such workload; workloads are {', '.join(names)}")
+    for name, model in config["models"].items():
+        if "synthetic" in model and not model["source"].startswith("synthetic:"):
+            raise ConfigError(f"config key models.{name}.synthetic: only synthetic: sources take a shape")
+    for cfg in expand(config):
+        draft = cfg["settings"].get("draft_model")
+        if draft is not None and draft not in models:
+            raise ConfigError(f"setting draft_model = {draft!r} in a configuration of {cfg['model']}: no such model")
+
+
+def load(path: str | os.PathLike, schema_path: str | os.PathLike | None = None) -> dict:
+    path = Path(path)
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"configuration file not found: {path}") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"configuration file {path} is not valid YAML: {exc}") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"configuration file {path} must hold a mapping, got {type(raw).__name__}")
+    schema = yaml.safe_load(Path(schema_path or default_schema_path()).read_text())
+    return validate(raw, schema)
+
+
+def cache_dir(config: dict) -> Path:
+    configured = config.get("cache_dir") or os.environ.get("CRASHLINE_CACHE")
+    return Path(configured or Path.home() / ".cache" / "crashline").expanduser()
+
+
+def expand(config: dict) -> list[dict]:
+    """Every (model, configuration) the config asks for, resolved, with ids; duplicates once.
+
+    Each item: {"model", "id", "settings" (resolved), "given" (what the config wrote)}.
+    """
+    base = config.get("defaults", {})
+    seen: dict[tuple[str, str], dict] = {}
+    for i, entry in enumerate(config["configurations"]):
+        grid = entry.get("grid", {})
+        names = list(grid)
+        for combo in itertools.product(*(grid[n] for n in names)):
+            given = {**base, **entry.get("settings", {}), **dict(zip(names, combo))}
+            try:
+                resolved = settings_mod.resolve(given)
+            except settings_mod.SettingsError as exc:
+                raise ConfigError(f"config key configurations.{i}: {exc}") from None
+            for model in entry.get("models") or list(config["models"]):
+                cid = settings_mod.config_id(model, resolved)
+                seen.setdefault((model, cid), {"model": model, "id": cid, "settings": resolved, "given": given})
+    return list(seen.values())
+
+
+def find(config: dict, model: str, cid: str) -> dict:
+    for item in expand(config):
+        if item["model"] == model and item["id"] == cid:
+            return item
+    raise ConfigError(f"no configuration {cid!r} for model {model!r} in this config (run `python -m crashline plan`)")
+
+
+def objective_workload(config: dict) -> str:
+    """The workload whose speed decides: the configured one, else the one with the longest prompt."""
+    if config["objective"].get("workload"):
+        return config["objective"]["workload"]
+    return max(config["workloads"], key=lambda w: (w["prompt_tokens"], w["gen_tokens"]))["name"]

@@ -1,0 +1,149 @@
+"""One measurement job: a model × configuration, every workload, one record whatever happens."""
+
+from __future__ import annotations
+
+import datetime as dt
+import time
+from pathlib import Path
+
+import requests
+
+from . import host, logparse, pagecache
+from . import settings as settings_mod
+from .atomic import write_json
+from .server import ServerProcess
+from .telemetry import MemorySampler
+from .workloads import Client, PromptSource, RequestFailed, check_run, one_run, summarize
+
+RECORD_SCHEMA = 1
+
+
+def _now() -> str:
+    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+
+
+def model_summary(name: str, fetch_record: dict, manifest: dict) -> dict:
+    return {
+        "name": name,
+        "source": fetch_record["source"],
+        "path": fetch_record["files"][0]["path"],
+        "sha256": fetch_record["sha256"],
+        "files": [{k: f[k] for k in ("name", "bytes", "sha256")} for f in fetch_record["files"]],
+        "architecture": manifest.get("architecture"),
+        "quantisation": manifest.get("file_type"),
+        "total_bytes": manifest.get("total_bytes"),
+        "layers": manifest.get("layers"),
+        "n_expert": manifest.get("n_expert"),
+        "n_expert_used": manifest.get("n_expert_used"),
+    }
+
+
+def _server_failure(server: ServerProcess, phase: str, timed_out: bool = False) -> dict:
+    """Classify a server that died (or hung) during ``phase`` from its log and exit status."""
+    if timed_out:
+        server.stop(timeout_s=5)
+    else:
+        server.proc.wait(timeout=30)
+        server.returncode = server.proc.returncode
+    return logparse.classify(server.log_text(), server.returncode, phase_hint=phase, timed_out=timed_out)
+
+
+def run_workloads(server: ServerProcess, sampler: MemorySampler, workloads: list[dict], repetitions: int,
+                  request_timeout_s: float) -> tuple[list[dict], dict | None]:
+    """Every workload R times. Returns per-workload results and the server-level failure, if any."""
+    client = Client(server.url, request_timeout_s)
+    sampler.phase("prepare")
+    prompts = PromptSource(client)
+    results = []
+    for workload in workloads:
+        sampler.phase(workload["name"])
+        result = {**workload, "repetitions": repetitions, "runs": [], "outcome": "ok", "message": None}
+        results.append(result)
+        for i in range(repetitions):
+            try:
+                run = one_run(client, prompts, workload, i)
+            except RequestFailed as exc:
+                outcome = "context_exceeded" if "context" in exc.message.lower() else "request_failed"
+                result.update(outcome=outcome, message=exc.message)
+                break
+            except requests.Timeout:
+                result.update(outcome="timeout", message=f"no answer within {request_timeout_s} s")
+                return results, _server_failure(server, workload["name"], timed_out=True)
+            except requests.ConnectionError as exc:
+                if server.alive():
+                    result.update(outcome="request_failed", message=str(exc)[:300])
+                    break
+                failure = _server_failure(server, workload["name"])
+                result.update(outcome=failure["outcome"], message=failure["message"])
+                return results, failure
+            result["runs"].append(run)
+            problem = check_run(run, workload)
+            if problem:
+                result.update(outcome="truncated", message=problem)
+                break
+        result.update(summarize(result["runs"]) if result["outcome"] == "ok" else {"prefill_tps": None, "decode_tps": None})
+    return results, None
+
+
+def measure(*, model_name: str, item: dict, config: dict, fetch_record: dict, manifest: dict,
+            provenance: dict, record_path: Path, log_path: Path, draft_path: str | None = None) -> dict:
+    """Start the server for one configuration, run the workloads, stop it, write the record."""
+    server_cfg = config["server"]
+    resolved = item["settings"]
+    model_path = fetch_record["files"][0]["path"]
+    if resolved.get("draft_model") and not draft_path:
+        raise ValueError(f"configuration {item['id']} names draft model {resolved['draft_model']!r}; its file is needed")
+    command = settings_mod.command_line(provenance["binary"], model_path, resolved, lambda _name: draft_path)
+    record = {
+        "schema": RECORD_SCHEMA,
+        "kind": "measure",
+        "config_id": item["id"],
+        "model": model_summary(model_name, fetch_record, manifest),
+        "settings": resolved,
+        "given": item["given"],
+        "server": {k: provenance.get(k) for k in ("binary", "obtained", "sha256", "version", "backend", "source", "build_flags")},
+        "host": host.describe(),
+        "budget": config["budget"],
+        "repetitions": config["repetitions"],
+        "page_cache_resident_at_start": round(pagecache.resident_fraction(model_path), 4),
+        "started_at": _now(),
+    }
+    server = ServerProcess(command, log_path)
+    workloads: list[dict] = []
+    failure = None
+    try:
+        server.start()
+        record["command"] = server.command
+        with MemorySampler(server.proc.pid) as sampler:
+            state = server.wait_ready(server_cfg["startup_timeout_s"])
+            if state == "ready":
+                record["load_s"] = round(server.ready_after_s, 2)
+                workloads, failure = run_workloads(
+                    server, sampler, config["workloads"], config["repetitions"], server_cfg["request_timeout_s"]
+                )
+            else:
+                failure = _server_failure(server, "load", timed_out=(state == "timeout"))
+            sampler.phase("stop")
+            server.stop(server_cfg["stop_timeout_s"])
+        record["memory"] = sampler.result()
+    finally:
+        server.stop(5)
+    log = server.log_text()
+    record["returncode"] = server.returncode
+    record["placement"] = logparse.parse_log(log)
+    if failure is None:
+        failure = logparse.classify(log, server.returncode, phase_hint="stop")
+        bad = next((w for w in workloads if w["outcome"] != "ok"), None)
+        if failure["outcome"] == "ok" and bad:
+            failure = {"outcome": bad["outcome"], "failure": bad["outcome"], "phase": bad["name"], "message": bad["message"]}
+    record.update(
+        outcome=failure["outcome"],
+        failure=failure.get("failure"),
+        phase=failure.get("phase"),
+        message=failure.get("message"),
+        log_tail=record["placement"].get("tail") if failure["outcome"] != "ok" else None,
+        workloads=workloads,
+        finished_at=_now(),
+    )
+    write_json(record_path, record)
+    return record

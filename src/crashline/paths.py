@@ -1,0 +1,40 @@
+"""Where each job's output lives under the results folder; the Snakefile and the CLI share it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+class Layout:
+    def __init__(self, results_dir: str | Path):
+        self.root = Path(results_dir)
+
+    def fetch(self, model: str) -> Path:
+        return self.root / "models" / model / "fetch.json"
+
+    def manifest(self, model: str) -> Path:
+        return self.root / "models" / model / "manifest.json"
+
+    def warmup(self, model: str) -> Path:
+        return self.root / "models" / model / "warmup.json"
+
+    def provenance(self) -> Path:
+        return self.root / "server" / "provenance.json"
+
+    def record(self, model: str, cid: str) -> Path:
+        return self.root / "records" / model / cid / "measure.json"
+
+    def server_log(self, model: str, cid: str) -> Path:
+        return self.root / "records" / model / cid / "server.log"
+
+    def configs_table(self) -> Path:
+        return self.root / "tables" / "configs.parquet"
+
+    def measurements_table(self) -> Path:
+        return self.root / "tables" / "measurements.parquet"
+
+    def report_md(self) -> Path:
+        return self.root / "report.md"
+
+    def report_html(self) -> Path:
+        return self.root / "report.html"

@@ -1,0 +1,55 @@
+"""The recommendation: the fastest configuration that survived every workload, and why each other
+configuration lost (it failed, with its phase, or it was slower, by how much)."""
+
+from __future__ import annotations
+
+import pandas as pd
+
+METRIC_LABEL = {"decode_tps": "decode", "prefill_tps": "prefill"}
+
+
+def recommend(configs: pd.DataFrame, measurements: pd.DataFrame, metric: str, workload: str) -> list[dict]:
+    """One entry per (model, environment): the winner and the verdict on every other configuration."""
+    out = []
+    if configs.empty:
+        return out
+    for (model, env), group in configs.groupby(["model", "environment"], sort=True):
+        speeds = measurements[
+            (measurements["model"] == model)
+            & (measurements["environment"] == env)
+            & (measurements["workload"] == workload)
+        ].set_index("config_id")
+        col = f"{metric}_median"
+        survivors = group[group["outcome"] == "ok"]
+        ranked = sorted(
+            ((speeds.loc[cid, col], cid) for cid in survivors["config_id"] if cid in speeds.index),
+            reverse=True,
+        )
+        winner = ranked[0][1] if ranked else None
+        best = ranked[0][0] if ranked else None
+        verdicts = []
+        for _, row in group.iterrows():
+            cid = row["config_id"]
+            if cid == winner:
+                continue
+            if row["outcome"] != "ok":
+                where = f" at {row['phase']}" if row["phase"] else ""
+                verdicts.append({"config_id": cid, "reason": f"{row['outcome']}{where}: {row['message'] or 'no message'}",
+                                 "failed": True})
+            else:
+                speed = speeds.loc[cid, col] if cid in speeds.index else None
+                pct = (speed - best) / best * 100 if speed and best else None
+                verdicts.append({"config_id": cid, "failed": False, "speed": speed,
+                                 "reason": f"slower: {speed:.1f} t/s ({pct:+.1f}%)" if pct is not None else "no speed"})
+        out.append({
+            "model": model,
+            "environment": env,
+            "metric": metric,
+            "metric_label": METRIC_LABEL[metric],
+            "workload": workload,
+            "winner": winner,
+            "winner_speed": best,
+            "winner_row": group[group["config_id"] == winner].iloc[0].to_dict() if winner else None,
+            "others": sorted(verdicts, key=lambda v: (v["failed"], -(v.get("speed") or 0))),
+        })
+    return out

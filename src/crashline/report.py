@@ -1,0 +1,123 @@
+"""Markdown and HTML reports from the Parquet tables (and nothing else)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import shlex
+from pathlib import Path
+
+import jinja2
+import pandas as pd
+
+from .atomic import atomic_path, read_json
+from .recommend import recommend
+
+
+def _fmt_stat(row, prefix: str) -> str:
+    med = row.get(f"{prefix}_median")
+    if med is None or pd.isna(med):
+        return "–"
+    return f"{med:.1f} [{row[f'{prefix}_min']:.1f}–{row[f'{prefix}_max']:.1f}] n={int(row[f'{prefix}_n'])}"
+
+
+def _num(value, digits: int = 0) -> str:
+    if value is None or pd.isna(value):
+        return "–"
+    return f"{value:.{digits}f}"
+
+
+def _size(nbytes) -> str:
+    if nbytes is None or pd.isna(nbytes):
+        return "–"
+    return f"{nbytes / (1 << 20):,.0f} MiB"
+
+
+def reproduce_command(command_json: str) -> str:
+    """The recorded server command, as a user would type it: default port, no crashline logging."""
+    args = json.loads(command_json) or []
+    out, skip = [], 0
+    for i, arg in enumerate(args):
+        if skip:
+            skip -= 1
+            continue
+        if arg in ("--host", "--port", "-lv"):
+            skip = 1
+            continue
+        out.append(arg)
+    out[0] = Path(out[0]).name
+    return shlex.join(out + ["--host", "127.0.0.1", "--port", "8080"])
+
+
+def context(configs: pd.DataFrame, measurements: pd.DataFrame, provenance: dict, config: dict) -> dict:
+    metric = config["objective"]["metric"]
+    from .config import objective_workload
+
+    workload = objective_workload(config)
+    recs = recommend(configs, measurements, metric, workload)
+    winners = {(r["model"], r["winner"]) for r in recs}
+    per_model = []
+    for model in configs["model"].drop_duplicates():
+        c = configs[configs["model"] == model]
+        m = measurements[measurements["model"] == model] if not measurements.empty else measurements
+        rows = []
+        for _, cfg in c.iterrows():
+            wl = m[m["config_id"] == cfg["config_id"]] if not m.empty else m
+            base = {
+                "config_id": cfg["config_id"],
+                "server_args": cfg["server_args"],
+                "recommended": (model, cfg["config_id"]) in winners,
+                "load_s": _num(cfg["load_s"], 1),
+            }
+            if wl.empty:
+                rows.append({**base, "workload": "–", "outcome": cfg["outcome"], "prefill": "–", "decode": "–",
+                             "rss": _num(cfg["peak_rss_mib"]), "vram": _num(cfg["peak_gpu_mib"])})
+            for _, w in wl.iterrows():
+                rows.append({**base, "workload": w["workload"], "outcome": w["workload_outcome"],
+                             "prefill": _fmt_stat(w, "prefill_tps"), "decode": _fmt_stat(w, "decode_tps"),
+                             "rss": _num(w["workload_peak_rss_mib"]), "vram": _num(w["workload_peak_gpu_mib"])})
+        failures = c[c["outcome"] != "ok"].to_dict("records")
+        model_recs = [dict(r) for r in recs if r["model"] == model]
+        for r in model_recs:
+            r["command"] = reproduce_command(r["winner_row"]["command"]) if r["winner"] else None
+        per_model.append({"name": model, "rows": rows, "failures": failures, "recommendations": model_recs})
+    models = (
+        configs.drop_duplicates("model")[["model", "model_source", "model_sha256", "architecture", "quantisation", "model_bytes"]]
+        .assign(size=lambda d: d["model_bytes"].map(_size))
+        .to_dict("records")
+    )
+    residency = configs["page_cache_resident_at_start"].dropna()
+    workloads = (
+        measurements.drop_duplicates("workload")[["workload", "prompt_tokens", "gen_tokens"]]
+        .assign(repetitions=config["repetitions"]).to_dict("records")
+        if not measurements.empty
+        else [{"workload": w["name"], "prompt_tokens": w["prompt_tokens"], "gen_tokens": w["gen_tokens"],
+               "repetitions": config["repetitions"]} for w in config["workloads"]]
+    )
+    return {
+        "generated": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "n_configs": len(configs),
+        "environments": configs.drop_duplicates("environment")[["cpu_model", "gpu"]].to_dict("records"),
+        "server": provenance,
+        "budget": config["budget"],
+        "residency": f"{residency.min():.0%}–{residency.max():.0%}" if len(residency) else "–",
+        "workloads": workloads,
+        "models": models,
+        "per_model": per_model,
+    }
+
+
+def render(configs_path: Path, measurements_path: Path, provenance_path: Path, config: dict,
+           md_path: Path, html_path: Path) -> None:
+    configs = pd.read_parquet(configs_path)
+    measurements = pd.read_parquet(measurements_path)
+    ctx = context(configs, measurements, read_json(provenance_path), config)
+    env = jinja2.Environment(
+        loader=jinja2.PackageLoader("crashline", "templates"),
+        autoescape=jinja2.select_autoescape(["html"]),
+        keep_trailing_newline=True,
+    )
+    for template, path in (("report.md.j2", md_path), ("report.html.j2", html_path)):
+        text = env.get_template(template).render(**ctx)
+        with atomic_path(path) as tmp:
+            tmp.write_text(text)

@@ -1,0 +1,146 @@
+"""The server-settings vocabulary: names users write, the llama-server flags they become, defaults.
+
+A configuration is a mapping of these names to values. Its canonical form has every name
+resolved (crashline's defaults filled in), keys sorted; its id is a short hash of that form, so
+two spellings of the same configuration share one id and one measurement.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from typing import Any, Callable
+
+
+class SettingsError(ValueError):
+    """A configuration names an unknown setting or gives a value of the wrong kind."""
+
+
+@dataclass(frozen=True)
+class Setting:
+    name: str
+    flag: str | None  # None: handled specially (boolean pairs, lists)
+    kind: str  # "int", "str", "choice", "bool", "list"
+    default: Any
+    doc: str
+    choices: tuple = ()
+    speed_relevant: bool = True
+
+
+CACHE_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1")
+
+SETTINGS: dict[str, Setting] = {
+    s.name: s
+    for s in [
+        Setting("n_gpu_layers", "-ngl", "int", 999, "layers offloaded to the GPU (999: all)"),
+        Setting("n_cpu_moe", "--n-cpu-moe", "int", 0, "keep the expert FFNs of the first N layers on the CPU"),
+        Setting("ctx", "-c", "int", 4096, "context size in tokens (all slots together)"),
+        Setting("batch", "-b", "int", 2048, "logical batch size"),
+        Setting("ubatch", "-ub", "int", 512, "physical micro-batch size; sets the compute buffer"),
+        Setting("cache_type_k", "-ctk", "choice", "f16", "KV cache type for K", CACHE_TYPES),
+        Setting("cache_type_v", "-ctv", "choice", "f16", "KV cache type for V", CACHE_TYPES),
+        Setting("flash_attn", "-fa", "choice", "auto", "flash attention", ("on", "off", "auto")),
+        Setting("parallel", "-np", "int", 1, "parallel slots"),
+        Setting("threads", "-t", "int", None, "generation threads (default: llama.cpp's choice, read back from the log)"),
+        Setting("threads_batch", "-tb", "int", None, "prompt-processing threads (default: as threads)"),
+        Setting("override_tensor", "-ot", "str", None, "tensor placement overrides, PATTERN=BUFFER,..."),
+        Setting("load_mode", "-lm", "choice", "auto", "model loading mode", ("auto", "none", "mmap", "mlock", "mmap+mlock", "dio")),
+        Setting("fit", "--fit", "choice", "off", "let llama.cpp choose placement itself (--fit on)", ("on", "off")),
+        Setting("kv_unified", None, "bool", None, "one KV buffer shared by all slots (-kvu / -no-kvu)"),
+        Setting("cont_batching", None, "bool", True, "continuous batching (-cb / -nocb)"),
+        Setting("draft_model", "-md", "str", None, "name of a model in `models:` used as speculative draft"),
+        Setting("draft_max", "--draft-max", "int", None, "tokens drafted per step"),
+        Setting("draft_min", "--draft-min", "int", None, "minimum drafted tokens"),
+        Setting("draft_n_gpu_layers", "-ngld", "int", None, "draft model layers on the GPU"),
+        Setting("extra_args", None, "list", (), "further llama-server arguments, passed through verbatim"),
+    ]
+}
+
+_BOOL_FLAGS = {"kv_unified": ("-kvu", "-no-kvu"), "cont_batching": ("-cb", "-nocb")}
+
+
+def _check_value(setting: Setting, value: Any) -> Any:
+    def bad(expected: str) -> SettingsError:
+        return SettingsError(f"setting {setting.name!r}: expected {expected}, got {value!r}")
+
+    if value is None:
+        return None
+    if setting.kind == "int":
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise bad("a non-negative integer")
+        return value
+    if setting.kind == "bool":
+        if not isinstance(value, bool):
+            raise bad("true or false")
+        return value
+    if setting.kind == "choice":
+        text = str(value).lower() if not isinstance(value, bool) else ("on" if value else "off")
+        if text not in setting.choices:
+            raise bad("one of " + ", ".join(setting.choices))
+        return text
+    if setting.kind == "str":
+        if not isinstance(value, str) or not value:
+            raise bad("a non-empty string")
+        return value
+    if setting.kind == "list":
+        if isinstance(value, str):
+            value = value.split()
+        if not isinstance(value, (list, tuple)) or not all(isinstance(v, (str, int, float)) for v in value):
+            raise bad("a list of arguments")
+        return [str(v) for v in value]
+    raise AssertionError(setting.kind)
+
+
+def resolve(settings: dict[str, Any]) -> dict[str, Any]:
+    """Every known setting with the user's value or crashline's default; unknown names fail."""
+    unknown = sorted(set(settings) - set(SETTINGS))
+    if unknown:
+        raise SettingsError(
+            f"unknown server setting(s) {', '.join(map(repr, unknown))}; known settings: "
+            + ", ".join(SETTINGS)
+        )
+    resolved = {}
+    for name, setting in SETTINGS.items():
+        value = settings.get(name, setting.default)
+        resolved[name] = _check_value(setting, value)
+    if resolved["extra_args"] is None:
+        resolved["extra_args"] = []
+    resolved["extra_args"] = list(resolved["extra_args"])
+    return resolved
+
+
+def canonical(resolved: dict[str, Any]) -> str:
+    return json.dumps(resolved, sort_keys=True, separators=(",", ":"))
+
+
+def config_id(model: str, resolved: dict[str, Any]) -> str:
+    """Short stable hash of the model name and the canonical resolved settings."""
+    digest = hashlib.sha256(f"{model}\n{canonical(resolved)}".encode()).hexdigest()
+    return digest[:10]
+
+
+def server_args(resolved: dict[str, Any], draft_path: Callable[[str], str] | None = None) -> list[str]:
+    """The llama-server arguments for resolved settings (model, host, port and logging excluded)."""
+    args: list[str] = []
+    for name, setting in SETTINGS.items():
+        value = resolved.get(name)
+        if value is None or name == "extra_args":
+            continue
+        if name in _BOOL_FLAGS:
+            args.append(_BOOL_FLAGS[name][0] if value else _BOOL_FLAGS[name][1])
+        elif name == "draft_model":
+            args += [setting.flag, draft_path(value) if draft_path else value]
+        else:
+            args += [setting.flag, str(value)]
+    return args + list(resolved.get("extra_args") or [])
+
+
+def differing(resolved: dict[str, Any], defaults: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The settings that differ from crashline's defaults (for compact labels; tables keep all)."""
+    base = defaults if defaults is not None else resolve({})
+    return {k: v for k, v in resolved.items() if v != base.get(k)}
+
+
+def command_line(binary: str, model_path: str, resolved: dict[str, Any], draft_path=None) -> list[str]:
+    return [binary, "-m", model_path, *server_args(resolved, draft_path)]

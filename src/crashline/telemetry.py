@@ -1,0 +1,102 @@
+"""Sampling beside a running server: its RSS from /proc and its own GPU memory from NVML,
+with the peak per phase (load, each workload). GPU memory is the server process's own
+(nvmlDeviceGetComputeRunningProcesses), so other processes and any ballast do not count.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import psutil
+
+
+class _Nvml:
+    """Per-process GPU memory, or nothing when there is no NVIDIA GPU."""
+
+    def __init__(self):
+        self.handles = []
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+            self.pynvml = pynvml
+            self.handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
+        except Exception:  # no driver, no library, no device: GPU columns say "no GPU"
+            self.handles = []
+
+    @property
+    def present(self) -> bool:
+        return bool(self.handles)
+
+    def process_mib(self, pids: set[int]) -> float:
+        total = 0
+        for h in self.handles:
+            try:
+                procs = self.pynvml.nvmlDeviceGetComputeRunningProcesses(h)
+            except self.pynvml.NVMLError:
+                continue
+            total += sum(p.usedGpuMemory or 0 for p in procs if p.pid in pids)
+        return total / (1 << 20)
+
+    def close(self):
+        if self.handles:
+            self.pynvml.nvmlShutdown()
+
+
+class MemorySampler:
+    """Samples every ``interval_s`` in a thread; ``phase(name)`` marks where the next samples belong."""
+
+    def __init__(self, pid: int, interval_s: float = 0.2):
+        self.pid = pid
+        self.interval_s = interval_s
+        self.current = "load"
+        self.peaks: dict[str, dict] = {}
+        self.nvml = _Nvml()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def phase(self, name: str) -> None:
+        self._sample()
+        self.current = name
+
+    def _pids(self) -> tuple[set[int], float]:
+        try:
+            proc = psutil.Process(self.pid)
+            procs = [proc, *proc.children(recursive=True)]
+            rss = sum(p.memory_info().rss for p in procs) / (1 << 20)
+            return {p.pid for p in procs}, rss
+        except psutil.Error:
+            return set(), 0.0
+
+    def _sample(self) -> None:
+        pids, rss = self._pids()
+        if not pids:
+            return
+        peak = self.peaks.setdefault(self.current, {"rss_mib": 0.0, "gpu_mib": None, "samples": 0})
+        peak["rss_mib"] = max(peak["rss_mib"], round(rss, 1))
+        peak["samples"] += 1
+        if self.nvml.present:
+            peak["gpu_mib"] = max(peak["gpu_mib"] or 0.0, round(self.nvml.process_mib(pids), 1))
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            self._sample()
+
+    def __enter__(self) -> "MemorySampler":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.nvml.close()
+
+    def result(self) -> dict:
+        gpu = [p["gpu_mib"] for p in self.peaks.values() if p["gpu_mib"] is not None]
+        return {
+            "gpu_present": self.nvml.present,
+            "per_phase": self.peaks,
+            "peak_rss_mib": max((p["rss_mib"] for p in self.peaks.values()), default=None),
+            "peak_gpu_mib": max(gpu) if gpu else None,
+        }

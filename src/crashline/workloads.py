@@ -1,0 +1,138 @@
+"""Workloads against a running llama-server: prompts of real prose sized to exact token counts
+through the server's own /tokenize, prompt cache off, greedy, speeds from the response timings.
+"""
+
+from __future__ import annotations
+
+import statistics
+from importlib import resources
+
+import requests
+
+PROSE_DIR = "data/prose"
+
+
+class RequestFailed(Exception):
+    """The server answered a request with an error (it is still running)."""
+
+    def __init__(self, status: int, message: str):
+        super().__init__(f"HTTP {status}: {message}")
+        self.status = status
+        self.message = message
+
+
+def prose_text() -> str:
+    """The public-domain prose shipped with the package, all works joined."""
+    folder = resources.files("crashline").joinpath(PROSE_DIR)
+    parts = sorted(p for p in folder.iterdir() if p.name.endswith(".txt"))
+    if not parts:
+        raise FileNotFoundError(f"no prose texts in crashline/{PROSE_DIR}")
+    return "\n\n".join(p.read_text(encoding="utf-8") for p in parts)
+
+
+class Client:
+    def __init__(self, url: str, timeout_s: float):
+        self.url = url
+        self.timeout_s = timeout_s
+        self.session = requests.Session()
+
+    def _post(self, path: str, body: dict) -> dict:
+        resp = self.session.post(f"{self.url}{path}", json=body, timeout=self.timeout_s)
+        if resp.status_code != 200:
+            try:
+                err = resp.json().get("error", {})
+                message = err.get("message", resp.text) if isinstance(err, dict) else str(err)
+            except ValueError:
+                message = resp.text
+            raise RequestFailed(resp.status_code, message.strip()[:500])
+        return resp.json()
+
+    def tokenize(self, text: str, add_special: bool = False) -> list[int]:
+        return self._post("/tokenize", {"content": text, "add_special": add_special})["tokens"]
+
+    def props(self) -> dict:
+        return self.session.get(f"{self.url}/props", timeout=self.timeout_s).json()
+
+    def complete(self, prompt: list[int] | str, n_predict: int) -> dict:
+        return self._post(
+            "/completion",
+            {
+                "prompt": prompt,
+                "n_predict": n_predict,
+                "cache_prompt": False,
+                "temperature": 0.0,
+                "top_k": 1,
+                "ignore_eos": True,
+                "stream": False,
+            },
+        )
+
+
+class PromptSource:
+    """Token ids of the prose, tokenized once by this server; prompts are slices at distinct offsets."""
+
+    def __init__(self, client: Client):
+        self.special = client.tokenize("", add_special=True)  # BOS where the model uses one
+        self.tokens = client.tokenize(prose_text())
+        if len(self.tokens) < 1024:
+            raise RuntimeError(f"the prose tokenized to only {len(self.tokens)} tokens")
+
+    def prompt(self, n_tokens: int, index: int) -> list[int]:
+        """Exactly ``n_tokens`` ids: the special prefix, then prose from an offset that differs per index."""
+        body = n_tokens - len(self.special)
+        start = (index * 7919 + 13) % len(self.tokens)  # a prime stride: no two repetitions share a prefix
+        out: list[int] = []
+        while len(out) < body:
+            take = self.tokens[start : start + body - len(out)]
+            out += take
+            start = 0
+        return self.special + out
+
+
+def stats(values: list[float]) -> dict | None:
+    if not values:
+        return None
+    med = statistics.median(values)
+    return {
+        "median": med,
+        "min": min(values),
+        "max": max(values),
+        "n": len(values),
+        "stdev": statistics.stdev(values) if len(values) > 1 else 0.0,
+        "spread_pct": (max(values) - min(values)) / med * 100 if med else None,
+    }
+
+
+def one_run(client: Client, prompts: PromptSource, workload: dict, index: int) -> dict:
+    """One request; checks that the server evaluated exactly the prompt it was sent."""
+    prompt = prompts.prompt(workload["prompt_tokens"], index)
+    answer = client.complete(prompt, workload["gen_tokens"])
+    t = answer.get("timings", {})
+    run = {
+        "prompt_n": t.get("prompt_n"),
+        "prompt_ms": t.get("prompt_ms"),
+        "prefill_tps": t.get("prompt_per_second"),
+        "predicted_n": t.get("predicted_n"),
+        "predicted_ms": t.get("predicted_ms"),
+        "decode_tps": t.get("predicted_per_second"),
+        "truncated": answer.get("truncated"),
+    }
+    return run
+
+
+def check_run(run: dict, workload: dict) -> str | None:
+    """Why a run does not count, or None."""
+    if run["truncated"]:
+        return f"prompt truncated by the server (prompt_n {run['prompt_n']} of {workload['prompt_tokens']})"
+    if run["prompt_n"] != workload["prompt_tokens"]:
+        return f"server evaluated {run['prompt_n']} prompt tokens, {workload['prompt_tokens']} were sent"
+    if run["predicted_n"] != workload["gen_tokens"]:
+        return f"server generated {run['predicted_n']} tokens, {workload['gen_tokens']} were asked"
+    return None
+
+
+def summarize(runs: list[dict]) -> dict:
+    return {
+        "prefill_tps": stats([r["prefill_tps"] for r in runs if r.get("prefill_tps")]),
+        "decode_tps": stats([r["decode_tps"] for r in runs if r.get("decode_tps")]),
+    }
