@@ -62,7 +62,7 @@ def _devices(binary: Path) -> list[str]:
         if line.startswith("Available devices"):
             listing = True
             continue
-        if listing and line.strip():
+        if listing and line.strip() and line.strip() != "(none)":
             out.append(line.strip())
     return out
 
@@ -82,7 +82,7 @@ def _cmake_flags(build_dir: Path) -> dict:
             if line.startswith(("GGML_", "LLAMA_", "CMAKE_BUILD_TYPE", "CMAKE_CUDA_ARCHITECTURES")) and "=" in line:
                 key, value = line.split("=", 1)
                 name = key.split(":")[0]
-                if not name.endswith(("_DIR", "ADVANCED")):
+                if not name.endswith(("_DIR", "ADVANCED")) and value not in ("OFF", ""):
                     flags[name] = value
     return flags
 
@@ -109,8 +109,11 @@ def cache_root(cache_dir: Path) -> Path:
 
 
 def wanted_backend(backend: str) -> str:
+    """auto: CUDA when both nvcc and an NVIDIA GPU are present (nvcc alone builds for no device)."""
     if backend == "auto":
-        return "cuda" if shutil.which("nvcc") else "cpu"
+        from .host import gpus
+
+        return "cuda" if shutil.which("nvcc") and gpus()["present"] else "cpu"
     return backend
 
 

@@ -1,0 +1,18 @@
+# crashline: the fastest llama.cpp server configuration that survives your real workload.
+# `snakemake --cores 1 report` runs everything; see README.md.
+
+
+configfile: "config/config.yaml"
+
+
+include: "rules/common.smk"
+include: "rules/models.smk"
+include: "rules/server.smk"
+include: "rules/measure.smk"
+include: "rules/report.smk"
+
+
+rule all:
+    default_target: True
+    input:
+        rules.report.output,

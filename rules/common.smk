@@ -1,0 +1,82 @@
+# Validation against config/schema.yaml, the output layout and input functions.
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(workflow.basedir) / "src"))
+
+from crashline import config as crashline_config  # noqa: E402
+from crashline.atomic import write_json  # noqa: E402
+from crashline.paths import Layout  # noqa: E402
+from crashline.settings import canonical  # noqa: E402
+
+import yaml  # noqa: E402
+
+SCHEMA = yaml.safe_load((Path(workflow.basedir) / "config" / "schema.yaml").read_text())
+try:
+    CFG = crashline_config.validate(config, SCHEMA)
+except crashline_config.ConfigError as exc:
+    raise WorkflowError(str(exc)) from None
+
+LAYOUT = Layout(CFG["results_dir"])
+RESULTS = CFG["results_dir"]
+CONFIGURATIONS = crashline_config.expand(CFG)
+CONFIG_BY_KEY = {(c["model"], c["id"]): c for c in CONFIGURATIONS}
+
+# The validated, merged config the jobs read (written only when it changes).
+EFFECTIVE_CONFIG = Path(RESULTS) / ".crashline" / "config.json"
+if not EFFECTIVE_CONFIG.exists() or json.loads(EFFECTIVE_CONFIG.read_text()) != json.loads(json.dumps(CFG)):
+    write_json(EFFECTIVE_CONFIG, CFG)
+
+CONDA = "conda" in str(workflow.deployment_settings.deployment_method).lower()
+CRASHLINE = (
+    f"PYTHONPATH={Path(workflow.basedir) / 'src'}${{PYTHONPATH:+:$PYTHONPATH}} "
+    f"{'python' if CONDA else sys.executable} -m crashline"
+)
+
+
+wildcard_constraints:
+    model="[A-Za-z0-9][A-Za-z0-9._-]*",
+    cid="[0-9a-f]{10}",
+
+
+def configuration(wildcards):
+    return CONFIG_BY_KEY[(wildcards.model, wildcards.cid)]
+
+
+def model_spec(wildcards):
+    """What identifies a model's bytes: rerun fetch only when this changes."""
+    model = CFG["models"][wildcards.model]
+    return json.dumps(model, sort_keys=True)
+
+
+def measure_inputs(wildcards):
+    item = configuration(wildcards)
+    inputs = {
+        "fetch": LAYOUT.fetch(wildcards.model),
+        "manifest": LAYOUT.manifest(wildcards.model),
+        "warmup": LAYOUT.warmup(wildcards.model),
+        "server": LAYOUT.provenance(),
+    }
+    draft = item["settings"].get("draft_model")
+    if draft:
+        inputs["draft"] = LAYOUT.fetch(draft)
+    return inputs
+
+
+def measure_params(wildcards):
+    """Everything a measurement depends on besides its inputs; a change reruns it."""
+    return json.dumps(
+        {
+            "settings": json.loads(canonical(configuration(wildcards)["settings"])),
+            "workloads": CFG["workloads"],
+            "repetitions": CFG["repetitions"],
+            "budget": CFG["budget"],
+            "server": {k: CFG["server"][k] for k in ("startup_timeout_s", "request_timeout_s")},
+        },
+        sort_keys=True,
+    )
+
+
+def all_records(wildcards):
+    return [LAYOUT.record(c["model"], c["id"]) for c in CONFIGURATIONS]

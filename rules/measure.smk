@@ -1,0 +1,22 @@
+# One job per model x configuration: start llama-server, run every workload, write one record.
+
+
+rule measure:
+    input:
+        unpack(measure_inputs),
+    output:
+        record=LAYOUT.record("{model}", "{cid}"),
+        server_log=LAYOUT.server_log("{model}", "{cid}"),
+    params:
+        depends_on=measure_params,
+    log:
+        f"{RESULTS}/logs/measure/{{model}}/{{cid}}.log",
+    benchmark:
+        f"{RESULTS}/benchmarks/measure/{{model}}/{{cid}}.tsv"
+    resources:
+        server=1,
+    conda:
+        "../envs/crashline.yaml"
+    shell:
+        "{CRASHLINE} measure --config {EFFECTIVE_CONFIG} --model {wildcards.model} --id {wildcards.cid}"
+        " --out {output.record} --log {output.server_log} > {log} 2>&1"

@@ -1,0 +1,46 @@
+# Fetch and verify each model, inspect it, and read it into the page cache.
+
+
+rule fetch_model:
+    output:
+        LAYOUT.fetch("{model}"),
+    params:
+        spec=model_spec,
+    log:
+        f"{RESULTS}/logs/fetch/{{model}}.log",
+    benchmark:
+        f"{RESULTS}/benchmarks/fetch/{{model}}.tsv"
+    conda:
+        "../envs/crashline.yaml"
+    shell:
+        "{CRASHLINE} fetch --config {EFFECTIVE_CONFIG} --model {wildcards.model} --out {output} > {log} 2>&1"
+
+
+rule inspect_model:
+    input:
+        LAYOUT.fetch("{model}"),
+    output:
+        LAYOUT.manifest("{model}"),
+    log:
+        f"{RESULTS}/logs/inspect/{{model}}.log",
+    benchmark:
+        f"{RESULTS}/benchmarks/inspect/{{model}}.tsv"
+    conda:
+        "../envs/crashline.yaml"
+    shell:
+        "{CRASHLINE} inspect --fetch-record {input} --out {output} > {log} 2>&1"
+
+
+rule warmup:
+    input:
+        LAYOUT.fetch("{model}"),
+    output:
+        LAYOUT.warmup("{model}"),
+    log:
+        f"{RESULTS}/logs/warmup/{{model}}.log",
+    benchmark:
+        f"{RESULTS}/benchmarks/warmup/{{model}}.tsv"
+    conda:
+        "../envs/crashline.yaml"
+    shell:
+        "{CRASHLINE} warmup --fetch-record {input} --out {output} > {log} 2>&1"

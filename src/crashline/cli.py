@@ -1,0 +1,182 @@
+"""`python -m crashline <verb>`: every job of the workflow, runnable without Snakemake."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from . import config as config_mod
+from .atomic import read_json, write_json
+from .paths import Layout
+
+
+def _load(args) -> tuple[dict, Layout]:
+    cfg = config_mod.load(args.config)
+    return cfg, Layout(cfg["results_dir"])
+
+
+def cmd_plan(args) -> int:
+    cfg, layout = _load(args)
+    from .settings import server_args
+
+    items = config_mod.expand(cfg)
+    if args.json:
+        print(json.dumps(items, indent=2))
+        return 0
+    for item in items:
+        print(f"{item['model']:<20} {item['id']}  {' '.join(server_args(item['settings']))}")
+    print(f"{len(items)} configuration(s); records under {layout.root}/records/MODEL/ID/", file=sys.stderr)
+    return 0
+
+
+def cmd_fetch(args) -> int:
+    from . import sources
+
+    cfg, layout = _load(args)
+    if args.model not in cfg["models"]:
+        raise config_mod.ConfigError(f"no model {args.model!r} in the config; models are {', '.join(cfg['models'])}")
+    model = cfg["models"][args.model]
+    cache = config_mod.cache_dir(cfg)
+    record = sources.fetch(
+        model["source"], cache / "models" / args.model, sha256=model.get("sha256"),
+        synthetic=model.get("synthetic"), cache_dir=cache,
+    )
+    write_json(args.out or layout.fetch(args.model), record)
+    print(record["files"][0]["path"])
+    return 0
+
+
+def cmd_inspect(args) -> int:
+    from .manifest import inspect_gguf
+
+    path = Path(args.path) if args.path else Path(read_json(args.fetch_record)["files"][0]["path"])
+    manifest = inspect_gguf(path)
+    if args.out:
+        write_json(args.out, manifest)
+    else:
+        print(json.dumps(manifest, indent=2))
+    return 0
+
+
+def cmd_warmup(args) -> int:
+    from . import pagecache
+
+    record = read_json(args.fetch_record)
+    result = {"files": [pagecache.warm(f["path"]) for f in record["files"]]}
+    write_json(args.out, result)
+    return 0
+
+
+def cmd_provision(args) -> int:
+    from . import provision
+
+    cfg, layout = _load(args)
+    info = provision.provide(cfg["server"], config_mod.cache_dir(cfg), log=sys.stderr)
+    write_json(args.out or layout.provenance(), info)
+    print(info["binary"])
+    return 0
+
+
+def cmd_measure(args) -> int:
+    from .measure import measure
+
+    cfg, layout = _load(args)
+    item = config_mod.find(cfg, args.model, args.id)
+    draft = item["settings"].get("draft_model")
+    record = measure(
+        model_name=args.model,
+        item=item,
+        config=cfg,
+        fetch_record=read_json(layout.fetch(args.model)),
+        manifest=read_json(layout.manifest(args.model)),
+        provenance=read_json(layout.provenance()),
+        record_path=Path(args.out or layout.record(args.model, args.id)),
+        log_path=Path(args.log or layout.server_log(args.model, args.id)),
+        draft_path=read_json(layout.fetch(draft))["files"][0]["path"] if draft else None,
+    )
+    print(f"{args.model} {args.id}: {record['outcome']}" + (f" ({record['phase']}: {record['message']})" if record["message"] else ""))
+    return 0
+
+
+def cmd_aggregate(args) -> int:
+    from .aggregate import write
+
+    cfg, layout = _load(args)
+    records = args.records or [layout.record(i["model"], i["id"]) for i in config_mod.expand(cfg)]
+    write(records, Path(args.configs or layout.configs_table()), Path(args.measurements or layout.measurements_table()))
+    return 0
+
+
+def cmd_report(args) -> int:
+    from .report import render
+
+    cfg, layout = _load(args)
+    render(layout.configs_table(), layout.measurements_table(), layout.provenance(), cfg,
+           layout.report_md(), layout.report_html())
+    print(layout.report_md())
+    return 0
+
+
+def cmd_parse_log(args) -> int:
+    from . import logparse
+
+    print(json.dumps(logparse.summarize(args.log), indent=2))
+    return 0
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="crashline", description=__doc__)
+    sub = p.add_subparsers(dest="verb", required=True)
+
+    def verb(name, fn, help_text, config=True):
+        s = sub.add_parser(name, help=help_text)
+        if config:
+            s.add_argument("--config", default="config/config.yaml", help="workflow config (default %(default)s)")
+        s.set_defaults(fn=fn)
+        return s
+
+    s = verb("plan", cmd_plan, "print the configurations the config expands to, with their ids")
+    s.add_argument("--json", action="store_true")
+    s = verb("fetch", cmd_fetch, "fetch and verify one model")
+    s.add_argument("--model", required=True)
+    s.add_argument("--out")
+    s = verb("inspect", cmd_inspect, "write a model's manifest (layers, experts, bytes per layer)", config=False)
+    g = s.add_mutually_exclusive_group(required=True)
+    g.add_argument("--fetch-record")
+    g.add_argument("--path")
+    s.add_argument("--out")
+    s = verb("warmup", cmd_warmup, "read a model into the page cache, recording residency", config=False)
+    s.add_argument("--fetch-record", required=True)
+    s.add_argument("--out", required=True)
+    s = verb("provision", cmd_provision, "find or build llama-server and record its provenance")
+    s.add_argument("--out")
+    s = verb("measure", cmd_measure, "measure one model x configuration")
+    s.add_argument("--model", required=True)
+    s.add_argument("--id", required=True, help="configuration id (see `plan`)")
+    s.add_argument("--out")
+    s.add_argument("--log")
+    s = verb("aggregate", cmd_aggregate, "turn records into Parquet tables")
+    s.add_argument("--configs")
+    s.add_argument("--measurements")
+    s.add_argument("records", nargs="*")
+    verb("report", cmd_report, "render results/report.md and results/report.html")
+    s = verb("parse-log", cmd_parse_log, "classify a llama-server log and print its placement as JSON", config=False)
+    s.add_argument("log")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    from .provision import ProvisionError
+    from .settings import SettingsError
+
+    from .sources import SourceError
+
+    errors = (config_mod.ConfigError, SettingsError, ProvisionError, SourceError, FileNotFoundError)
+    try:
+        return args.fn(args)
+    except errors as exc:
+        print(f"crashline {args.verb}: error: {exc}", file=sys.stderr)
+        return 2
