@@ -111,6 +111,7 @@ def measure(*, model_name: str, item: dict, config: dict, fetch_record: dict, ma
     server = ServerProcess(command, log_path)
     workloads: list[dict] = []
     failure = None
+    sampler = None
     try:
         server.start()
         record["command"] = server.command
@@ -125,9 +126,12 @@ def measure(*, model_name: str, item: dict, config: dict, fetch_record: dict, ma
                 failure = _server_failure(server, "load", timed_out=(state == "timeout"))
             sampler.phase("stop")
             server.stop(server_cfg["stop_timeout_s"])
-        record["memory"] = sampler.result()
+    except Exception as exc:  # a crashline fault still leaves a record and no server behind
+        failure = {"outcome": "error", "failure": "crashline", "phase": sampler.current if sampler else "start",
+                   "message": f"{type(exc).__name__}: {exc}"}
     finally:
         server.stop(5)
+    record["memory"] = sampler.result() if sampler else None
     log = server.log_text()
     record["returncode"] = server.returncode
     record["placement"] = logparse.parse_log(log)

@@ -31,13 +31,14 @@ def prose_text() -> str:
 
 
 class Client:
-    def __init__(self, url: str, timeout_s: float):
+    def __init__(self, url: str, timeout_s: float, setup_timeout_s: float = 300):
         self.url = url
-        self.timeout_s = timeout_s
+        self.timeout_s = timeout_s  # for completions: a workload that takes longer has timed out
+        self.setup_timeout_s = setup_timeout_s  # for tokenizing the prose
         self.session = requests.Session()
 
-    def _post(self, path: str, body: dict) -> dict:
-        resp = self.session.post(f"{self.url}{path}", json=body, timeout=self.timeout_s)
+    def _post(self, path: str, body: dict, timeout_s: float) -> dict:
+        resp = self.session.post(f"{self.url}{path}", json=body, timeout=timeout_s)
         if resp.status_code != 200:
             try:
                 err = resp.json().get("error", {})
@@ -48,10 +49,7 @@ class Client:
         return resp.json()
 
     def tokenize(self, text: str, add_special: bool = False) -> list[int]:
-        return self._post("/tokenize", {"content": text, "add_special": add_special})["tokens"]
-
-    def props(self) -> dict:
-        return self.session.get(f"{self.url}/props", timeout=self.timeout_s).json()
+        return self._post("/tokenize", {"content": text, "add_special": add_special}, self.setup_timeout_s)["tokens"]
 
     def complete(self, prompt: list[int] | str, n_predict: int) -> dict:
         return self._post(
@@ -65,6 +63,7 @@ class Client:
                 "ignore_eos": True,
                 "stream": False,
             },
+            self.timeout_s,
         )
 
 

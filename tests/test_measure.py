@@ -1,0 +1,109 @@
+"""One measurement job against a real llama-server on a real (synthetic MoE) GGUF: every outcome
+writes a record, and no server process outlives the job."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+import yaml
+
+from crashline import config as C
+from crashline import measure as M
+from crashline.atomic import read_json
+
+from conftest import REPO
+
+SCHEMA = yaml.safe_load((REPO / "config" / "schema.yaml").read_text())
+
+
+def run(tmp_path, model_path, provenance, settings, workloads, reps=2, request_timeout_s=300):
+    cfg = C.validate(
+        {
+            "models": {"tiny": {"source": f"file:{model_path}"}},
+            "defaults": {"threads": 2},
+            "configurations": [{"settings": settings}],
+            "workloads": workloads,
+            "repetitions": reps,
+            "server": {"startup_timeout_s": 120, "request_timeout_s": request_timeout_s},
+        },
+        SCHEMA,
+    )
+    (item,) = C.expand(cfg)
+    fetch = {"source": f"file:{model_path}", "sha256": "0" * 64,
+             "files": [{"name": Path(model_path).name, "path": str(model_path), "bytes": 0, "sha256": "0" * 64}]}
+    record_path = tmp_path / "measure.json"
+    rec = M.measure(model_name="tiny", item=item, config=cfg, fetch_record=fetch, manifest={},
+                    provenance=provenance, record_path=record_path, log_path=tmp_path / "server.log")
+    assert read_json(record_path) == read_json(record_path) and read_json(record_path)["outcome"] == rec["outcome"]
+    assert not list(tmp_path.glob(".*.part")), "no temporary file left behind"
+    pid_alive = [p for p in psutil.process_iter(["name", "cmdline"])
+                 if p.info["name"] == "llama-server" and str(tmp_path) in " ".join(p.info["cmdline"] or [])]
+    assert not pid_alive, "the server outlived the job"
+    return rec
+
+
+def test_ok_record_has_speeds_placement_and_memory(tmp_path, tiny_moe, server_provenance):
+    rec = run(tmp_path, tiny_moe, server_provenance, {"ubatch": 128, "ctx": 2048},
+              [{"name": "short", "prompt_tokens": 100, "gen_tokens": 16},
+               {"name": "deep", "prompt_tokens": 1000, "gen_tokens": 8}])
+    assert rec["outcome"] == "ok", rec["message"]
+    assert [w["name"] for w in rec["workloads"]] == ["short", "deep"]
+    for w, n_prompt, n_gen in zip(rec["workloads"], (100, 1000), (16, 8)):
+        assert w["outcome"] == "ok"
+        assert [r["prompt_n"] for r in w["runs"]] == [n_prompt, n_prompt]
+        assert [r["predicted_n"] for r in w["runs"]] == [n_gen, n_gen]
+        assert w["prefill_tps"]["n"] == 2 and w["prefill_tps"]["median"] > 0
+        assert w["decode_tps"]["min"] <= w["decode_tps"]["median"] <= w["decode_tps"]["max"]
+    assert rec["placement"]["n_ctx"] == 2048 and rec["placement"]["n_ubatch"] == 128
+    assert rec["placement"]["n_threads"] == 2
+    assert rec["memory"]["peak_rss_mib"] > 0 and {"load", "short", "deep"} <= set(rec["memory"]["per_phase"])
+    assert rec["returncode"] == 0 and rec["command"][0] == server_provenance["binary"]
+    assert "-ub" in rec["command"] and rec["command"][rec["command"].index("-ub") + 1] == "128"
+
+
+def test_prompt_beyond_context_is_a_failure_of_the_configuration(tmp_path, tiny_moe, server_provenance):
+    rec = run(tmp_path, tiny_moe, server_provenance, {"ctx": 512},
+              [{"name": "short", "prompt_tokens": 64, "gen_tokens": 8},
+               {"name": "long", "prompt_tokens": 1024, "gen_tokens": 8}], reps=1)
+    assert rec["outcome"] == "context_exceeded" and rec["phase"] == "long"
+    assert "exceeds the available context size" in rec["message"]
+    assert rec["workloads"][0]["outcome"] == "ok" and rec["workloads"][1]["decode_tps"] is None
+
+
+def test_not_a_gguf_fails_at_load(tmp_path, server_provenance):
+    bogus = tmp_path / "bogus.gguf"
+    bogus.write_bytes(b"this is not a model\n" * 100)
+    rec = run(tmp_path, bogus, server_provenance, {}, [{"name": "short", "prompt_tokens": 32, "gen_tokens": 4}])
+    assert (rec["outcome"], rec["failure"], rec["phase"]) == ("load_failed", "model_file", "load")
+    assert rec["workloads"] == [] and rec["log_tail"]
+
+
+def test_server_killed_during_a_workload_is_recorded_as_crashed(tmp_path, tiny_moe, server_provenance, monkeypatch):
+    original = M.one_run
+
+    def kill_then_run(client, prompts, workload, index):
+        if workload["name"] == "second":
+            for p in psutil.Process(os.getpid()).children(recursive=True):
+                if p.name() == "llama-server":
+                    os.killpg(p.pid, signal.SIGKILL)  # not reaped here: the job must see the signal
+                    time.sleep(1)
+        return original(client, prompts, workload, index)
+
+    monkeypatch.setattr(M, "one_run", kill_then_run)
+    rec = run(tmp_path, tiny_moe, server_provenance, {},
+              [{"name": "first", "prompt_tokens": 32, "gen_tokens": 4},
+               {"name": "second", "prompt_tokens": 32, "gen_tokens": 4}], reps=1)
+    assert rec["outcome"] == "crashed" and rec["phase"] == "second"
+    assert "SIGKILL" in rec["message"]
+    assert rec["workloads"][0]["outcome"] == "ok"
+
+
+def test_request_timeout(tmp_path, tiny_moe, server_provenance):
+    rec = run(tmp_path, tiny_moe, server_provenance, {"ctx": 4096},
+              [{"name": "slow", "prompt_tokens": 3000, "gen_tokens": 64}], reps=1, request_timeout_s=0.05)
+    assert rec["outcome"] == "timeout" and rec["phase"] == "slow"
