@@ -1,0 +1,113 @@
+"""The whole default workflow, end to end, with a real llama-server on the real small model and
+the synthetic MoE; then an edit of one configuration re-measures only that configuration."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+import pandas as pd
+import pytest
+import yaml
+
+from conftest import REPO
+
+pytestmark = pytest.mark.e2e
+
+
+def snakemake(workdir, *args, check=True):
+    env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
+    proc = subprocess.run(
+        [sys.executable, "-m", "snakemake", "--cores", "1", *args],
+        cwd=workdir, env=env, capture_output=True, text=True, timeout=1800,
+    )
+    output = proc.stdout + proc.stderr
+    if check and proc.returncode != 0:
+        raise AssertionError(f"snakemake {' '.join(args)} failed:\n{output[-6000:]}")
+    return output
+
+
+def job_counts(output: str) -> dict[str, int]:
+    """The 'Job stats' table Snakemake prints: rule -> count."""
+    table = output.split("Job stats:", 1)[1]
+    return {m.group(1): int(m.group(2)) for m in re.finditer(r"^(\w+)\s+(\d+)$", table, re.M) if m.group(1) != "total"}
+
+
+@pytest.fixture(scope="module")
+def workflow(tmp_path_factory, server_provenance):
+    """A copy of the workflow (Snakefile, rules, config, profile) run once on the default config."""
+    work = tmp_path_factory.mktemp("workflow")
+    for name in ("Snakefile", "rules", "config", "profiles", "envs"):
+        src = REPO / name
+        (shutil.copytree if src.is_dir() else shutil.copy)(src, work / name)
+    first = snakemake(work, "report")
+    return work, first
+
+
+def test_default_run_writes_report_and_tables(workflow):
+    work, _ = workflow
+    cfg = yaml.safe_load((work / "config" / "config.yaml").read_text())
+    configs = pd.read_parquet(work / "results" / "tables" / "configs.parquet")
+    measurements = pd.read_parquet(work / "results" / "tables" / "measurements.parquet")
+    assert set(configs["model"]) == set(cfg["models"])
+    # The deliberately small context fails the long workload; everything else survives.
+    small = configs[configs["s_ctx"] == 1024]
+    assert list(small["outcome"]) == ["context_exceeded"] and list(small["phase"]) == ["depth-2k"]
+    assert (configs[configs["s_ctx"] != 1024]["outcome"] == "ok").all()
+    ok = measurements[measurements["workload_outcome"] == "ok"]
+    assert (ok["decode_tps_median"] > 0).all() and (ok["prefill_tps_n"] == cfg["repetitions"]).all()
+    assert {"s_ubatch", "s_ctx", "s_n_cpu_moe", "s_cache_type_k", "server_sha256", "cpu_model"} <= set(measurements)
+
+    md = (work / "results" / "report.md").read_text()
+    html = (work / "results" / "report.html").read_text()
+    assert "no GPU" in md and "Recommended:" in md and "context_exceeded" in md
+    for cid in configs["config_id"]:
+        assert cid in md and cid in html
+    # The recommendation is the fastest survivor at the longest workload, and its command reproduces it.
+    for model, group in measurements[measurements["workload"] == "depth-2k"].groupby("model"):
+        best = group[group["outcome"] == "ok"].sort_values("decode_tps_median").iloc[-1]
+        assert f"**Recommended: `{best['config_id']}`**" in md
+        assert best["server_args"] in md
+    assert "<table>" in html and "Why the others lost" in html
+
+
+def test_records_are_complete(workflow):
+    work, _ = workflow
+    for record in (work / "results" / "records").glob("*/*/measure.json"):
+        rec = yaml.safe_load(record.read_text())
+        assert rec["model"]["sha256"] and rec["server"]["sha256"] and rec["host"]["cpu_model"]
+        assert rec["settings"]["ctx"] in (1024, 4096) and rec["outcome"]
+        assert (record.parent / "server.log").stat().st_size > 0
+    fetch = yaml.safe_load((work / "results" / "models" / "gemma3-270m" / "fetch.json").read_text())
+    assert fetch["sha256"] == "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818"
+    warm = yaml.safe_load((work / "results" / "models" / "gemma3-270m" / "warmup.json").read_text())
+    assert warm["files"][0]["resident_after"] > 0.9
+
+
+def test_editing_one_configuration_remeasures_only_it(workflow):
+    work, _ = workflow
+    before = {p: p.stat().st_mtime_ns for p in (work / "results" / "records").glob("*/*/measure.json")}
+    assert "Nothing to be done" in snakemake(work, "-n", "report")
+
+    cfg_path = work / "config" / "config.yaml"
+    cfg_path.write_text(cfg_path.read_text().replace("settings: {ctx: 1024}", "settings: {ctx: 1536}"))
+    dry = snakemake(work, "-n", "report")
+    assert job_counts(dry) == {"measure": 1, "aggregate": 1, "report": 1}, dry
+
+    snakemake(work, "report")
+    after = {p: p.stat().st_mtime_ns for p in (work / "results" / "records").glob("*/*/measure.json")}
+    assert all(after[p] == t for p, t in before.items())  # nothing re-measured (the old record stays on disk)
+    (new,) = set(after) - set(before)
+    configs = pd.read_parquet(work / "results" / "tables" / "configs.parquet")
+    assert new.parent.name in set(configs["config_id"]) and len(configs) == len(before)
+    assert (configs["s_ctx"] == 1536).sum() == 1 and (configs["s_ctx"] == 1024).sum() == 0
+
+
+def test_forcerun_measure_remeasures_everything(workflow):
+    work, _ = workflow
+    counts = job_counts(snakemake(work, "-n", "report", "--forcerun", "measure"))
+    configs = pd.read_parquet(work / "results" / "tables" / "configs.parquet")
+    assert counts["measure"] == len(configs)
