@@ -20,6 +20,7 @@ def recommend(configs: pd.DataFrame, measurements: pd.DataFrame, metric: str, wo
             & (measurements["workload"] == workload)
         ].set_index("config_id")
         col = f"{metric}_median"
+        low, high = f"{metric}_min", f"{metric}_max"
         survivors = group[group["outcome"] == "ok"]
         ranked = sorted(
             ((speeds.loc[cid, col], cid) for cid in survivors["config_id"] if cid in speeds.index),
@@ -39,8 +40,10 @@ def recommend(configs: pd.DataFrame, measurements: pd.DataFrame, metric: str, wo
             else:
                 speed = speeds.loc[cid, col] if cid in speeds.index else None
                 pct = (speed - best) / best * 100 if speed and best else None
-                verdicts.append({"config_id": cid, "failed": False, "speed": speed,
-                                 "reason": f"slower: {speed:.1f} t/s ({pct:+.1f}%)" if pct is not None else "no speed"})
+                reason = f"slower: {speed:.1f} t/s ({pct:+.1f}%)" if pct is not None else "no speed"
+                if pct is not None and speeds.loc[cid, high] >= speeds.loc[winner, low]:
+                    reason += ", within the spread of the repetitions: not a real difference yet"
+                verdicts.append({"config_id": cid, "failed": False, "speed": speed, "reason": reason})
         out.append({
             "model": model,
             "environment": env,

@@ -13,12 +13,16 @@ import pandas as pd
 from .atomic import atomic_path, read_json
 from .recommend import recommend
 
+HIGH_SPREAD_PCT = 10.0  # (max - min) / median above this: the median alone is not to be trusted
+
 
 def _fmt_stat(row, prefix: str) -> str:
     med = row.get(f"{prefix}_median")
     if med is None or pd.isna(med):
         return "–"
-    return f"{med:.1f} [{row[f'{prefix}_min']:.1f}–{row[f'{prefix}_max']:.1f}] n={int(row[f'{prefix}_n'])}"
+    spread = row.get(f"{prefix}_spread_pct")
+    flag = " ⚠" if spread is not None and not pd.isna(spread) and spread > HIGH_SPREAD_PCT else ""
+    return f"{med:.1f} [{row[f'{prefix}_min']:.1f}–{row[f'{prefix}_max']:.1f}] n={int(row[f'{prefix}_n'])}{flag}"
 
 
 def _num(value, digits: int = 0) -> str:
@@ -104,6 +108,7 @@ def context(configs: pd.DataFrame, measurements: pd.DataFrame, provenance: dict,
         "workloads": workloads,
         "models": models,
         "per_model": per_model,
+        "high_spread_pct": HIGH_SPREAD_PCT,
     }
 
 
