@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import time
 from pathlib import Path
@@ -9,6 +10,7 @@ from pathlib import Path
 import requests
 
 from . import host, logparse, pagecache
+from .ballast import Ballast, BudgetError
 from . import settings as settings_mod
 from .atomic import write_json
 from .server import ServerProcess
@@ -38,6 +40,22 @@ def model_summary(name: str, fetch_record: dict, manifest: dict) -> dict:
     }
 
 
+def memory_summary(sampled: dict, budget_mib: int | None, host_info: dict) -> dict:
+    """Peaks per phase plus headroom against the budget (or the whole card when none is set)."""
+    devices = host_info["gpu"].get("devices", [])
+    limit = budget_mib or (sum(d["memory_total_mib"] for d in devices) if devices else None)
+    peak = sampled.get("peak_gpu_mib")
+    headroom = limit - peak if limit is not None and peak is not None else None
+    return {
+        **sampled,
+        "vram_limit_mib": limit,
+        "vram_limit_is": "budget" if budget_mib else ("card" if devices else None),
+        "headroom_mib": round(headroom, 1) if headroom is not None else None,
+        "headroom_pct": round(headroom / limit * 100, 2) if headroom is not None else None,
+        "peak_pct_of_limit": round(peak / limit * 100, 2) if headroom is not None else None,
+    }
+
+
 def _server_failure(server: ServerProcess, phase: str, timed_out: bool = False) -> dict:
     """Classify a server that died (or hung) during ``phase`` from its log and exit status."""
     if timed_out:
@@ -56,7 +74,7 @@ def run_workloads(server: ServerProcess, sampler: MemorySampler, workloads: list
     prompts = PromptSource(client)
     # One untimed request first: the first request after a load pays for page faults and lazy
     # allocations, which would otherwise land in the first repetition of the first workload.
-    client.complete(prompts.prompt(min(64, workloads[0]["prompt_tokens"]), 0), 4)
+    client.complete(prompts.prompt(min(64, workloads[0]["prompt_tokens"]), 0), 4, timeout_s=client.setup_timeout_s)
     results = []
     for workload in workloads:
         sampler.phase(workload["name"])
@@ -115,26 +133,33 @@ def measure(*, model_name: str, item: dict, config: dict, fetch_record: dict, ma
     workloads: list[dict] = []
     failure = None
     sampler = None
+    budget_mib = config["budget"].get("vram_budget_mib")
     try:
-        server.start()
-        record["command"] = server.command
-        with MemorySampler(server.proc.pid) as sampler:
-            state = server.wait_ready(server_cfg["startup_timeout_s"])
-            if state == "ready":
-                record["load_s"] = round(server.ready_after_s, 2)
-                workloads, failure = run_workloads(
-                    server, sampler, config["workloads"], config["repetitions"], server_cfg["request_timeout_s"]
-                )
-            else:
-                failure = _server_failure(server, "load", timed_out=(state == "timeout"))
-            sampler.phase("stop")
-            server.stop(server_cfg["stop_timeout_s"])
+        with Ballast(budget_mib) if budget_mib else contextlib.nullcontext() as ballast:
+            record["ballast"] = ballast.info if ballast else None
+            sampler = MemorySampler()
+            server.start()
+            record["command"] = server.command
+            sampler.pid = server.proc.pid
+            with sampler:
+                state = server.wait_ready(server_cfg["startup_timeout_s"])
+                if state == "ready":
+                    record["load_s"] = round(server.ready_after_s, 2)
+                    workloads, failure = run_workloads(
+                        server, sampler, config["workloads"], config["repetitions"], server_cfg["request_timeout_s"]
+                    )
+                else:
+                    failure = _server_failure(server, "load", timed_out=(state == "timeout"))
+                sampler.phase("stop")
+                server.stop(server_cfg["stop_timeout_s"])
+    except BudgetError as exc:
+        failure = {"outcome": "budget_refused", "failure": "budget", "phase": "start", "message": str(exc)}
     except Exception as exc:  # a crashline fault still leaves a record and no server behind
         failure = {"outcome": "error", "failure": "crashline", "phase": sampler.current if sampler else "start",
                    "message": f"{type(exc).__name__}: {exc}"}
     finally:
         server.stop(5)
-    record["memory"] = sampler.result() if sampler else None
+    record["memory"] = memory_summary(sampler.result(), budget_mib, record["host"]) if sampler else None
     log = server.log_text()
     record["returncode"] = server.returncode
     record["placement"] = logparse.parse_log(log)

@@ -1,6 +1,8 @@
 """Sampling beside a running server: its RSS from /proc and its own GPU memory from NVML,
 with the peak per phase (load, each workload). GPU memory is the server process's own
-(nvmlDeviceGetComputeRunningProcesses), so other processes and any ballast do not count.
+(nvmlDeviceGetComputeRunningProcesses), so other processes and any ballast do not count; where
+the driver cannot see the server's pid (a container's pid namespace), the change of the devices'
+used memory from a baseline taken just before the server started stands in for it.
 """
 
 from __future__ import annotations
@@ -29,6 +31,9 @@ class _Nvml:
     def present(self) -> bool:
         return bool(self.handles)
 
+    def used_mib(self) -> float:
+        return sum(self.pynvml.nvmlDeviceGetMemoryInfo(h).used for h in self.handles) / (1 << 20)
+
     def process_mib(self, pids: set[int]) -> float:
         total = 0
         for h in self.handles:
@@ -47,12 +52,14 @@ class _Nvml:
 class MemorySampler:
     """Samples every ``interval_s`` in a thread; ``phase(name)`` marks where the next samples belong."""
 
-    def __init__(self, pid: int, interval_s: float = 0.2):
+    def __init__(self, pid: int | None = None, interval_s: float = 0.2):
+        """Create before the server starts (the GPU baseline is taken here); set ``pid`` before entering."""
         self.pid = pid
         self.interval_s = interval_s
         self.current = "load"
         self.peaks: dict[str, dict] = {}
         self.nvml = _Nvml()
+        self.baseline_used_mib = self.nvml.used_mib() if self.nvml.present else None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
@@ -73,11 +80,14 @@ class MemorySampler:
         pids, rss = self._pids()
         if not pids:
             return
-        peak = self.peaks.setdefault(self.current, {"rss_mib": 0.0, "gpu_mib": None, "samples": 0})
+        peak = self.peaks.setdefault(self.current, {"rss_mib": 0.0, "gpu_mib": None, "gpu_source": None, "samples": 0})
         peak["rss_mib"] = max(peak["rss_mib"], round(rss, 1))
         peak["samples"] += 1
         if self.nvml.present:
-            peak["gpu_mib"] = max(peak["gpu_mib"] or 0.0, round(self.nvml.process_mib(pids), 1))
+            own = self.nvml.process_mib(pids)
+            gpu, source = (own, "process") if own > 0 else (self.nvml.used_mib() - self.baseline_used_mib, "device delta")
+            if peak["gpu_mib"] is None or gpu > peak["gpu_mib"]:
+                peak["gpu_mib"], peak["gpu_source"] = round(gpu, 1), source
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval_s):
@@ -96,6 +106,7 @@ class MemorySampler:
         gpu = [p["gpu_mib"] for p in self.peaks.values() if p["gpu_mib"] is not None]
         return {
             "gpu_present": self.nvml.present,
+            "gpu_baseline_used_mib": self.baseline_used_mib,
             "per_phase": self.peaks,
             "peak_rss_mib": max((p["rss_mib"] for p in self.peaks.values()), default=None),
             "peak_gpu_mib": max(gpu) if gpu else None,

@@ -51,7 +51,7 @@ class Client:
     def tokenize(self, text: str, add_special: bool = False) -> list[int]:
         return self._post("/tokenize", {"content": text, "add_special": add_special}, self.setup_timeout_s)["tokens"]
 
-    def complete(self, prompt: list[int] | str, n_predict: int) -> dict:
+    def complete(self, prompt: list[int] | str, n_predict: int, timeout_s: float | None = None) -> dict:
         return self._post(
             "/completion",
             {
@@ -63,7 +63,7 @@ class Client:
                 "ignore_eos": True,
                 "stream": False,
             },
-            self.timeout_s,
+            timeout_s or self.timeout_s,
         )
 
 
