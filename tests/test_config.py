@@ -104,3 +104,10 @@ def test_server_args_cover_every_setting():
                      "-no-kvu", "--fit off", "-cb"]:
         assert expected in joined
     assert args[-1] == "--no-warmup"
+
+
+def test_fit_on_leaves_placement_to_llama_cpp():
+    args = S.server_args(S.resolve({"fit": "on", "ctx": 8192}))
+    assert "--fit on" in " ".join(args) and "-ngl" not in args and "--n-cpu-moe" not in args
+    with pytest.raises(S.SettingsError, match="remove n_cpu_moe"):
+        S.resolve({"fit": "on", "n_cpu_moe": 4})

@@ -8,8 +8,17 @@ import pandas as pd
 METRIC_LABEL = {"decode_tps": "decode", "prefill_tps": "prefill"}
 
 
-def recommend(configs: pd.DataFrame, measurements: pd.DataFrame, metric: str, workload: str) -> list[dict]:
-    """One entry per (model, environment): the winner and the verdict on every other configuration."""
+def _too_tight(row, margin_mib: int) -> bool:
+    headroom = row.get("headroom_mib")
+    return headroom is not None and not pd.isna(headroom) and headroom < margin_mib
+
+
+def recommend(configs: pd.DataFrame, measurements: pd.DataFrame, metric: str, workload: str,
+              margin_mib: int = 0) -> list[dict]:
+    """One entry per (model, environment): the winner and the verdict on every other configuration.
+
+    A survivor whose VRAM headroom is below the margin is not eligible: it survived this run, but
+    with less room than a longer prompt or another driver may need."""
     out = []
     if configs.empty:
         return out
@@ -21,7 +30,7 @@ def recommend(configs: pd.DataFrame, measurements: pd.DataFrame, metric: str, wo
         ].set_index("config_id")
         col = f"{metric}_median"
         low, high = f"{metric}_min", f"{metric}_max"
-        survivors = group[group["outcome"] == "ok"]
+        survivors = group[(group["outcome"] == "ok") & ~group.apply(_too_tight, axis=1, margin_mib=margin_mib)]
         ranked = sorted(
             ((speeds.loc[cid, col], cid) for cid in survivors["config_id"] if cid in speeds.index),
             reverse=True,
@@ -33,7 +42,11 @@ def recommend(configs: pd.DataFrame, measurements: pd.DataFrame, metric: str, wo
             cid = row["config_id"]
             if cid == winner:
                 continue
-            if row["outcome"] != "ok":
+            if row["outcome"] == "ok" and _too_tight(row, margin_mib):
+                verdicts.append({"config_id": cid, "failed": True,
+                                 "reason": f"risky: survived with {row['headroom_mib']:.0f} MiB VRAM headroom, "
+                                           f"less than the {margin_mib} MiB margin"})
+            elif row["outcome"] != "ok":
                 where = f" at {row['phase']}" if row["phase"] else ""
                 verdicts.append({"config_id": cid, "reason": f"{row['outcome']}{where}: {row['message'] or 'no message'}",
                                  "failed": True})

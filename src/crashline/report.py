@@ -11,6 +11,7 @@ import jinja2
 import pandas as pd
 
 from .atomic import atomic_path, read_json
+from .boundary import crash_lines
 from .recommend import recommend
 
 HIGH_SPREAD_PCT = 10.0  # (max - min) / median above this: the median alone is not to be trusted
@@ -58,7 +59,10 @@ def context(configs: pd.DataFrame, measurements: pd.DataFrame, provenance: dict,
     from .config import objective_workload
 
     workload = objective_workload(config)
-    recs = recommend(configs, measurements, metric, workload)
+    margin = config["budget"]["margin_mib"]
+    recs = recommend(configs, measurements, metric, workload, margin)
+    short = min(config["workloads"], key=lambda w: (w["prompt_tokens"], w["gen_tokens"]))["name"]
+    lines = crash_lines(configs, measurements, short, margin) if not measurements.empty else []
     winners = {(r["model"], r["winner"]) for r in recs}
     per_model = []
     for model in configs["model"].drop_duplicates():
@@ -84,7 +88,8 @@ def context(configs: pd.DataFrame, measurements: pd.DataFrame, provenance: dict,
         model_recs = [dict(r) for r in recs if r["model"] == model]
         for r in model_recs:
             r["command"] = reproduce_command(r["winner_row"]["command"]) if r["winner"] else None
-        per_model.append({"name": model, "rows": rows, "failures": failures, "recommendations": model_recs})
+        per_model.append({"name": model, "rows": rows, "failures": failures, "recommendations": model_recs,
+                          "crash_lines": [e for e in lines if e["model"] == model]})
     models = (
         configs.drop_duplicates("model")[["model", "model_source", "model_sha256", "architecture", "quantisation", "model_bytes"]]
         .assign(size=lambda d: d["model_bytes"].map(_size))

@@ -104,6 +104,12 @@ def resolve(settings: dict[str, Any]) -> dict[str, Any]:
     for name, setting in SETTINGS.items():
         value = settings.get(name, setting.default)
         resolved[name] = _check_value(setting, value)
+    if resolved["fit"] == "on":
+        # llama.cpp's --fit gives up once -ngl or --n-cpu-moe is set: with fit on it places alone.
+        chosen = [k for k in ("n_gpu_layers", "n_cpu_moe") if settings.get(k) is not None]
+        if chosen:
+            raise SettingsError(f"setting fit = 'on' lets llama.cpp choose placement; remove {', '.join(chosen)}")
+        resolved["n_gpu_layers"] = resolved["n_cpu_moe"] = None
     if resolved["extra_args"] is None:
         resolved["extra_args"] = []
     resolved["extra_args"] = list(resolved["extra_args"])
