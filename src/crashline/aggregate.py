@@ -57,6 +57,7 @@ def _config_row(rec: dict) -> dict:
         "page_cache_resident_at_start": rec.get("page_cache_resident_at_start"),
         "peak_rss_mib": memory.get("peak_rss_mib"),
         "peak_gpu_mib": memory.get("peak_gpu_mib"),
+        "load_peak_gpu_mib": ((memory.get("per_phase") or {}).get("load") or {}).get("gpu_mib"),
         "vram_limit_mib": memory.get("vram_limit_mib"),
         "headroom_mib": memory.get("headroom_mib"),
         "peak_pct_of_limit": memory.get("peak_pct_of_limit"),

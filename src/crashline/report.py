@@ -54,6 +54,34 @@ def reproduce_command(command_json: str) -> str:
     return shlex.join(out + ["--host", "127.0.0.1", "--port", "8080"])
 
 
+def _placement_summary(row, speed) -> dict:
+    return {
+        "config_id": row["config_id"],
+        "server_args": row["server_args"],
+        "outcome": row["outcome"],
+        "speed": _num(speed, 1),
+        "peak": _num(row["peak_gpu_mib"]),
+        "peak_pct": _num(row["peak_pct_of_limit"], 1),
+        "headroom": _num(row["headroom_mib"]),
+        "gpu_weights": _num(json.loads(row["buffers_mib"]).get("CUDA0:model")),
+    }
+
+
+def fit_comparison(configs: pd.DataFrame, measurements: pd.DataFrame, recs: list[dict], metric: str,
+                   workload: str) -> list[dict]:
+    """llama.cpp's own placement (--fit on) beside crashline's recommendation, per fit run."""
+    out = []
+    col = f"{metric}_median"
+    speeds = measurements[measurements["workload"] == workload].set_index("config_id")[col] if not measurements.empty else {}
+    for _, fit in configs[configs["s_fit"] == "on"].iterrows():
+        rec = next((r for r in recs if r["environment"] == fit["environment"] and r["winner"]), None)
+        entry = {"fit": _placement_summary(fit, speeds.get(fit["config_id"])), "recommended": None}
+        if rec:
+            entry["recommended"] = _placement_summary(pd.Series(rec["winner_row"]), rec["winner_speed"])
+        out.append(entry)
+    return out
+
+
 def context(configs: pd.DataFrame, measurements: pd.DataFrame, provenance: dict, config: dict) -> dict:
     metric = config["objective"]["metric"]
     from .config import objective_workload
@@ -79,17 +107,20 @@ def context(configs: pd.DataFrame, measurements: pd.DataFrame, provenance: dict,
             }
             if wl.empty:
                 rows.append({**base, "workload": "–", "outcome": cfg["outcome"], "prefill": "–", "decode": "–",
-                             "rss": _num(cfg["peak_rss_mib"]), "vram": _num(cfg["peak_gpu_mib"])})
+                             "rss": _num(cfg["peak_rss_mib"]), "vram": _num(cfg["peak_gpu_mib"]),
+                             "load_vram": _num(cfg["load_peak_gpu_mib"])})
             for _, w in wl.iterrows():
                 rows.append({**base, "workload": w["workload"], "outcome": w["workload_outcome"],
                              "prefill": _fmt_stat(w, "prefill_tps"), "decode": _fmt_stat(w, "decode_tps"),
-                             "rss": _num(w["workload_peak_rss_mib"]), "vram": _num(w["workload_peak_gpu_mib"])})
+                             "rss": _num(w["workload_peak_rss_mib"]), "vram": _num(w["workload_peak_gpu_mib"]),
+                             "load_vram": _num(cfg["load_peak_gpu_mib"])})
         failures = c[c["outcome"] != "ok"].to_dict("records")
         model_recs = [dict(r) for r in recs if r["model"] == model]
         for r in model_recs:
             r["command"] = reproduce_command(r["winner_row"]["command"]) if r["winner"] else None
         per_model.append({"name": model, "rows": rows, "failures": failures, "recommendations": model_recs,
-                          "crash_lines": [e for e in lines if e["model"] == model]})
+                          "crash_lines": [e for e in lines if e["model"] == model],
+                          "fit": fit_comparison(c, m, model_recs, metric, workload)})
     models = (
         configs.drop_duplicates("model")[["model", "model_source", "model_sha256", "architecture", "quantisation", "model_bytes"]]
         .assign(size=lambda d: d["model_bytes"].map(_size))
