@@ -55,8 +55,11 @@ def test_ok_record_has_speeds_placement_and_memory(tmp_path, tiny_moe, server_pr
     assert [w["name"] for w in rec["workloads"]] == ["short", "deep"]
     for w, n_prompt, n_gen in zip(rec["workloads"], (100, 1000), (16, 8)):
         assert w["outcome"] == "ok"
-        assert [r["prompt_n"] for r in w["runs"]] == [n_prompt, n_prompt]
-        assert [r["predicted_n"] for r in w["runs"]] == [n_gen, n_gen]
+        requests = [r for run in w["runs"] for r in run["requests"]]
+        assert w["concurrency"] == 1 and [len(run["requests"]) for run in w["runs"]] == [1, 1]
+        assert [r["prompt_n"] for r in requests] == [n_prompt, n_prompt]
+        assert [r["predicted_n"] for r in requests] == [n_gen, n_gen]
+        assert all(0 < r["ttft_s"] < r["end_s"] for r in requests)
         assert w["prefill_tps"]["n"] == 2 and w["prefill_tps"]["median"] > 0
         assert w["decode_tps"]["min"] <= w["decode_tps"]["median"] <= w["decode_tps"]["max"]
     assert rec["placement"]["n_ctx"] == 2048 and rec["placement"]["n_ubatch"] == 128
@@ -86,13 +89,13 @@ def test_not_a_gguf_fails_at_load(tmp_path, server_provenance):
 def test_server_killed_during_a_workload_is_recorded_as_crashed(tmp_path, tiny_moe, server_provenance, monkeypatch):
     original = M.one_run
 
-    def kill_then_run(client, prompts, workload, index):
+    def kill_then_run(client, prompts, workload, index, n_requests):
         if workload["name"] == "second":
             for p in psutil.Process(os.getpid()).children(recursive=True):
                 if p.name() == "llama-server":
                     os.killpg(p.pid, signal.SIGKILL)  # not reaped here: the job must see the signal
                     time.sleep(1)
-        return original(client, prompts, workload, index)
+        return original(client, prompts, workload, index, n_requests)
 
     monkeypatch.setattr(M, "one_run", kill_then_run)
     rec = run(tmp_path, tiny_moe, server_provenance, {},
@@ -107,3 +110,21 @@ def test_request_timeout(tmp_path, tiny_moe, server_provenance):
     rec = run(tmp_path, tiny_moe, server_provenance, {"ctx": 4096},
               [{"name": "slow", "prompt_tokens": 3000, "gen_tokens": 64}], reps=1, request_timeout_s=0.05)
     assert rec["outcome"] == "timeout" and rec["phase"] == "slow"
+
+
+def test_simultaneous_requests_on_parallel_slots(tmp_path, tiny_moe, server_provenance):
+    rec = run(tmp_path, tiny_moe, server_provenance, {"parallel": 2, "ctx": 2048},
+              [{"name": "single", "prompt_tokens": 200, "gen_tokens": 32},
+               {"name": "both-slots", "prompt_tokens": 200, "gen_tokens": 32, "concurrency": "slots"}])
+    assert rec["outcome"] == "ok", rec["message"]
+    single, both = rec["workloads"]
+    assert (single["concurrency"], both["concurrency"]) == (1, 2)
+    for run_ in both["runs"]:
+        assert len(run_["requests"]) == 2
+        assert all(r["prompt_n"] == 200 and r["predicted_n"] == 32 for r in run_["requests"])
+        # The aggregate counts every generated token over the wall-clock time of the whole batch.
+        assert run_["aggregate_tps"] == pytest.approx(64 / run_["wall_s"], rel=1e-3)
+        assert run_["wall_s"] >= max(r["end_s"] for r in run_["requests"]) * 0.99
+    assert both["decode_tps"]["n"] == 4 and both["aggregate_tps"]["n"] == 2 and both["ttft_s"]["n"] == 4
+    assert rec["placement"]["n_parallel"] == 2
+    assert rec["placement"]["n_ctx_slot"] in (1024, 2048)  # per slot: ctx / parallel, or ctx when unified

@@ -15,7 +15,7 @@ from . import settings as settings_mod
 from .atomic import write_json
 from .server import ServerProcess
 from .telemetry import MemorySampler
-from .workloads import Client, PromptSource, RequestFailed, check_run, one_run, summarize
+from .workloads import Client, PromptSource, RequestFailed, check_run, concurrency, one_run, summarize
 
 RECORD_SCHEMA = 1
 
@@ -67,7 +67,7 @@ def _server_failure(server: ServerProcess, phase: str, timed_out: bool = False) 
 
 
 def run_workloads(server: ServerProcess, sampler: MemorySampler, workloads: list[dict], repetitions: int,
-                  request_timeout_s: float) -> tuple[list[dict], dict | None]:
+                  request_timeout_s: float, settings: dict) -> tuple[list[dict], dict | None]:
     """Every workload R times. Returns per-workload results and the server-level failure, if any."""
     client = Client(server.url, request_timeout_s)
     sampler.phase("prepare")
@@ -78,11 +78,13 @@ def run_workloads(server: ServerProcess, sampler: MemorySampler, workloads: list
     results = []
     for workload in workloads:
         sampler.phase(workload["name"])
-        result = {**workload, "repetitions": repetitions, "runs": [], "outcome": "ok", "message": None}
+        n_requests = concurrency(workload, settings)
+        result = {**workload, "concurrency": n_requests, "repetitions": repetitions, "runs": [], "outcome": "ok",
+                  "message": None}
         results.append(result)
         for i in range(repetitions):
             try:
-                run = one_run(client, prompts, workload, i)
+                run = one_run(client, prompts, workload, i, n_requests)
             except RequestFailed as exc:
                 outcome = "context_exceeded" if "context" in exc.message.lower() else "request_failed"
                 result.update(outcome=outcome, message=exc.message)
@@ -102,7 +104,8 @@ def run_workloads(server: ServerProcess, sampler: MemorySampler, workloads: list
             if problem:
                 result.update(outcome="truncated", message=problem)
                 break
-        result.update(summarize(result["runs"]) if result["outcome"] == "ok" else {"prefill_tps": None, "decode_tps": None})
+        result.update(summarize(result["runs"]) if result["outcome"] == "ok" else
+                      {"prefill_tps": None, "decode_tps": None, "ttft_s": None, "aggregate_tps": None})
     return results, None
 
 
@@ -146,7 +149,8 @@ def measure(*, model_name: str, item: dict, config: dict, fetch_record: dict, ma
                 if state == "ready":
                     record["load_s"] = round(server.ready_after_s, 2)
                     workloads, failure = run_workloads(
-                        server, sampler, config["workloads"], config["repetitions"], server_cfg["request_timeout_s"]
+                        server, sampler, config["workloads"], config["repetitions"], server_cfg["request_timeout_s"],
+                        resolved,
                     )
                 else:
                     failure = _server_failure(server, "load", timed_out=(state == "timeout"))

@@ -17,13 +17,21 @@ from .recommend import recommend
 HIGH_SPREAD_PCT = 10.0  # (max - min) / median above this: the median alone is not to be trusted
 
 
-def _fmt_stat(row, prefix: str) -> str:
+def _fmt_stat(row, prefix: str, digits: int = 1) -> str:
     med = row.get(f"{prefix}_median")
     if med is None or pd.isna(med):
         return "–"
     spread = row.get(f"{prefix}_spread_pct")
     flag = " ⚠" if spread is not None and not pd.isna(spread) and spread > HIGH_SPREAD_PCT else ""
-    return f"{med:.1f} [{row[f'{prefix}_min']:.1f}–{row[f'{prefix}_max']:.1f}] n={int(row[f'{prefix}_n'])}{flag}"
+    lo, hi = row[f"{prefix}_min"], row[f"{prefix}_max"]
+    return f"{med:.{digits}f} [{lo:.{digits}f}–{hi:.{digits}f}] n={int(row[f'{prefix}_n'])}{flag}"
+
+
+def _slots(cfg) -> str:
+    """How the server's slots were set up: -np, the per-slot context it reported, unified KV."""
+    unified = {True: ", unified KV", False: ", per-slot KV"}.get(cfg["s_kv_unified"], "")
+    ctx_slot = f", {int(cfg['n_ctx_slot'])} ctx/slot" if not pd.isna(cfg["n_ctx_slot"]) else ""
+    return f"np {cfg['s_parallel']}{ctx_slot}{unified}"
 
 
 def _num(value, digits: int = 0) -> str:
@@ -107,10 +115,13 @@ def context(configs: pd.DataFrame, measurements: pd.DataFrame, provenance: dict,
             }
             if wl.empty:
                 rows.append({**base, "workload": "–", "outcome": cfg["outcome"], "prefill": "–", "decode": "–",
+                             "concurrency": "–", "slots": _slots(cfg), "aggregate": "–", "ttft": "–",
                              "rss": _num(cfg["peak_rss_mib"]), "vram": _num(cfg["peak_gpu_mib"]),
                              "load_vram": _num(cfg["load_peak_gpu_mib"])})
             for _, w in wl.iterrows():
                 rows.append({**base, "workload": w["workload"], "outcome": w["workload_outcome"],
+                             "concurrency": int(w["concurrency"]), "slots": _slots(cfg),
+                             "aggregate": _fmt_stat(w, "aggregate_tps"), "ttft": _fmt_stat(w, "ttft_s", 3),
                              "prefill": _fmt_stat(w, "prefill_tps"), "decode": _fmt_stat(w, "decode_tps"),
                              "rss": _num(w["workload_peak_rss_mib"]), "vram": _num(w["workload_peak_gpu_mib"]),
                              "load_vram": _num(cfg["load_peak_gpu_mib"])})
@@ -145,6 +156,7 @@ def context(configs: pd.DataFrame, measurements: pd.DataFrame, provenance: dict,
         "models": models,
         "per_model": per_model,
         "high_spread_pct": HIGH_SPREAD_PCT,
+        "objective_concurrency": next((w.get("concurrency", 1) for w in config["workloads"] if w["name"] == workload), 1),
     }
 
 

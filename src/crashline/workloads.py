@@ -4,10 +4,15 @@ through the server's own /tokenize, prompt cache off, greedy, speeds from the re
 
 from __future__ import annotations
 
+import json
 import statistics
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
 from importlib import resources
 
 import requests
+import urllib3
 
 PROSE_DIR = "data/prose"
 
@@ -30,6 +35,15 @@ def prose_text() -> str:
     return "\n\n".join(p.read_text(encoding="utf-8") for p in parts)
 
 
+def _error_message(resp: requests.Response) -> str:
+    try:
+        err = resp.json().get("error", {})
+        message = err.get("message", resp.text) if isinstance(err, dict) else str(err)
+    except ValueError:
+        message = resp.text
+    return message.strip()[:500]
+
+
 class Client:
     def __init__(self, url: str, timeout_s: float, setup_timeout_s: float = 300):
         self.url = url
@@ -40,12 +54,7 @@ class Client:
     def _post(self, path: str, body: dict, timeout_s: float) -> dict:
         resp = self.session.post(f"{self.url}{path}", json=body, timeout=timeout_s)
         if resp.status_code != 200:
-            try:
-                err = resp.json().get("error", {})
-                message = err.get("message", resp.text) if isinstance(err, dict) else str(err)
-            except ValueError:
-                message = resp.text
-            raise RequestFailed(resp.status_code, message.strip()[:500])
+            raise RequestFailed(resp.status_code, _error_message(resp))
         return resp.json()
 
     def tokenize(self, text: str, add_special: bool = False) -> list[int]:
@@ -102,36 +111,88 @@ def stats(values: list[float]) -> dict | None:
     }
 
 
-def one_run(client: Client, prompts: PromptSource, workload: dict, index: int) -> dict:
-    """One request; checks that the server evaluated exactly the prompt it was sent."""
-    prompt = prompts.prompt(workload["prompt_tokens"], index)
-    answer = client.complete(prompt, workload["gen_tokens"])
-    t = answer.get("timings", {})
-    run = {
+def stream_request(url: str, prompt: list[int], n_predict: int, timeout_s: float) -> dict:
+    """One streamed completion on its own connection: timings from the server, time to first
+    token from the client."""
+    body = {"prompt": prompt, "n_predict": n_predict, "cache_prompt": False, "temperature": 0.0, "top_k": 1,
+            "ignore_eos": True, "stream": True}
+    started = time.monotonic()
+    first = None
+    final: dict = {}
+    try:
+        with requests.post(f"{url}/completion", json=body, timeout=timeout_s, stream=True) as resp:
+            if resp.status_code != 200:
+                raise RequestFailed(resp.status_code, _error_message(resp))
+            for line in resp.iter_lines():
+                if not line.startswith(b"data: "):
+                    continue
+                chunk = json.loads(line[6:])
+                if first is None:
+                    first = time.monotonic()
+                if chunk.get("stop"):
+                    final = chunk
+                    break
+    except requests.exceptions.ChunkedEncodingError as exc:  # the server went away mid-answer
+        raise requests.ConnectionError(str(exc)) from exc
+    except requests.ConnectionError as exc:  # a read timeout while streaming arrives wrapped
+        if exc.args and isinstance(exc.args[0], urllib3.exceptions.ReadTimeoutError):
+            raise requests.Timeout(str(exc)) from exc
+        raise
+    t = final.get("timings", {})
+    return {
         "prompt_n": t.get("prompt_n"),
         "prompt_ms": t.get("prompt_ms"),
         "prefill_tps": t.get("prompt_per_second"),
         "predicted_n": t.get("predicted_n"),
         "predicted_ms": t.get("predicted_ms"),
         "decode_tps": t.get("predicted_per_second"),
-        "truncated": answer.get("truncated"),
+        "truncated": final.get("truncated"),
+        "ttft_s": round(first - started, 4) if first is not None else None,
+        "end_s": time.monotonic() - started,
     }
-    return run
+
+
+def one_run(client: Client, prompts: PromptSource, workload: dict, index: int, n_requests: int = 1) -> dict:
+    """``n_requests`` requests started together, each with its own prompt (no shared prefix)."""
+    batch = [prompts.prompt(workload["prompt_tokens"], index * n_requests + j) for j in range(n_requests)]
+    barrier = threading.Barrier(n_requests)
+
+    def go(prompt):
+        barrier.wait()
+        return stream_request(client.url, prompt, workload["gen_tokens"], client.timeout_s)
+
+    started = time.monotonic()
+    with ThreadPoolExecutor(max_workers=n_requests) as pool:
+        requests_done = list(pool.map(go, batch))
+    wall = time.monotonic() - started
+    generated = sum(r["predicted_n"] or 0 for r in requests_done)
+    return {"requests": requests_done, "wall_s": round(wall, 4), "aggregate_tps": generated / wall if wall else None}
 
 
 def check_run(run: dict, workload: dict) -> str | None:
-    """Why a run does not count, or None."""
-    if run["truncated"]:
-        return f"prompt truncated by the server (prompt_n {run['prompt_n']} of {workload['prompt_tokens']})"
-    if run["prompt_n"] != workload["prompt_tokens"]:
-        return f"server evaluated {run['prompt_n']} prompt tokens, {workload['prompt_tokens']} were sent"
-    if run["predicted_n"] != workload["gen_tokens"]:
-        return f"server generated {run['predicted_n']} tokens, {workload['gen_tokens']} were asked"
+    """Why a run does not count, or None: every request must be evaluated and answered whole."""
+    for r in run["requests"]:
+        if r["truncated"]:
+            return f"prompt truncated by the server (prompt_n {r['prompt_n']} of {workload['prompt_tokens']})"
+        if r["prompt_n"] != workload["prompt_tokens"]:
+            return f"server evaluated {r['prompt_n']} prompt tokens, {workload['prompt_tokens']} were sent"
+        if r["predicted_n"] != workload["gen_tokens"]:
+            return f"server generated {r['predicted_n']} tokens, {workload['gen_tokens']} were asked"
     return None
 
 
 def summarize(runs: list[dict]) -> dict:
+    """Per-request speeds over every request of every run; the aggregate over runs."""
+    reqs = [r for run in runs for r in run["requests"]]
     return {
-        "prefill_tps": stats([r["prefill_tps"] for r in runs if r.get("prefill_tps")]),
-        "decode_tps": stats([r["decode_tps"] for r in runs if r.get("decode_tps")]),
+        "prefill_tps": stats([r["prefill_tps"] for r in reqs if r.get("prefill_tps")]),
+        "decode_tps": stats([r["decode_tps"] for r in reqs if r.get("decode_tps")]),
+        "ttft_s": stats([r["ttft_s"] for r in reqs if r.get("ttft_s") is not None]),
+        "aggregate_tps": stats([run["aggregate_tps"] for run in runs if run.get("aggregate_tps")]),
     }
+
+
+def concurrency(workload: dict, settings: dict) -> int:
+    """How many requests a workload sends at once for a configuration ("slots": its parallel)."""
+    n = workload.get("concurrency", 1)
+    return int(settings.get("parallel") or 1) if n == "slots" else int(n)
