@@ -65,6 +65,8 @@ def test_ok_record_has_speeds_placement_and_memory(tmp_path, tiny_moe, server_pr
     assert rec["placement"]["n_ctx"] == 2048 and rec["placement"]["n_ubatch"] == 128
     assert rec["placement"]["n_threads"] == 2
     assert rec["memory"]["peak_rss_mib"] > 0 and {"load", "short", "deep"} <= set(rec["memory"]["per_phase"])
+    deep = rec["memory"]["per_phase"]["deep"]
+    assert 0 < deep["cpu_server_cores"] <= 2.5 and deep["cpu_other_cores"] >= 0 and deep["seconds"] > 0
     assert rec["returncode"] == 0 and rec["command"][0] == server_provenance["binary"]
     assert "-ub" in rec["command"] and rec["command"][rec["command"].index("-ub") + 1] == "128"
 

@@ -101,6 +101,8 @@ def tables(record_paths: list[Path]) -> tuple[pd.DataFrame, pd.DataFrame]:
                     **_stat_columns("ttft_s", w.get("ttft_s")),
                     "workload_peak_rss_mib": peak.get("rss_mib"),
                     "workload_peak_gpu_mib": peak.get("gpu_mib"),
+                    "cpu_server_cores": peak.get("cpu_server_cores"),
+                    "cpu_other_cores": peak.get("cpu_other_cores"),
                 }
             )
     return pd.DataFrame(configs), pd.DataFrame(measurements)

@@ -14,6 +14,7 @@ from .atomic import atomic_path, read_json
 from .boundary import crash_lines
 from .recommend import recommend
 
+CONTENTION_CORES = 0.3  # other processes busier than this during a workload: it measured a shared machine
 HIGH_SPREAD_PCT = 10.0  # (max - min) / median above this: the median alone is not to be trusted
 
 
@@ -32,6 +33,15 @@ def _slots(cfg) -> str:
     unified = {True: ", unified KV", False: ", per-slot KV"}.get(cfg["s_kv_unified"], "")
     ctx_slot = f", {int(cfg['n_ctx_slot'])} ctx/slot" if not pd.isna(cfg["n_ctx_slot"]) else ""
     return f"np {cfg['s_parallel']}{ctx_slot}{unified}"
+
+
+def _cpu(w) -> str:
+    """Cores used by the server and by everything else during the workload; ⚠ when others competed."""
+    server, other = w.get("cpu_server_cores"), w.get("cpu_other_cores")
+    if server is None or pd.isna(server):
+        return "–"
+    flag = " ⚠" if other > CONTENTION_CORES else ""
+    return f"{server:.1f} / {other:.1f}{flag}"
 
 
 def _num(value, digits: int = 0) -> str:
@@ -115,7 +125,7 @@ def context(configs: pd.DataFrame, measurements: pd.DataFrame, provenance: dict,
             }
             if wl.empty:
                 rows.append({**base, "workload": "–", "outcome": cfg["outcome"], "prefill": "–", "decode": "–",
-                             "concurrency": "–", "slots": _slots(cfg), "aggregate": "–", "ttft": "–",
+                             "concurrency": "–", "slots": _slots(cfg), "aggregate": "–", "ttft": "–", "cpu": "–",
                              "rss": _num(cfg["peak_rss_mib"]), "vram": _num(cfg["peak_gpu_mib"]),
                              "load_vram": _num(cfg["load_peak_gpu_mib"])})
             for _, w in wl.iterrows():
@@ -124,7 +134,8 @@ def context(configs: pd.DataFrame, measurements: pd.DataFrame, provenance: dict,
                              "aggregate": _fmt_stat(w, "aggregate_tps"), "ttft": _fmt_stat(w, "ttft_s", 3),
                              "prefill": _fmt_stat(w, "prefill_tps"), "decode": _fmt_stat(w, "decode_tps"),
                              "rss": _num(w["workload_peak_rss_mib"]), "vram": _num(w["workload_peak_gpu_mib"]),
-                             "load_vram": _num(cfg["load_peak_gpu_mib"])})
+                             "load_vram": _num(cfg["load_peak_gpu_mib"]),
+                             "cpu": _cpu(w)})
         failures = c[c["outcome"] != "ok"].to_dict("records")
         model_recs = [dict(r) for r in recs if r["model"] == model]
         for r in model_recs:
@@ -156,6 +167,7 @@ def context(configs: pd.DataFrame, measurements: pd.DataFrame, provenance: dict,
         "models": models,
         "per_model": per_model,
         "high_spread_pct": HIGH_SPREAD_PCT,
+        "contention_cores": CONTENTION_CORES,
         "objective_concurrency": next((w.get("concurrency", 1) for w in config["workloads"] if w["name"] == workload), 1),
     }
 

@@ -1,5 +1,6 @@
 """Sampling beside a running server: its RSS from /proc and its own GPU memory from NVML,
-with the peak per phase (load, each workload). GPU memory is the server process's own
+with the peak per phase (load, each workload), and the CPU the server and every other process
+used in each phase (other processes on the machine make a measurement untrustworthy). GPU memory is the server process's own
 (nvmlDeviceGetComputeRunningProcesses), so other processes and any ballast do not count; where
 the driver cannot see the server's pid (a container's pid namespace), the change of the devices'
 used memory from a baseline taken just before the server started stands in for it.
@@ -65,7 +66,32 @@ class MemorySampler:
 
     def phase(self, name: str) -> None:
         self._sample()
+        self._close_cpu_window()
         self.current = name
+
+    def _cpu_mark(self) -> tuple[float, float, float, float] | None:
+        """(wall, busy CPU seconds of the whole machine, of the server, steal seconds)."""
+        try:
+            t = psutil.Process(self.pid).cpu_times()
+            own = t.user + t.system + t.children_user + t.children_system
+        except (psutil.Error, ValueError):
+            return None
+        sys_t = psutil.cpu_times()
+        busy = sys_t.user + sys_t.system + getattr(sys_t, "nice", 0) + getattr(sys_t, "irq", 0) + getattr(sys_t, "softirq", 0)
+        return time.monotonic(), busy, own, getattr(sys_t, "steal", 0.0)
+
+    def _close_cpu_window(self) -> None:
+        """CPU used during the phase that ends: by the server, and by every other process (contention)."""
+        mark = self._cpu_mark()
+        start, self._cpu_start = getattr(self, "_cpu_start", None), mark
+        if start is None or mark is None or mark[0] - start[0] < 0.05:
+            return
+        wall = mark[0] - start[0]
+        server = (mark[2] - start[2]) / wall
+        machine = (mark[1] - start[1]) / wall
+        peak = self.peaks.setdefault(self.current, {"rss_mib": 0.0, "gpu_mib": None, "gpu_source": None, "samples": 0})
+        peak.update(cpu_server_cores=round(server, 2), cpu_other_cores=round(max(0.0, machine - server), 2),
+                    cpu_steal_cores=round((mark[3] - start[3]) / wall, 2), seconds=round(wall, 2))
 
     def _pids(self) -> tuple[set[int], float]:
         try:
@@ -94,10 +120,12 @@ class MemorySampler:
             self._sample()
 
     def __enter__(self) -> "MemorySampler":
+        self._cpu_start = self._cpu_mark()
         self._thread.start()
         return self
 
     def __exit__(self, *exc) -> None:
+        self._close_cpu_window()
         self._stop.set()
         self._thread.join()
         self.nvml.close()
