@@ -3,6 +3,10 @@ budget (bench/placement.py): failure kinds, crash line, margin, and llama.cpp's 
 
 from __future__ import annotations
 
+import re
+import shutil
+import subprocess
+
 import pytest
 import yaml
 
@@ -29,11 +33,11 @@ def rendered(tmp_path_factory):
     configs, measurements = aggregate.write(records, out / "configs.parquet", out / "measurements.parquet")
     report.render(out / "configs.parquet", out / "measurements.parquet", RECORDS / "provenance.json", cfg,
                   out / "report.md", out / "report.html")
-    return configs, (out / "report.md").read_text(), (out / "report.html").read_text()
+    return configs, (out / "report.md").read_text(), (out / "report.html").read_text(), out / "report.html"
 
 
 def test_failure_kinds_and_phases(rendered):
-    configs, _, _ = rendered
+    configs = rendered[0]
     by_n = {int(r.s_n_cpu_moe): (r.outcome, r.failure, r.phase) for r in configs.itertuples() if r.s_fit == "off"}
     assert by_n[12] == ("load_failed", "weights", "load")
     assert by_n[14] == ("load_failed", "kv_cache", "load")
@@ -42,7 +46,7 @@ def test_failure_kinds_and_phases(rendered):
 
 
 def test_vram_is_the_servers_own_and_headroom_is_against_the_budget(rendered):
-    configs, _, _ = rendered
+    configs = rendered[0]
     ok = configs[configs["outcome"] == "ok"]
     assert (ok["vram_limit_mib"] == 12288).all()
     assert ((ok["headroom_mib"] - (12288 - ok["peak_gpu_mib"])).abs() < 0.01).all()
@@ -52,13 +56,13 @@ def test_vram_is_the_servers_own_and_headroom_is_against_the_budget(rendered):
 
 
 def test_report_states_crash_line_margin_and_fit(rendered):
-    configs, md, html = rendered
+    configs, md, html, _ = rendered
     assert "NVIDIA H200" in md and "12288 MiB (emulated)" in md
     assert "loads from n_cpu_moe 25" in md and "survives every workload from n_cpu_moe 25" in md
     assert "less than the margin: risky" in md
     for n in (25, 26):  # survived, but with less than 1024 MiB to spare: never recommended
         cid = configs[(configs["s_n_cpu_moe"] == n)]["config_id"].iloc[0]
-        assert f"`{cid}` — risky: survived with" in md
+        assert f"- `--n-cpu-moe {n}` (`{cid}`) — risky: survived with" in md
     fit_id = configs[configs["s_fit"] == "on"]["config_id"].iloc[0]
     assert f"| `--fit on` | `{fit_id}` | ok |" in md and "llama.cpp's own choice" in html
     assert "Recommended:" in md
@@ -70,3 +74,23 @@ def test_oom_at_warmup_recorded_on_the_gpu():
     assert rec["returncode"] == -6 and "out of memory" in rec["message"]
     survivor = read_json(FIXTURES / "h200-records-11761" / "ncmoe26-ub512.json")
     assert survivor["outcome"] == "ok"  # the same split survives with a smaller compute buffer
+
+
+def test_html_report_in_a_real_browser(rendered, tmp_path):
+    """Headless Chromium loads the page; the DOM it builds has every table row and no template residue."""
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    if chromium is None:
+        pytest.skip("chromium is not installed (.ci/run installs it)")
+    configs, _, _, html_path = rendered
+    proc = subprocess.run(
+        [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+         "--disable-component-update", "--disable-sync", "--no-first-run", f"--user-data-dir={tmp_path / 'profile'}",
+         "--dump-dom", html_path.as_uri()],
+        capture_output=True, text=True, timeout=120,
+    )
+    dom = proc.stdout
+    assert proc.returncode == 0 and "<table>" in dom and "{{" not in dom and "{%" not in dom
+    rows = re.findall(r'<tr class="(?:rec)?"><td><code>(\w+)</code>', dom)
+    ok = configs[configs["outcome"] == "ok"]
+    assert len(rows) == len(ok) * 2 + len(configs) - len(ok)  # two workloads per survivor, one row per failure
+    assert "Recommended:" in dom and "llama.cpp's own choice" in dom

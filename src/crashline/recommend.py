@@ -3,9 +3,29 @@ configuration lost (it failed, with its phase, or it was slower, by how much).""
 
 from __future__ import annotations
 
+import re
+
 import pandas as pd
 
+from .settings import SETTINGS
+
 METRIC_LABEL = {"decode_tps": "decode", "prefill_tps": "prefill"}
+
+
+def difference(row, reference) -> str:
+    """The llama-server arguments in which ``row`` differs from ``reference`` (the winner)."""
+    parts = []
+    for col in row.index:
+        if col.startswith("s_") and str(row[col]) != str(reference[col]):
+            name = col[2:]
+            flag = SETTINGS[name].flag or name
+            value = row[col]
+            parts.append(f"{flag} {int(value) if isinstance(value, float) and value.is_integer() else value}")
+    return " ".join(parts) or "same settings"
+
+
+def _natural(text: str) -> list:
+    return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", text)]
 
 
 def _too_tight(row, margin_mib: int) -> bool:
@@ -38,25 +58,27 @@ def recommend(configs: pd.DataFrame, measurements: pd.DataFrame, metric: str, wo
         winner = ranked[0][1] if ranked else None
         best = ranked[0][0] if ranked else None
         verdicts = []
+        reference = group[group["config_id"] == winner].iloc[0] if winner else group.iloc[0]
         for _, row in group.iterrows():
             cid = row["config_id"]
             if cid == winner:
                 continue
+            label = difference(row, reference)
             if row["outcome"] == "ok" and _too_tight(row, margin_mib):
-                verdicts.append({"config_id": cid, "failed": True,
+                verdicts.append({"config_id": cid, "label": label, "failed": True,
                                  "reason": f"risky: survived with {row['headroom_mib']:.0f} MiB VRAM headroom, "
                                            f"less than the {margin_mib} MiB margin"})
             elif row["outcome"] != "ok":
                 where = f" at {row['phase']}" if row["phase"] else ""
-                verdicts.append({"config_id": cid, "reason": f"{row['outcome']}{where}: {row['message'] or 'no message'}",
-                                 "failed": True})
+                verdicts.append({"config_id": cid, "label": label, "failed": True,
+                                 "reason": f"{row['outcome']}{where}: {row['message'] or 'no message'}"})
             else:
                 speed = speeds.loc[cid, col] if cid in speeds.index else None
                 pct = (speed - best) / best * 100 if speed and best else None
                 reason = f"slower: {speed:.1f} t/s ({pct:+.1f}%)" if pct is not None else "no speed"
                 if pct is not None and speeds.loc[cid, high] >= speeds.loc[winner, low]:
                     reason += ", within the spread of the repetitions: not a real difference yet"
-                verdicts.append({"config_id": cid, "failed": False, "speed": speed, "reason": reason})
+                verdicts.append({"config_id": cid, "label": label, "failed": False, "speed": speed, "reason": reason})
         out.append({
             "model": model,
             "environment": env,
@@ -66,6 +88,6 @@ def recommend(configs: pd.DataFrame, measurements: pd.DataFrame, metric: str, wo
             "winner": winner,
             "winner_speed": best,
             "winner_row": group[group["config_id"] == winner].iloc[0].to_dict() if winner else None,
-            "others": sorted(verdicts, key=lambda v: (v["failed"], -(v.get("speed") or 0))),
+            "others": sorted(verdicts, key=lambda v: (v["failed"], -(v.get("speed") or 0), _natural(v["label"]))),
         })
     return out
