@@ -5,6 +5,10 @@
 configfile: "config/config.yaml"
 
 
+envvars:
+    "PATH",
+
+
 include: "rules/common.smk"
 include: "rules/models.smk"
 include: "rules/server.smk"

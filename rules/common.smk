@@ -1,5 +1,6 @@
 # Validation against config/schema.yaml, the output layout and input functions.
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -25,13 +26,17 @@ CONFIG_BY_KEY = {(c["model"], c["id"]): c for c in CONFIGURATIONS}
 
 # The validated, merged config the jobs read (written only when it changes).
 EFFECTIVE_CONFIG = Path(RESULTS) / ".crashline" / "config.json"
-if not EFFECTIVE_CONFIG.exists() or json.loads(EFFECTIVE_CONFIG.read_text()) != json.loads(json.dumps(CFG)):
+if not EFFECTIVE_CONFIG.exists() or json.loads(
+    EFFECTIVE_CONFIG.read_text()
+) != json.loads(json.dumps(CFG)):
     write_json(EFFECTIVE_CONFIG, CFG)
 
-CONDA = "conda" in str(workflow.deployment_settings.deployment_method).lower()
-CRASHLINE = (
-    f"PYTHONPATH={Path(workflow.basedir) / 'src'}${{PYTHONPATH:+:$PYTHONPATH}} "
-    f"{'python' if CONDA else sys.executable} -m crashline"
+# Jobs run `python -m crashline ...` and find the package, this interpreter (unless a conda env
+# is active for the job) and the effective config through their environment.
+os.environ.update(
+    CRASHLINE_CONFIG=str(EFFECTIVE_CONFIG),
+    PYTHONPATH=str(Path(workflow.basedir) / "src"),
+    PATH=os.pathsep.join([str(Path(sys.executable).parent), os.environ["PATH"]]),
 )
 
 
@@ -72,7 +77,9 @@ def measure_params(wildcards):
             "workloads": CFG["workloads"],
             "repetitions": CFG["repetitions"],
             "budget": CFG["budget"],
-            "server": {k: CFG["server"][k] for k in ("startup_timeout_s", "request_timeout_s")},
+            "server": {
+                k: CFG["server"][k] for k in ("startup_timeout_s", "request_timeout_s")
+            },
         },
         sort_keys=True,
     )

@@ -7,16 +7,16 @@ rule measure:
     output:
         record=LAYOUT.record("{model}", "{cid}"),
         server_log=LAYOUT.server_log("{model}", "{cid}"),
-    params:
-        depends_on=measure_params,
     log:
         f"{RESULTS}/logs/measure/{{model}}/{{cid}}.log",
     benchmark:
         f"{RESULTS}/benchmarks/measure/{{model}}/{{cid}}.tsv"
-    resources:
-        server=1,
     conda:
         "../envs/crashline.yaml"
+    resources:
+        server=1,
+    params:
+        depends_on=measure_params,
     shell:
-        "{CRASHLINE} measure --config {EFFECTIVE_CONFIG} --model {wildcards.model} --id {wildcards.cid}"
+        "python -m crashline measure --model {wildcards.model} --id {wildcards.cid}"
         " --out {output.record} --log {output.server_log} > {log} 2>&1"

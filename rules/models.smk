@@ -4,16 +4,16 @@
 rule fetch_model:
     output:
         LAYOUT.fetch("{model}"),
-    params:
-        spec=model_spec,
     log:
         f"{RESULTS}/logs/fetch/{{model}}.log",
     benchmark:
         f"{RESULTS}/benchmarks/fetch/{{model}}.tsv"
     conda:
         "../envs/crashline.yaml"
+    params:
+        spec=model_spec,
     shell:
-        "{CRASHLINE} fetch --config {EFFECTIVE_CONFIG} --model {wildcards.model} --out {output} > {log} 2>&1"
+        "python -m crashline fetch --model {wildcards.model} --out {output} > {log} 2>&1"
 
 
 rule inspect_model:
@@ -28,7 +28,7 @@ rule inspect_model:
     conda:
         "../envs/crashline.yaml"
     shell:
-        "{CRASHLINE} inspect --fetch-record {input} --out {output} > {log} 2>&1"
+        "python -m crashline inspect --fetch-record {input} --out {output} > {log} 2>&1"
 
 
 rule warmup:
@@ -43,4 +43,4 @@ rule warmup:
     conda:
         "../envs/crashline.yaml"
     shell:
-        "{CRASHLINE} warmup --fetch-record {input} --out {output} > {log} 2>&1"
+        "python -m crashline warmup --fetch-record {input} --out {output} > {log} 2>&1"

@@ -12,7 +12,7 @@ rule aggregate:
     conda:
         "../envs/crashline.yaml"
     shell:
-        "{CRASHLINE} aggregate --config {EFFECTIVE_CONFIG} --configs {output.configs}"
+        "python -m crashline aggregate --configs {output.configs}"
         " --measurements {output.measurements} {input} > {log} 2>&1"
 
 
@@ -24,11 +24,11 @@ rule report:
     output:
         md=LAYOUT.report_md(),
         html=LAYOUT.report_html(),
-    params:
-        objective=json.dumps(CFG["objective"], sort_keys=True),
     log:
         f"{RESULTS}/logs/report.log",
     conda:
         "../envs/crashline.yaml"
+    params:
+        objective=json.dumps(CFG["objective"], sort_keys=True),
     shell:
-        "{CRASHLINE} report --config {EFFECTIVE_CONFIG} > {log} 2>&1"
+        "python -m crashline report > {log} 2>&1"

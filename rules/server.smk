@@ -4,13 +4,13 @@
 rule provision_server:
     output:
         LAYOUT.provenance(),
-    params:
-        server=json.dumps({k: CFG["server"][k] for k in ("binary", "backend")}),
     log:
         f"{RESULTS}/logs/provision_server.log",
     benchmark:
         f"{RESULTS}/benchmarks/provision_server.tsv"
     conda:
         "../envs/llama-cpp.yaml"
+    params:
+        server=json.dumps({k: CFG["server"][k] for k in ("binary", "backend")}),
     shell:
-        "{CRASHLINE} provision --config {EFFECTIVE_CONFIG} --out {output} > {log} 2>&1"
+        "python -m crashline provision --out {output} > {log} 2>&1"

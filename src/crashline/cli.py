@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -133,7 +134,8 @@ def parser() -> argparse.ArgumentParser:
     def verb(name, fn, help_text, config=True):
         s = sub.add_parser(name, help=help_text)
         if config:
-            s.add_argument("--config", default="config/config.yaml", help="workflow config (default %(default)s)")
+            s.add_argument("--config", default=os.environ.get("CRASHLINE_CONFIG", "config/config.yaml"),
+                           help="workflow config (default $CRASHLINE_CONFIG or config/config.yaml)")
         s.set_defaults(fn=fn)
         return s
 
