@@ -7,6 +7,7 @@ rule measure:
     output:
         record=LAYOUT.record("{model}", "{cid}"),
         server_log=LAYOUT.server_log("{model}", "{cid}"),
+        telemetry=LAYOUT.telemetry("{model}", "{cid}"),
     log:
         f"{RESULTS}/logs/measure/{{model}}/{{cid}}.log",
     benchmark:
@@ -19,4 +20,4 @@ rule measure:
         depends_on=measure_params,
     shell:
         "python -m crashline measure --model {wildcards.model} --id {wildcards.cid}"
-        " --out {output.record} --log {output.server_log} > {log} 2>&1"
+        " --out {output.record} --log {output.server_log} --telemetry {output.telemetry} > {log} 2>&1"

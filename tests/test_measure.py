@@ -8,6 +8,7 @@ import signal
 import time
 from pathlib import Path
 
+import pandas as pd
 import psutil
 import pytest
 import yaml
@@ -50,10 +51,10 @@ def run(tmp_path, model_path, provenance, settings, workloads, reps=2, request_t
 def test_ok_record_has_speeds_placement_and_memory(tmp_path, tiny_moe, server_provenance):
     rec = run(tmp_path, tiny_moe, server_provenance, {"ubatch": 128, "ctx": 2048},
               [{"name": "short", "prompt_tokens": 100, "gen_tokens": 16},
-               {"name": "deep", "prompt_tokens": 1000, "gen_tokens": 8}])
+               {"name": "deep", "prompt_tokens": 1000, "gen_tokens": 400}])
     assert rec["outcome"] == "ok", rec["message"]
     assert [w["name"] for w in rec["workloads"]] == ["short", "deep"]
-    for w, n_prompt, n_gen in zip(rec["workloads"], (100, 1000), (16, 8)):
+    for w, n_prompt, n_gen in zip(rec["workloads"], (100, 1000), (16, 400)):
         assert w["outcome"] == "ok"
         requests = [r for run in w["runs"] for r in run["requests"]]
         assert w["concurrency"] == 1 and [len(run["requests"]) for run in w["runs"]] == [1, 1]
@@ -65,6 +66,10 @@ def test_ok_record_has_speeds_placement_and_memory(tmp_path, tiny_moe, server_pr
     assert rec["placement"]["n_ctx"] == 2048 and rec["placement"]["n_ubatch"] == 128
     assert rec["placement"]["n_threads"] == 2
     assert rec["memory"]["peak_rss_mib"] > 0 and {"load", "short", "deep"} <= set(rec["memory"]["per_phase"])
+    frame = pd.read_parquet(tmp_path / "telemetry.parquet")
+    assert {"load", "short", "deep"} <= set(frame["phase"]) and frame["t"].is_monotonic_increasing
+    decode = rec["workloads"][1]["telemetry"]["decode"]
+    assert decode["server_cpu_cores"] > 0.3 and decode["majflt_per_s"] is not None and decode["samples"] >= 1
     deep = rec["memory"]["per_phase"]["deep"]
     assert 0 < deep["cpu_server_cores"] <= 2.5 and deep["cpu_other_cores"] >= 0 and deep["seconds"] > 0
     assert rec["returncode"] == 0 and rec["command"][0] == server_provenance["binary"]

@@ -96,6 +96,7 @@ def cmd_measure(args) -> int:
         record_path=Path(args.out or layout.record(args.model, args.id)),
         log_path=Path(args.log or layout.server_log(args.model, args.id)),
         draft_path=read_json(layout.fetch(draft))["files"][0]["path"] if draft else None,
+        telemetry_path=Path(args.telemetry or layout.telemetry(args.model, args.id)),
     )
     print(f"{args.model} {args.id}: {record['outcome']}" + (f" ({record['phase']}: {record['message']})" if record["message"] else ""))
     return 0
@@ -159,6 +160,7 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--id", required=True, help="configuration id (see `plan`)")
     s.add_argument("--out")
     s.add_argument("--log")
+    s.add_argument("--telemetry")
     s = verb("aggregate", cmd_aggregate, "turn records into Parquet tables")
     s.add_argument("--configs")
     s.add_argument("--measurements")

@@ -82,6 +82,22 @@ def describe() -> dict:
     }
 
 
+def memory_bandwidth_gbs(mib: int = 256, repeats: int = 3) -> float:
+    """Host memory bandwidth as one core sees it: the best of a few large copies (read + write)."""
+    import time
+
+    import numpy as np
+
+    src = np.ones(mib * (1 << 20) // 8)
+    dst = np.empty_like(src)
+    best = float("inf")
+    for _ in range(repeats):
+        t = time.perf_counter()
+        np.copyto(dst, src)
+        best = min(best, time.perf_counter() - t)
+    return round(2 * src.nbytes / best / 1e9, 2)
+
+
 def environment_key(host: dict) -> str:
     """What must match for two measurements to be combined: machine, CPU, GPU and driver."""
     gpu = host.get("gpu", {})

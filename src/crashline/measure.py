@@ -7,6 +7,7 @@ import datetime as dt
 import time
 from pathlib import Path
 
+import pandas as pd
 import requests
 
 from . import host, logparse, pagecache
@@ -14,8 +15,8 @@ from .ballast import Ballast, BudgetError
 from . import settings as settings_mod
 from .atomic import write_json
 from .server import ServerProcess
-from .telemetry import MemorySampler
-from .workloads import Client, PromptSource, RequestFailed, check_run, concurrency, one_run, summarize
+from .telemetry import Sampler, window_summary, write_frame
+from .workloads import Client, PromptSource, RequestFailed, check_run, concurrency, one_run, summarize, windows
 
 RECORD_SCHEMA = 1
 
@@ -66,7 +67,7 @@ def _server_failure(server: ServerProcess, phase: str, timed_out: bool = False) 
     return logparse.classify(server.log_text(), server.returncode, phase_hint=phase, timed_out=timed_out)
 
 
-def run_workloads(server: ServerProcess, sampler: MemorySampler, workloads: list[dict], repetitions: int,
+def run_workloads(server: ServerProcess, sampler: Sampler, workloads: list[dict], repetitions: int,
                   request_timeout_s: float, settings: dict) -> tuple[list[dict], dict | None]:
     """Every workload R times. Returns per-workload results and the server-level failure, if any."""
     client = Client(server.url, request_timeout_s)
@@ -106,11 +107,13 @@ def run_workloads(server: ServerProcess, sampler: MemorySampler, workloads: list
                 break
         result.update(summarize(result["runs"]) if result["outcome"] == "ok" else
                       {"prefill_tps": None, "decode_tps": None, "ttft_s": None, "aggregate_tps": None})
+        result["windows"] = windows(result["runs"])
     return results, None
 
 
 def measure(*, model_name: str, item: dict, config: dict, fetch_record: dict, manifest: dict,
-            provenance: dict, record_path: Path, log_path: Path, draft_path: str | None = None) -> dict:
+            provenance: dict, record_path: Path, log_path: Path, draft_path: str | None = None,
+            telemetry_path: Path | None = None) -> dict:
     """Start the server for one configuration, run the workloads, stop it, write the record."""
     server_cfg = config["server"]
     resolved = item["settings"]
@@ -130,6 +133,7 @@ def measure(*, model_name: str, item: dict, config: dict, fetch_record: dict, ma
         "budget": config["budget"],
         "repetitions": config["repetitions"],
         "page_cache_resident_at_start": round(pagecache.resident_fraction(model_path), 4),
+        "cpu_memory_bandwidth_gbs": host.memory_bandwidth_gbs(),
         "started_at": _now(),
     }
     server = ServerProcess(command, log_path)
@@ -140,7 +144,7 @@ def measure(*, model_name: str, item: dict, config: dict, fetch_record: dict, ma
     try:
         with Ballast(budget_mib) if budget_mib else contextlib.nullcontext() as ballast:
             record["ballast"] = ballast.info if ballast else None
-            sampler = MemorySampler()
+            sampler = Sampler(interval_s=config["telemetry"]["interval_s"])
             server.start()
             record["command"] = server.command
             sampler.pid = server.proc.pid
@@ -164,6 +168,12 @@ def measure(*, model_name: str, item: dict, config: dict, fetch_record: dict, ma
     finally:
         server.stop(5)
     record["memory"] = memory_summary(sampler.result(), budget_mib, record["host"]) if sampler else None
+    frame = sampler.frame() if sampler else pd.DataFrame()
+    if sampler:
+        sampler.close()
+    write_frame(frame, telemetry_path or record_path.parent / "telemetry.parquet")
+    for w in workloads:
+        w["telemetry"] = {k: window_summary(frame, v) for k, v in w["windows"].items()}
     log = server.log_text()
     record["returncode"] = server.returncode
     record["placement"] = logparse.parse_log(log)

@@ -27,6 +27,9 @@ class Layout:
     def server_log(self, model: str, cid: str) -> Path:
         return self.root / "records" / model / cid / "server.log"
 
+    def telemetry(self, model: str, cid: str) -> Path:
+        return self.root / "records" / model / cid / "telemetry.parquet"
+
     def configs_table(self) -> Path:
         return self.root / "tables" / "configs.parquet"
 

@@ -1,21 +1,31 @@
-"""Sampling beside a running server: its RSS from /proc and its own GPU memory from NVML,
-with the peak per phase (load, each workload), and the CPU the server and every other process
-used in each phase (other processes on the machine make a measurement untrustworthy). GPU memory is the server process's own
-(nvmlDeviceGetComputeRunningProcesses), so other processes and any ballast do not count; where
-the driver cannot see the server's pid (a container's pid namespace), the change of the devices'
-used memory from a baseline taken just before the server started stands in for it.
+"""Sampling beside a running server, cheap enough not to change what it measures.
+
+Every ``interval_s`` one row: the server's CPU time, RSS, page faults and storage reads (/proc),
+the machine's busy CPU time, swap traffic and disk reads, and per GPU (NVML) SM and memory
+controller utilisation, PCIe RX/TX throughput, clocks, power, energy and the server process's own
+memory. GPU memory is the server's own (nvmlDeviceGetComputeRunningProcesses), so other processes
+and a ballast do not count; where the driver cannot see the server's pid (a container's pid
+namespace) the change of the device's used memory from a baseline taken just before the server
+started stands in for it.
+
+Phases (load, each workload) get their peaks and CPU shares as they end; the time series goes to
+Parquet, and ``window_summary`` turns it into rates over the prefill and steady-decode windows.
 """
 
 from __future__ import annotations
 
 import threading
 import time
+from pathlib import Path
 
+import pandas as pd
 import psutil
+
+MIB = 1 << 20
 
 
 class _Nvml:
-    """Per-process GPU memory, or nothing when there is no NVIDIA GPU."""
+    """The NVIDIA GPUs through NVML, or nothing when there are none."""
 
     def __init__(self):
         self.handles = []
@@ -23,9 +33,9 @@ class _Nvml:
             import pynvml
 
             pynvml.nvmlInit()
-            self.pynvml = pynvml
+            self.nv = pynvml
             self.handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
-        except Exception:  # no driver, no library, no device: GPU columns say "no GPU"
+        except Exception:  # no driver, no library, no device: the GPU columns say "no GPU"
             self.handles = []
 
     @property
@@ -33,109 +43,233 @@ class _Nvml:
         return bool(self.handles)
 
     def used_mib(self) -> float:
-        return sum(self.pynvml.nvmlDeviceGetMemoryInfo(h).used for h in self.handles) / (1 << 20)
+        return sum(self.nv.nvmlDeviceGetMemoryInfo(h).used for h in self.handles) / MIB
 
     def process_mib(self, pids: set[int]) -> float:
         total = 0
         for h in self.handles:
             try:
-                procs = self.pynvml.nvmlDeviceGetComputeRunningProcesses(h)
-            except self.pynvml.NVMLError:
+                procs = self.nv.nvmlDeviceGetComputeRunningProcesses(h)
+            except self.nv.NVMLError:
                 continue
             total += sum(p.usedGpuMemory or 0 for p in procs if p.pid in pids)
-        return total / (1 << 20)
+        return total / MIB
+
+    def _get(self, fn, *args):
+        try:
+            return fn(*args)
+        except self.nv.NVMLError:  # not supported on this board: absent, not zero
+            return None
+
+    def row(self) -> dict:
+        """The first GPU's counters (crashline places one model on one card)."""
+        nv, h = self.nv, self.handles[0]
+        util = self._get(nv.nvmlDeviceGetUtilizationRates, h)
+        power = self._get(nv.nvmlDeviceGetPowerUsage, h)
+        return {
+            "gpu_sm_pct": util.gpu if util else None,
+            "gpu_mem_pct": util.memory if util else None,
+            "pcie_rx_kbs": self._get(nv.nvmlDeviceGetPcieThroughput, h, nv.NVML_PCIE_UTIL_RX_BYTES),
+            "pcie_tx_kbs": self._get(nv.nvmlDeviceGetPcieThroughput, h, nv.NVML_PCIE_UTIL_TX_BYTES),
+            "pcie_gen": self._get(nv.nvmlDeviceGetCurrPcieLinkGeneration, h),
+            "pcie_width": self._get(nv.nvmlDeviceGetCurrPcieLinkWidth, h),
+            "sm_clock_mhz": self._get(nv.nvmlDeviceGetClockInfo, h, nv.NVML_CLOCK_SM),
+            "mem_clock_mhz": self._get(nv.nvmlDeviceGetClockInfo, h, nv.NVML_CLOCK_MEM),
+            "power_w": power / 1000 if power is not None else None,
+            "energy_mj": self._get(nv.nvmlDeviceGetTotalEnergyConsumption, h),
+        }
+
+    def memory_bandwidth_gbs(self) -> float | None:
+        """Peak memory bandwidth from the maximum memory clock and the bus width (double data rate)."""
+        if not self.present:
+            return None
+        clock = self._get(self.nv.nvmlDeviceGetMaxClockInfo, self.handles[0], self.nv.NVML_CLOCK_MEM)
+        width = self._get(self.nv.nvmlDeviceGetMemoryBusWidth, self.handles[0])
+        return clock * 1e6 * 2 * width / 8 / 1e9 if clock and width else None
 
     def close(self):
         if self.handles:
-            self.pynvml.nvmlShutdown()
+            self.nv.nvmlShutdown()
 
 
-class MemorySampler:
-    """Samples every ``interval_s`` in a thread; ``phase(name)`` marks where the next samples belong."""
+def _faults(pid: int) -> tuple[int, int]:
+    """Minor and major page faults of a process (fields 10 and 12 of /proc/PID/stat)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return int(fields[7]), int(fields[9])
 
-    def __init__(self, pid: int | None = None, interval_s: float = 0.2):
-        """Create before the server starts (the GPU baseline is taken here); set ``pid`` before entering."""
+
+def _busy_seconds(t) -> float:
+    return t.user + t.system + getattr(t, "nice", 0) + getattr(t, "irq", 0) + getattr(t, "softirq", 0)
+
+
+class Sampler:
+    """Samples every ``interval_s`` in a thread; ``phase(name)`` marks where the next samples belong.
+
+    Create it before the server starts (the GPU baseline is taken then) and set ``pid`` before
+    entering it.
+    """
+
+    def __init__(self, pid: int | None = None, interval_s: float = 0.25):
         self.pid = pid
         self.interval_s = interval_s
         self.current = "load"
         self.peaks: dict[str, dict] = {}
+        self.rows: list[dict] = []
         self.nvml = _Nvml()
         self.baseline_used_mib = self.nvml.used_mib() if self.nvml.present else None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
+        self._cpu_start = None
 
     def phase(self, name: str) -> None:
         self._sample()
-        self._close_cpu_window()
+        self._close_phase()
         self.current = name
 
-    def _cpu_mark(self) -> tuple[float, float, float, float] | None:
-        """(wall, busy CPU seconds of the whole machine, of the server, steal seconds)."""
-        try:
-            t = psutil.Process(self.pid).cpu_times()
-            own = t.user + t.system + t.children_user + t.children_system
-        except (psutil.Error, ValueError):
-            return None
-        sys_t = psutil.cpu_times()
-        busy = sys_t.user + sys_t.system + getattr(sys_t, "nice", 0) + getattr(sys_t, "irq", 0) + getattr(sys_t, "softirq", 0)
-        return time.monotonic(), busy, own, getattr(sys_t, "steal", 0.0)
+    def _peak(self) -> dict:
+        return self.peaks.setdefault(self.current, {"rss_mib": 0.0, "gpu_mib": None, "gpu_source": None, "samples": 0})
 
-    def _close_cpu_window(self) -> None:
-        """CPU used during the phase that ends: by the server, and by every other process (contention)."""
+    def _sample(self) -> None:
+        try:
+            proc = psutil.Process(self.pid)
+            procs = [proc, *proc.children(recursive=True)]
+            rss = sum(p.memory_info().rss for p in procs) / MIB
+            cpu = proc.cpu_times()
+            io = proc.io_counters() if hasattr(proc, "io_counters") else None
+            minflt, majflt = _faults(self.pid)
+        except (psutil.Error, OSError):
+            return
+        machine = psutil.cpu_times()
+        swap = psutil.swap_memory()
+        disk = psutil.disk_io_counters()
+        row = {
+            "t": time.monotonic(),
+            "phase": self.current,
+            "server_cpu_s": cpu.user + cpu.system + cpu.children_user + cpu.children_system,
+            "server_rss_mib": round(rss, 1),
+            "server_minflt": minflt,
+            "server_majflt": majflt,
+            "server_read_bytes": io.read_bytes if io else None,
+            "machine_busy_s": _busy_seconds(machine),
+            "machine_steal_s": getattr(machine, "steal", 0.0),
+            "swap_in_bytes": swap.sin,
+            "swap_out_bytes": swap.sout,
+            "disk_read_bytes": disk.read_bytes if disk else None,
+        }
+        peak = self._peak()
+        peak["rss_mib"] = max(peak["rss_mib"], row["server_rss_mib"])
+        peak["samples"] += 1
+        if self.nvml.present:
+            own = self.nvml.process_mib({p.pid for p in procs})
+            gpu, source = (own, "process") if own > 0 else (self.nvml.used_mib() - self.baseline_used_mib, "device delta")
+            row.update(self.nvml.row(), gpu_mib=round(gpu, 1))
+            if peak["gpu_mib"] is None or gpu > peak["gpu_mib"]:
+                peak["gpu_mib"], peak["gpu_source"] = round(gpu, 1), source
+        self.rows.append(row)
+
+    def _close_phase(self) -> None:
+        """CPU used during the phase that ends: by the server, and by every other process."""
         mark = self._cpu_mark()
-        start, self._cpu_start = getattr(self, "_cpu_start", None), mark
+        start, self._cpu_start = self._cpu_start, mark
         if start is None or mark is None or mark[0] - start[0] < 0.05:
             return
         wall = mark[0] - start[0]
         server = (mark[2] - start[2]) / wall
         machine = (mark[1] - start[1]) / wall
-        peak = self.peaks.setdefault(self.current, {"rss_mib": 0.0, "gpu_mib": None, "gpu_source": None, "samples": 0})
-        peak.update(cpu_server_cores=round(server, 2), cpu_other_cores=round(max(0.0, machine - server), 2),
-                    cpu_steal_cores=round((mark[3] - start[3]) / wall, 2), seconds=round(wall, 2))
+        self._peak().update(cpu_server_cores=round(server, 2), cpu_other_cores=round(max(0.0, machine - server), 2),
+                            cpu_steal_cores=round((mark[3] - start[3]) / wall, 2), seconds=round(wall, 2))
 
-    def _pids(self) -> tuple[set[int], float]:
+    def _cpu_mark(self) -> tuple[float, float, float, float] | None:
         try:
-            proc = psutil.Process(self.pid)
-            procs = [proc, *proc.children(recursive=True)]
-            rss = sum(p.memory_info().rss for p in procs) / (1 << 20)
-            return {p.pid for p in procs}, rss
-        except psutil.Error:
-            return set(), 0.0
-
-    def _sample(self) -> None:
-        pids, rss = self._pids()
-        if not pids:
-            return
-        peak = self.peaks.setdefault(self.current, {"rss_mib": 0.0, "gpu_mib": None, "gpu_source": None, "samples": 0})
-        peak["rss_mib"] = max(peak["rss_mib"], round(rss, 1))
-        peak["samples"] += 1
-        if self.nvml.present:
-            own = self.nvml.process_mib(pids)
-            gpu, source = (own, "process") if own > 0 else (self.nvml.used_mib() - self.baseline_used_mib, "device delta")
-            if peak["gpu_mib"] is None or gpu > peak["gpu_mib"]:
-                peak["gpu_mib"], peak["gpu_source"] = round(gpu, 1), source
+            t = psutil.Process(self.pid).cpu_times()
+        except (psutil.Error, ValueError):
+            return None
+        machine = psutil.cpu_times()
+        own = t.user + t.system + t.children_user + t.children_system
+        return time.monotonic(), _busy_seconds(machine), own, getattr(machine, "steal", 0.0)
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval_s):
             self._sample()
 
-    def __enter__(self) -> "MemorySampler":
+    def __enter__(self) -> "Sampler":
         self._cpu_start = self._cpu_mark()
         self._thread.start()
         return self
 
     def __exit__(self, *exc) -> None:
-        self._close_cpu_window()
+        self._close_phase()
         self._stop.set()
         self._thread.join()
-        self.nvml.close()
+
+    def frame(self) -> pd.DataFrame:
+        return pd.DataFrame(self.rows)
 
     def result(self) -> dict:
         gpu = [p["gpu_mib"] for p in self.peaks.values() if p["gpu_mib"] is not None]
         return {
             "gpu_present": self.nvml.present,
             "gpu_baseline_used_mib": self.baseline_used_mib,
+            "gpu_memory_bandwidth_gbs": self.nvml.memory_bandwidth_gbs(),
+            "interval_s": self.interval_s,
             "per_phase": self.peaks,
             "peak_rss_mib": max((p["rss_mib"] for p in self.peaks.values()), default=None),
             "peak_gpu_mib": max(gpu) if gpu else None,
         }
+
+    def close(self) -> None:
+        self.nvml.close()
+
+
+COUNTERS = {  # cumulative columns and the rate each becomes over a window
+    "server_cpu_s": "server_cpu_cores",
+    "machine_busy_s": "machine_busy_cores",
+    "server_minflt": "minflt_per_s",
+    "server_majflt": "majflt_per_s",
+    "server_read_bytes": "server_read_bytes_per_s",
+    "swap_in_bytes": "swap_in_bytes_per_s",
+    "swap_out_bytes": "swap_out_bytes_per_s",
+    "disk_read_bytes": "disk_read_bytes_per_s",
+    "energy_mj": "power_from_energy_w",
+}
+GAUGES = ("gpu_sm_pct", "gpu_mem_pct", "pcie_rx_kbs", "pcie_tx_kbs", "pcie_gen", "pcie_width", "sm_clock_mhz",
+          "mem_clock_mhz", "power_w", "gpu_mib", "server_rss_mib")
+
+
+def window_summary(frame: pd.DataFrame, windows: list[tuple[float, float]]) -> dict | None:
+    """Rates of the counters and means of the gauges over the samples inside the windows.
+
+    Counter rates add up, window by window, the change between the first and last sample inside it;
+    a window with fewer than two samples (shorter than the interval) adds nothing.
+    """
+    if frame.empty or not windows:
+        return None
+    seconds, deltas, inside = 0.0, {c: 0.0 for c in COUNTERS}, []
+    for t0, t1 in windows:
+        part = frame[(frame["t"] >= t0) & (frame["t"] <= t1)]
+        inside.append(part)
+        if len(part) < 2:
+            continue
+        seconds += part["t"].iloc[-1] - part["t"].iloc[0]
+        for col in COUNTERS:
+            if col in part and part[col].notna().all():
+                deltas[col] += float(part[col].iloc[-1] - part[col].iloc[0])
+    samples = pd.concat(inside)
+    if samples.empty:
+        return None
+    out = {"samples": len(samples), "seconds": round(seconds, 3)}
+    for col, rate in COUNTERS.items():
+        value = deltas[col] / seconds if seconds > 0 and col in frame and frame[col].notna().any() else None
+        out[rate] = value / 1000 if value is not None and col == "energy_mj" else value  # mJ/s -> W
+    for col in GAUGES:
+        if col in samples and samples[col].notna().any():
+            out[col] = float(samples[col].mean())
+    return out
+
+
+def write_frame(frame: pd.DataFrame, path: Path) -> None:
+    from .atomic import atomic_path
+
+    with atomic_path(path) as tmp:
+        frame.to_parquet(tmp, index=False)

@@ -149,6 +149,7 @@ def stream_request(url: str, prompt: list[int], n_predict: int, timeout_s: float
         "truncated": final.get("truncated"),
         "ttft_s": round(first - started, 4) if first is not None else None,
         "end_s": time.monotonic() - started,
+        "t_start": started,  # time.monotonic(), the clock the telemetry sampler uses
     }
 
 
@@ -190,6 +191,24 @@ def summarize(runs: list[dict]) -> dict:
         "ttft_s": stats([r["ttft_s"] for r in reqs if r.get("ttft_s") is not None]),
         "aggregate_tps": stats([run["aggregate_tps"] for run in runs if run.get("aggregate_tps")]),
     }
+
+
+def windows(runs: list[dict], skip_tokens: int = 4) -> dict:
+    """Per run, the prefill window (batch start to the last first token) and the steady-decode
+    window (from there, less the first ``skip_tokens`` tokens, to the first request's end)."""
+    prefill, decode = [], []
+    for run in runs:
+        reqs = [r for r in run["requests"] if r["ttft_s"] is not None]
+        if not reqs:
+            continue
+        start = min(r["t_start"] for r in reqs)
+        first_token = max(r["t_start"] + r["ttft_s"] for r in reqs)
+        end = min(r["t_start"] + r["end_s"] for r in reqs)
+        per_token = max((r["predicted_ms"] or 0) / max(r["predicted_n"] or 1, 1) for r in reqs) / 1000
+        prefill.append((start, first_token))
+        if end > first_token + skip_tokens * per_token:
+            decode.append((first_token + skip_tokens * per_token, end))
+    return {"prefill": prefill, "decode": decode}
 
 
 def concurrency(workload: dict, settings: dict) -> int:
