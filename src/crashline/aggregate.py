@@ -36,7 +36,7 @@ def _config_row(rec: dict) -> dict:
         "quantisation": rec["model"].get("quantisation"),
         "model_bytes": rec["model"].get("total_bytes"),
         **_settings_columns(rec["settings"]),
-        "server_args": " ".join(settings_mod.server_args(rec["settings"])),
+        "server_args": settings_mod.label(rec["settings"]),
         "command": json.dumps(rec.get("command")),
         "server_version": rec["server"].get("version"),
         "server_sha256": rec["server"].get("sha256"),
@@ -55,6 +55,7 @@ def _config_row(rec: dict) -> dict:
         "returncode": rec.get("returncode"),
         "load_s": rec.get("load_s"),
         "page_cache_resident_at_start": rec.get("page_cache_resident_at_start"),
+        "page_cache_verified": (rec.get("page_cache") or {}).get("verified"),
         "peak_rss_mib": memory.get("peak_rss_mib"),
         "peak_gpu_mib": memory.get("peak_gpu_mib"),
         "load_peak_gpu_mib": ((memory.get("per_phase") or {}).get("load") or {}).get("gpu_mib"),
@@ -103,6 +104,10 @@ def tables(record_paths: list[Path]) -> tuple[pd.DataFrame, pd.DataFrame]:
                     "workload_peak_gpu_mib": peak.get("gpu_mib"),
                     "cpu_server_cores": peak.get("cpu_server_cores"),
                     "cpu_other_cores": peak.get("cpu_other_cores"),
+                    "decode_bound_tps": (w.get("decode_bound") or {}).get("bound_tps"),
+                    "measured_over_bound": (w.get("decode_bound") or {}).get("measured_over_bound"),
+                    "bottleneck_verdict": (w.get("bottleneck") or {}).get("verdict"),
+                    "bottleneck": json.dumps((w.get("bottleneck") or {}).get("rows") or []),
                 }
             )
     return pd.DataFrame(configs), pd.DataFrame(measurements)

@@ -10,7 +10,7 @@ from pathlib import Path
 import pandas as pd
 import requests
 
-from . import host, logparse, pagecache
+from . import bottleneck, host, logparse, pagecache
 from .ballast import Ballast, BudgetError
 from . import settings as settings_mod
 from .atomic import write_json
@@ -55,6 +55,35 @@ def memory_summary(sampled: dict, budget_mib: int | None, host_info: dict) -> di
         "headroom_pct": round(headroom / limit * 100, 2) if headroom is not None else None,
         "peak_pct_of_limit": round(peak / limit * 100, 2) if headroom is not None else None,
     }
+
+
+def page_cache_state(fetch_record: dict, draft_path: str | None, wanted: str) -> dict:
+    """For a cold run, evict the model's files from the page cache (no server of ours is using them
+    now) and verify with mincore; a warm run reads them in. Either way, record the residency."""
+    paths = [f["path"] for f in fetch_record["files"]] + ([draft_path] if draft_path else [])
+    if wanted == "cold":
+        remaining = {p: pagecache.evict(p) for p in paths}
+    else:
+        remaining = {p: pagecache.warm(p)["resident_after"] for p in paths}
+    return {"wanted": wanted, "resident": remaining, "verified": all(
+        (v < 0.05) if wanted == "cold" else (v > 0.95) for v in remaining.values())}
+
+
+def add_bottlenecks(workloads: list[dict], record: dict, manifest: dict, resolved: dict) -> None:
+    """Per workload: the suspects during steady decode, and decode speed against its bandwidth bound."""
+    memory = record.get("memory") or {}
+    gpu = bool(memory.get("gpu_present"))
+    for w in workloads:
+        decode_tps = (w.get("decode_tps") or {}).get("median")
+        w["bottleneck"] = bottleneck.table((w.get("telemetry") or {}).get("decode"), decode_tps,
+                                           record["placement"].get("n_threads"), gpu)
+        if manifest.get("per_layer"):
+            bound = bottleneck.decode_bound(manifest, resolved, w["prompt_tokens"] + w["gen_tokens"] // 2,
+                                            memory.get("gpu_memory_bandwidth_gbs") if gpu else None,
+                                            record.get("cpu_memory_bandwidth_gbs"))
+            bound["measured_over_bound"] = (decode_tps / bound["bound_tps"]
+                                            if decode_tps and bound["bound_tps"] else None)
+            w["decode_bound"] = bound
 
 
 def _server_failure(server: ServerProcess, phase: str, timed_out: bool = False) -> dict:
@@ -132,6 +161,7 @@ def measure(*, model_name: str, item: dict, config: dict, fetch_record: dict, ma
         "host": host.describe(),
         "budget": config["budget"],
         "repetitions": config["repetitions"],
+        "page_cache": page_cache_state(fetch_record, draft_path, resolved["page_cache"]),
         "page_cache_resident_at_start": round(pagecache.resident_fraction(model_path), 4),
         "cpu_memory_bandwidth_gbs": host.memory_bandwidth_gbs(),
         "started_at": _now(),
@@ -182,6 +212,7 @@ def measure(*, model_name: str, item: dict, config: dict, fetch_record: dict, ma
         bad = next((w for w in workloads if w["outcome"] != "ok"), None)
         if failure["outcome"] == "ok" and bad:
             failure = {"outcome": bad["outcome"], "failure": bad["outcome"], "phase": bad["name"], "message": bad["message"]}
+    add_bottlenecks(workloads, record, manifest, resolved)
     record.update(
         outcome=failure["outcome"],
         failure=failure.get("failure"),

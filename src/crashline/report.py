@@ -100,6 +100,69 @@ def fit_comparison(configs: pd.DataFrame, measurements: pd.DataFrame, recs: list
     return out
 
 
+SUSPECT_COLUMNS = ("PCIe", "GPU memory bandwidth", "GPU compute", "CPU", "paging", "disk reads")
+
+
+def _suspect_cell(row: dict | None, gpu: bool, name: str) -> str:
+    if row is None:
+        return "no GPU" if name in SUSPECT_COLUMNS[:3] and not gpu else "–"
+    value = row["measured"]
+    text = "–" if value is None else f"{value:,.1f} {row['unit']}"
+    if row.get("fraction") is not None:
+        text += f" ({row['fraction']:.0%} of {row['limit']:,.0f})"
+    if row.get("per_token"):
+        text += f", {row['per_token']}"
+    return f"{text}: {row['verdict']}"
+
+
+def limits(measurements: pd.DataFrame, configs: pd.DataFrame, workload: str) -> list[dict]:
+    """One row per surviving configuration: each suspect during steady decode, the bound, the verdict."""
+    out = []
+    if measurements.empty:
+        return out
+    rows = measurements[(measurements["workload"] == workload) & (measurements["workload_outcome"] == "ok")]
+    for _, w in rows.iterrows():
+        gpu = w["gpu"] != "no GPU"
+        suspects = {r["suspect"].split(" (")[0]: r for r in json.loads(w["bottleneck"] or "[]")}
+        out.append({
+            "config_id": w["config_id"],
+            "server_args": w["server_args"],
+            "decode": _num(w["decode_tps_median"], 1),
+            "bound": _num(w["decode_bound_tps"], 1),
+            "ratio": f"{w['measured_over_bound']:.0%}" if not pd.isna(w["measured_over_bound"]) else "–",
+            "cells": [_suspect_cell(suspects.get(name), gpu, name) for name in SUSPECT_COLUMNS],
+            "verdict": w["bottleneck_verdict"] or "–",
+        })
+    return out
+
+
+def cold_warm(configs: pd.DataFrame, measurements: pd.DataFrame) -> list[dict]:
+    """Configurations measured both cold and warm, side by side, never mixed into one figure."""
+    if "s_page_cache" not in configs or measurements.empty:
+        return []
+    others = [c for c in configs.columns if c.startswith("s_") and c != "s_page_cache"]
+    out = []
+    for _, group in configs.groupby(["model", "environment", *others], dropna=False):
+        states = {r["s_page_cache"]: r for _, r in group.iterrows()}
+        if set(states) != {"cold", "warm"}:
+            continue
+        for _, w in measurements[measurements["config_id"] == states["warm"]["config_id"]].iterrows():
+            cold_w = measurements[(measurements["config_id"] == states["cold"]["config_id"])
+                                  & (measurements["workload"] == w["workload"])]
+            cold_row = cold_w.iloc[0] if len(cold_w) else {}
+            out.append({
+                "model": w["model"], "server_args": w["server_args"], "workload": w["workload"],
+                "cold_resident": _num(states["cold"]["page_cache_resident_at_start"] * 100, 0),
+                "warm_resident": _num(states["warm"]["page_cache_resident_at_start"] * 100, 0),
+                "cold_load": _num(states["cold"]["load_s"], 1), "warm_load": _num(states["warm"]["load_s"], 1),
+                "cold_prefill": _fmt_stat(cold_row, "prefill_tps") if len(cold_w) else "–",
+                "warm_prefill": _fmt_stat(w, "prefill_tps"),
+                "cold_decode": _fmt_stat(cold_row, "decode_tps") if len(cold_w) else "–",
+                "warm_decode": _fmt_stat(w, "decode_tps"),
+            })
+    return out
+
+
 def context(configs: pd.DataFrame, measurements: pd.DataFrame, provenance: dict, config: dict) -> dict:
     metric = config["objective"]["metric"]
     from .config import objective_workload
@@ -142,7 +205,8 @@ def context(configs: pd.DataFrame, measurements: pd.DataFrame, provenance: dict,
             r["command"] = reproduce_command(r["winner_row"]["command"]) if r["winner"] else None
         per_model.append({"name": model, "rows": rows, "failures": failures, "recommendations": model_recs,
                           "crash_lines": [e for e in lines if e["model"] == model],
-                          "fit": fit_comparison(c, m, model_recs, metric, workload)})
+                          "fit": fit_comparison(c, m, model_recs, metric, workload),
+                          "limits": limits(m, c, workload), "cold_warm": cold_warm(c, m)})
     models = (
         configs.drop_duplicates("model")[["model", "model_source", "model_sha256", "architecture", "quantisation", "model_bytes"]]
         .assign(size=lambda d: d["model_bytes"].map(_size))
@@ -168,6 +232,8 @@ def context(configs: pd.DataFrame, measurements: pd.DataFrame, provenance: dict,
         "per_model": per_model,
         "high_spread_pct": HIGH_SPREAD_PCT,
         "contention_cores": CONTENTION_CORES,
+        "suspect_columns": SUSPECT_COLUMNS,
+        "objective_workload": workload,
         "objective_concurrency": next((w.get("concurrency", 1) for w in config["workloads"] if w["name"] == workload), 1),
     }
 

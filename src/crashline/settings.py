@@ -25,7 +25,7 @@ class Setting:
     default: Any
     doc: str
     choices: tuple = ()
-    speed_relevant: bool = True
+    server: bool = True  # False: a setting of the measurement, not a llama-server flag
 
 
 CACHE_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1")
@@ -54,6 +54,8 @@ SETTINGS: dict[str, Setting] = {
         Setting("draft_min", "--draft-min", "int", None, "minimum drafted tokens"),
         Setting("draft_n_gpu_layers", "-ngld", "int", None, "draft model layers on the GPU"),
         Setting("extra_args", None, "list", (), "further llama-server arguments, passed through verbatim"),
+        Setting("page_cache", None, "choice", "warm", "model file in the page cache at load (warm) or evicted (cold)",
+                ("warm", "cold"), server=False),
     ]
 }
 
@@ -131,7 +133,7 @@ def server_args(resolved: dict[str, Any], draft_path: Callable[[str], str] | Non
     args: list[str] = []
     for name, setting in SETTINGS.items():
         value = resolved.get(name)
-        if value is None or name == "extra_args":
+        if value is None or name == "extra_args" or not setting.server:
             continue
         if name in _BOOL_FLAGS:
             args.append(_BOOL_FLAGS[name][0] if value else _BOOL_FLAGS[name][1])
@@ -140,6 +142,14 @@ def server_args(resolved: dict[str, Any], draft_path: Callable[[str], str] | Non
         else:
             args += [setting.flag, str(value)]
     return args + list(resolved.get("extra_args") or [])
+
+
+def label(resolved: dict[str, Any]) -> str:
+    """The llama-server arguments, plus the measurement settings that are not server flags."""
+    text = " ".join(server_args(resolved))
+    if resolved.get("page_cache") == "cold":
+        text += " · cold page cache"
+    return text
 
 
 def differing(resolved: dict[str, Any], defaults: dict[str, Any] | None = None) -> dict[str, Any]:
