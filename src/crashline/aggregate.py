@@ -42,7 +42,8 @@ def _config_row(rec: dict) -> dict:
         "server_sha256": rec["server"].get("sha256"),
         "server_backend": rec["server"].get("backend"),
         "server_obtained": rec["server"].get("obtained"),
-        "environment": host_mod.environment_key(rec["host"]),
+        # A different VRAM budget is a different card: never ranked or averaged together.
+        "environment": host_mod.environment_key(rec["host"]) + f"|budget {budget.get('vram_budget_mib') or 'none'}",
         "cpu_model": rec["host"].get("cpu_model"),
         "gpu": ", ".join(d["name"] for d in gpu.get("devices", [])) or "no GPU",
         "vram_budget_mib": budget.get("vram_budget_mib"),
