@@ -56,7 +56,7 @@ def test_serial_wait_when_both_devices_are_partly_busy():
 
 
 def test_saturated_and_paging_verdicts():
-    assert bottleneck.table(decode(gpu_sm_pct=97), 50.0, 16, True)["verdict"] == "limited by GPU compute (SM busy)"
+    assert bottleneck.table(decode(gpu_sm_pct=97), 50.0, 16, True)["verdict"] == "limited by GPU busy"
     assert bottleneck.table(decode(server_cpu_cores=15.5), 50.0, 16, True)["verdict"].startswith("limited by CPU")
     assert bottleneck.table(decode(majflt_per_s=300), 50.0, 16, True)["verdict"].startswith("waiting on storage")
     cpu_only = bottleneck.table(decode(server_cpu_cores=1.95), 20.0, 2, gpu=False)

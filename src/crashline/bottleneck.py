@@ -56,9 +56,11 @@ def table(decode: dict | None, decode_tps: float | None, n_threads: int | None, 
         mem = decode.get("gpu_mem_pct")
         add("GPU memory bandwidth (controller busy)", mem, "%", 100, mem / 100 if mem is not None else None)
         sm = decode.get("gpu_sm_pct")
-        add("GPU compute (SM busy)", sm, "%", 100, sm / 100 if sm is not None else None)
+        add("GPU busy (a kernel running; NVML cannot tell full SMs from partly used ones)", sm, "%", 100,
+            sm / 100 if sm is not None else None)
     cores = decode.get("server_cpu_cores")
-    add("CPU (server threads busy)", cores, "cores", n_threads, cores / n_threads if cores is not None and n_threads else None)
+    add("CPU (server threads busy; llama.cpp busy-waits while polling, so this includes waiting)", cores, "cores",
+        n_threads, cores / n_threads if cores is not None and n_threads else None)
     majflt = decode.get("majflt_per_s") or 0
     swap = (decode.get("swap_in_bytes_per_s") or 0) + (decode.get("swap_out_bytes_per_s") or 0)
     paging = majflt > 0 or swap > 0
@@ -72,13 +74,13 @@ def table(decode: dict | None, decode_tps: float | None, n_threads: int | None, 
 
 
 def overall(rows: list[dict], gpu: bool) -> str:
-    saturated = [r["suspect"] for r in rows if r["verdict"] == "saturated"]
+    saturated = [r["suspect"].split(" (")[0] for r in rows if r["verdict"] == "saturated"]
     if saturated:
         return "limited by " + " and ".join(saturated)
     if any(r["verdict"] in ("paging", "reading") for r in rows):
         return "waiting on storage: the model is being read from disk during decode"
     by = {r["suspect"].split(" (")[0]: r for r in rows}
-    sm = by.get("GPU compute", {}).get("fraction")
+    sm = by.get("GPU busy", {}).get("fraction")
     cpu = by.get("CPU", {}).get("fraction")
     if gpu and sm is not None and cpu is not None and 0.1 < sm < SATURATED and 0.1 < cpu < SATURATED:
         return (f"serial wait between devices: nothing is saturated, the GPU is busy {sm:.0%} and the CPU "

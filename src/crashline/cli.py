@@ -121,6 +121,16 @@ def cmd_report(args) -> int:
     return 0
 
 
+def cmd_reanalyse(args) -> int:
+    from .measure import reanalyse
+
+    record = Path(args.record)
+    rec = reanalyse(record, Path(args.telemetry or record.parent / "telemetry.parquet"), read_json(args.manifest))
+    for w in rec["workloads"]:
+        print(f"{w['name']}: {(w.get('bottleneck') or {}).get('verdict')}")
+    return 0
+
+
 def cmd_parse_log(args) -> int:
     from . import logparse
 
@@ -166,6 +176,11 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--measurements")
     s.add_argument("records", nargs="*")
     verb("report", cmd_report, "render results/report.md and results/report.html")
+    s = verb("reanalyse", cmd_reanalyse, "derive telemetry summaries and bottlenecks again from a saved record",
+             config=False)
+    s.add_argument("record")
+    s.add_argument("--manifest", required=True)
+    s.add_argument("--telemetry")
     s = verb("parse-log", cmd_parse_log, "classify a llama-server log and print its placement as JSON", config=False)
     s.add_argument("log")
     return p

@@ -13,7 +13,7 @@ import requests
 from . import bottleneck, host, logparse, pagecache
 from .ballast import Ballast, BudgetError
 from . import settings as settings_mod
-from .atomic import write_json
+from .atomic import read_json, write_json
 from .server import ServerProcess
 from .telemetry import Sampler, window_summary, write_frame
 from .workloads import Client, PromptSource, RequestFailed, check_run, concurrency, one_run, summarize, windows
@@ -84,6 +84,18 @@ def add_bottlenecks(workloads: list[dict], record: dict, manifest: dict, resolve
             bound["measured_over_bound"] = (decode_tps / bound["bound_tps"]
                                             if decode_tps and bound["bound_tps"] else None)
             w["decode_bound"] = bound
+
+
+def reanalyse(record_path: Path, telemetry_path: Path, manifest: dict) -> dict:
+    """Derive the telemetry summaries and bottleneck tables again from a record's saved time series,
+    without measuring again (for records written before the analysis changed); rewrites the record."""
+    record = read_json(record_path)
+    frame = pd.read_parquet(telemetry_path)
+    for w in record["workloads"]:
+        w["telemetry"] = {k: window_summary(frame, v) for k, v in w["windows"].items()}
+    add_bottlenecks(record["workloads"], record, manifest, record["settings"])
+    write_json(record_path, record)
+    return record
 
 
 def _server_failure(server: ServerProcess, phase: str, timed_out: bool = False) -> dict:

@@ -100,7 +100,7 @@ def fit_comparison(configs: pd.DataFrame, measurements: pd.DataFrame, recs: list
     return out
 
 
-SUSPECT_COLUMNS = ("PCIe", "GPU memory bandwidth", "GPU compute", "CPU", "paging", "disk reads")
+SUSPECT_COLUMNS = ("PCIe", "GPU memory bandwidth", "GPU busy", "CPU", "paging", "disk reads")
 
 
 def _suspect_cell(row: dict | None, gpu: bool, name: str) -> str:

@@ -238,33 +238,39 @@ GAUGES = ("gpu_sm_pct", "gpu_mem_pct", "pcie_rx_kbs", "pcie_tx_kbs", "pcie_gen",
 
 
 def window_summary(frame: pd.DataFrame, windows: list[tuple[float, float]]) -> dict | None:
-    """Rates of the counters and means of the gauges over the samples inside the windows.
+    """Rates of the counters and means of the gauges over the prefill or decode windows.
 
-    Counter rates add up, window by window, the change between the first and last sample inside it;
-    a window with fewer than two samples (shorter than the interval) adds nothing.
+    A counter's rate over a window comes from the samples that bracket it (the last one at or
+    before its start, the first one at or after its end), so a window shorter than the sampling
+    interval still gets a rate, over a slightly longer span; gauges average the samples inside the
+    windows, or the bracketing ones when none falls inside.
     """
     if frame.empty or not windows:
         return None
-    seconds, deltas, inside = 0.0, {c: 0.0 for c in COUNTERS}, []
+    t = frame["t"]
+    seconds, deltas, picked = 0.0, {c: 0.0 for c in COUNTERS}, []
     for t0, t1 in windows:
-        part = frame[(frame["t"] >= t0) & (frame["t"] <= t1)]
-        inside.append(part)
-        if len(part) < 2:
+        before, after = frame[t <= t0], frame[t >= t1]
+        if before.empty or after.empty:
             continue
-        seconds += part["t"].iloc[-1] - part["t"].iloc[0]
+        a, b = before.iloc[-1], after.iloc[0]
+        seconds += b["t"] - a["t"]
         for col in COUNTERS:
-            if col in part and part[col].notna().all():
-                deltas[col] += float(part[col].iloc[-1] - part[col].iloc[0])
-    samples = pd.concat(inside)
-    if samples.empty:
+            if col in frame and pd.notna(a.get(col)) and pd.notna(b.get(col)):
+                deltas[col] += float(b[col] - a[col])
+        inside = frame[(t >= t0) & (t <= t1)]
+        picked.append(inside if not inside.empty else pd.DataFrame([a, b]))
+    if not picked or seconds <= 0:
         return None
+    samples = pd.concat(picked)
     out = {"samples": len(samples), "seconds": round(seconds, 3)}
     for col, rate in COUNTERS.items():
-        value = deltas[col] / seconds if seconds > 0 and col in frame and frame[col].notna().any() else None
+        has = col in frame and frame[col].notna().any()
+        value = deltas[col] / seconds if has else None
         out[rate] = value / 1000 if value is not None and col == "energy_mj" else value  # mJ/s -> W
     for col in GAUGES:
         if col in samples and samples[col].notna().any():
-            out[col] = float(samples[col].mean())
+            out[col] = float(pd.to_numeric(samples[col]).mean())
     return out
 
 
