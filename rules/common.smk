@@ -43,6 +43,7 @@ os.environ.update(
 wildcard_constraints:
     model="[A-Za-z0-9][A-Za-z0-9._-]*",
     cid="[0-9a-f]{10}",
+    gid="[0-9a-f]{10}",
 
 
 def configuration(wildcards):
@@ -85,5 +86,29 @@ def measure_params(wildcards):
     )
 
 
+SEARCHES = crashline_config.expand_searches(CFG)
+
+
 def all_records(wildcards):
-    return [LAYOUT.record(c["model"], c["id"]) for c in CONFIGURATIONS]
+    """Every configuration's record, and every search's summary (which stands for its probes)."""
+    return [LAYOUT.record(c["model"], c["id"]) for c in CONFIGURATIONS] + [
+        LAYOUT.search(g["model"], g["id"]) for g in SEARCHES
+    ]
+
+
+def search_params(wildcards):
+    """What a search depends on besides its inputs; a change reruns it."""
+    group = next(
+        g
+        for g in SEARCHES
+        if g["model"] == wildcards.model and g["id"] == wildcards.gid
+    )
+    return json.dumps(
+        {
+            "group": group,
+            "workloads": CFG["workloads"],
+            "repetitions": CFG["repetitions"],
+            "budget": CFG["budget"],
+        },
+        sort_keys=True,
+    )

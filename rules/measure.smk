@@ -21,3 +21,25 @@ rule measure:
     shell:
         "python -m crashline measure --model {wildcards.model} --id {wildcards.cid}"
         " --out {output.record} --log {output.server_log} --telemetry {output.telemetry} > {log} 2>&1"
+
+
+rule search:
+    input:
+        fetch=LAYOUT.fetch("{model}"),
+        manifest=LAYOUT.manifest("{model}"),
+        warmup=LAYOUT.warmup("{model}"),
+        server=LAYOUT.provenance(),
+    output:
+        LAYOUT.search("{model}", "{gid}"),
+    log:
+        f"{RESULTS}/logs/search/{{model}}/{{gid}}.log",
+    benchmark:
+        f"{RESULTS}/benchmarks/search/{{model}}/{{gid}}.tsv"
+    conda:
+        "../envs/crashline.yaml"
+    resources:
+        server=1,
+    params:
+        depends_on=search_params,
+    shell:
+        "python -m crashline search --model {wildcards.model} --id {wildcards.gid} --out {output} > {log} 2>&1"

@@ -7,19 +7,21 @@ rule aggregate:
     output:
         configs=LAYOUT.configs_table(),
         measurements=LAYOUT.measurements_table(),
+        searches=LAYOUT.searches_table(),
     log:
         f"{RESULTS}/logs/aggregate.log",
     conda:
         "../envs/crashline.yaml"
     shell:
         "python -m crashline aggregate --configs {output.configs}"
-        " --measurements {output.measurements} {input} > {log} 2>&1"
+        " --measurements {output.measurements} --searches {output.searches} {input} > {log} 2>&1"
 
 
 rule report:
     input:
         configs=LAYOUT.configs_table(),
         measurements=LAYOUT.measurements_table(),
+        searches=LAYOUT.searches_table(),
         server=LAYOUT.provenance(),
     output:
         md=LAYOUT.report_md(),

@@ -114,9 +114,30 @@ def tables(record_paths: list[Path]) -> tuple[pd.DataFrame, pd.DataFrame]:
     return pd.DataFrame(configs), pd.DataFrame(measurements)
 
 
-def write(record_paths: list[Path], configs_path: Path, measurements_path: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
+def search_table(summary_paths: list[Path]) -> pd.DataFrame:
+    """One row per n_cpu_moe search: what was predicted, probed, skipped, and where the line is."""
+    rows = []
+    for path in summary_paths:
+        s = read_json(path)
+        rows.append({
+            "model": s["model"], "group": s["group"], "settings": json.dumps(s["settings"]),
+            "server_args": settings_mod.label({**s["settings"], "n_cpu_moe": None}),
+            "range": json.dumps(s["range"]), "limit_mib": s["limit_mib"], "margin_mib": s["margin_mib"],
+            "predicted_lowest": s["predicted_lowest"], "arithmetic": s["arithmetic"],
+            "full_residency": s["full_residency"], "boundary": s["boundary"],
+            "recommended_n_cpu_moe": s["recommended_n_cpu_moe"], "server_starts": s["server_starts"],
+            "probes": json.dumps(s["probes"]), "values": json.dumps(s["values"]),
+        })
+    return pd.DataFrame(rows)
+
+
+def write(record_paths: list[Path], configs_path: Path, measurements_path: Path,
+          search_paths: list[Path] = (), searches_path: Path | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
     configs, measurements = tables([Path(p) for p in record_paths])
-    for frame, path in ((configs, configs_path), (measurements, measurements_path)):
+    outputs = [(configs, configs_path), (measurements, measurements_path)]
+    if searches_path is not None:
+        outputs.append((search_table([Path(p) for p in search_paths]), searches_path))
+    for frame, path in outputs:
         with atomic_path(path) as tmp:
             frame.to_parquet(tmp, index=False)
     return configs, measurements

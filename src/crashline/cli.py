@@ -20,14 +20,18 @@ def _load(args) -> tuple[dict, Layout]:
 
 def cmd_plan(args) -> int:
     cfg, layout = _load(args)
-    from .settings import server_args
+    from .settings import label
 
     items = config_mod.expand(cfg)
     if args.json:
         print(json.dumps(items, indent=2))
         return 0
     for item in items:
-        print(f"{item['model']:<20} {item['id']}  {' '.join(server_args(item['settings']))}")
+        print(f"{item['model']:<20} {item['id']}  {label(item['settings'])}")
+    for group in config_mod.expand_searches(cfg):
+        lo, hi = group["range"]
+        print(f"{group['model']:<20} {group['id']}  search --n-cpu-moe {lo}..{hi} with {group['given']}")
+    sys.stdout.flush()
     print(f"{len(items)} configuration(s); records under {layout.root}/records/MODEL/ID/", file=sys.stderr)
     return 0
 
@@ -102,12 +106,38 @@ def cmd_measure(args) -> int:
     return 0
 
 
+def cmd_search(args) -> int:
+    from .search import run_search
+
+    cfg, layout = _load(args)
+    group = config_mod.find_search(cfg, args.model, args.id)
+    out = Path(args.out).parent if args.out else layout.search(args.model, args.id).parent
+    summary = run_search(model_name=args.model, group=group, config=cfg, fetch_record=read_json(layout.fetch(args.model)),
+                         manifest=read_json(layout.manifest(args.model)), provenance=read_json(layout.provenance()),
+                         out_dir=out)
+    print(f"{args.model} search {args.id}: boundary n_cpu_moe {summary['boundary']}, use "
+          f"{summary['recommended_n_cpu_moe']}, {summary['server_starts']} server starts")
+    return 0
+
+
+def records_from(paths: list[Path]) -> list[Path]:
+    """measure.json paths as they are; a search.json stands for the records of its probes."""
+    out = []
+    for p in map(Path, paths):
+        out += sorted((p.parent / "records").glob("*/measure.json")) if p.name == "search.json" else [p]
+    return out
+
+
 def cmd_aggregate(args) -> int:
     from .aggregate import write
 
     cfg, layout = _load(args)
-    records = args.records or [layout.record(i["model"], i["id"]) for i in config_mod.expand(cfg)]
-    write(records, Path(args.configs or layout.configs_table()), Path(args.measurements or layout.measurements_table()))
+    outputs = [layout.record(i["model"], i["id"]) for i in config_mod.expand(cfg)]
+    outputs += [layout.search(g["model"], g["id"]) for g in config_mod.expand_searches(cfg)]
+    given = [Path(p) for p in (args.records or outputs)]
+    write(records_from(given), Path(args.configs or layout.configs_table()),
+          Path(args.measurements or layout.measurements_table()),
+          [p for p in given if p.name == "search.json"], Path(args.searches or layout.searches_table()))
     return 0
 
 
@@ -116,7 +146,7 @@ def cmd_report(args) -> int:
 
     cfg, layout = _load(args)
     render(layout.configs_table(), layout.measurements_table(), layout.provenance(), cfg,
-           layout.report_md(), layout.report_html())
+           layout.report_md(), layout.report_html(), layout.searches_table())
     print(layout.report_md())
     return 0
 
@@ -171,10 +201,15 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--out")
     s.add_argument("--log")
     s.add_argument("--telemetry")
+    s = verb("search", cmd_search, "find the lowest surviving n_cpu_moe of one search group (see `plan`)")
+    s.add_argument("--model", required=True)
+    s.add_argument("--id", required=True, help="search group id (see `plan`)")
+    s.add_argument("--out")
     s = verb("aggregate", cmd_aggregate, "turn records into Parquet tables")
     s.add_argument("--configs")
     s.add_argument("--measurements")
-    s.add_argument("records", nargs="*")
+    s.add_argument("--searches")
+    s.add_argument("records", nargs="*", help="measure.json and search.json files (default: all the config asks for)")
     verb("report", cmd_report, "render results/report.md and results/report.html")
     s = verb("reanalyse", cmd_reanalyse, "derive telemetry summaries and bottlenecks again from a saved record",
              config=False)

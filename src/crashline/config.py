@@ -112,26 +112,60 @@ def cache_dir(config: dict) -> Path:
     return Path(configured or Path.home() / ".cache" / "crashline").expanduser()
 
 
+def _combinations(config: dict, searches: bool):
+    """(entry index, entry, given settings) for every grid point of the entries with or without a search."""
+    base = config.get("defaults", {})
+    for i, entry in enumerate(config["configurations"]):
+        if bool(entry.get("search")) is not searches:
+            continue
+        grid = entry.get("grid", {})
+        names = list(grid)
+        for combo in itertools.product(*(grid[n] for n in names)):
+            yield i, entry, {**base, **entry.get("settings", {}), **dict(zip(names, combo))}
+
+
+def _resolve(i: int, given: dict) -> dict:
+    try:
+        return settings_mod.resolve(given)
+    except settings_mod.SettingsError as exc:
+        raise ConfigError(f"config key configurations.{i}: {exc}") from None
+
+
+def expand_searches(config: dict) -> list[dict]:
+    """Every (model, group) whose n_cpu_moe is searched; the group id hashes the other settings and the range."""
+    out = {}
+    for i, entry, given in _combinations(config, searches=True):
+        given = {k: v for k, v in given.items() if k != "n_cpu_moe"}
+        lo, hi = entry["search"]["n_cpu_moe"]
+        if lo > hi:
+            raise ConfigError(f"config key configurations.{i}.search.n_cpu_moe = {[lo, hi]!r}: low is above high")
+        resolved = _resolve(i, given)
+        for model in entry.get("models") or list(config["models"]):
+            gid = settings_mod.config_id(model, {**resolved, "n_cpu_moe": None, "search": [lo, hi]})
+            out.setdefault((model, gid), {"model": model, "id": gid, "given": given, "range": [lo, hi]})
+    return list(out.values())
+
+
 def expand(config: dict) -> list[dict]:
     """Every (model, configuration) the config asks for, resolved, with ids; duplicates once.
 
     Each item: {"model", "id", "settings" (resolved), "given" (what the config wrote)}.
+    Entries with a ``search`` are not here: see expand_searches.
     """
-    base = config.get("defaults", {})
     seen: dict[tuple[str, str], dict] = {}
-    for i, entry in enumerate(config["configurations"]):
-        grid = entry.get("grid", {})
-        names = list(grid)
-        for combo in itertools.product(*(grid[n] for n in names)):
-            given = {**base, **entry.get("settings", {}), **dict(zip(names, combo))}
-            try:
-                resolved = settings_mod.resolve(given)
-            except settings_mod.SettingsError as exc:
-                raise ConfigError(f"config key configurations.{i}: {exc}") from None
-            for model in entry.get("models") or list(config["models"]):
-                cid = settings_mod.config_id(model, resolved)
-                seen.setdefault((model, cid), {"model": model, "id": cid, "settings": resolved, "given": given})
+    for i, entry, given in _combinations(config, searches=False):
+        resolved = _resolve(i, given)
+        for model in entry.get("models") or list(config["models"]):
+            cid = settings_mod.config_id(model, resolved)
+            seen.setdefault((model, cid), {"model": model, "id": cid, "settings": resolved, "given": given})
     return list(seen.values())
+
+
+def find_search(config: dict, model: str, gid: str) -> dict:
+    for group in expand_searches(config):
+        if group["model"] == model and group["id"] == gid:
+            return group
+    raise ConfigError(f"no search {gid!r} for model {model!r} in this config (run `python -m crashline plan`)")
 
 
 def find(config: dict, model: str, cid: str) -> dict:

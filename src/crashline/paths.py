@@ -30,11 +30,17 @@ class Layout:
     def telemetry(self, model: str, cid: str) -> Path:
         return self.root / "records" / model / cid / "telemetry.parquet"
 
+    def search(self, model: str, gid: str) -> Path:
+        return self.root / "search" / model / gid / "search.json"
+
     def configs_table(self) -> Path:
         return self.root / "tables" / "configs.parquet"
 
     def measurements_table(self) -> Path:
         return self.root / "tables" / "measurements.parquet"
+
+    def searches_table(self) -> Path:
+        return self.root / "tables" / "searches.parquet"
 
     def report_md(self) -> Path:
         return self.root / "report.md"

@@ -238,11 +238,21 @@ def context(configs: pd.DataFrame, measurements: pd.DataFrame, provenance: dict,
     }
 
 
+def searches(table: pd.DataFrame, model: str) -> list[dict]:
+    out = []
+    for _, row in table[table["model"] == model].iterrows() if not table.empty else []:
+        out.append({**row.to_dict(), "probes": json.loads(row["probes"]), "value_rows": json.loads(row["values"])})
+    return out
+
+
 def render(configs_path: Path, measurements_path: Path, provenance_path: Path, config: dict,
-           md_path: Path, html_path: Path) -> None:
+           md_path: Path, html_path: Path, searches_path: Path | None = None) -> None:
     configs = pd.read_parquet(configs_path)
     measurements = pd.read_parquet(measurements_path)
     ctx = context(configs, measurements, read_json(provenance_path), config)
+    search_table = pd.read_parquet(searches_path) if searches_path and Path(searches_path).exists() else pd.DataFrame()
+    for m in ctx["per_model"]:
+        m["searches"] = searches(search_table, m["name"])
     env = jinja2.Environment(
         loader=jinja2.PackageLoader("crashline", "templates"),
         autoescape=jinja2.select_autoescape(["html"]),

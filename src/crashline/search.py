@@ -1,0 +1,114 @@
+"""The planner in the workflow: for one combination of the other settings, find the lowest
+n_cpu_moe that survives every workload with headroom, with a few server starts instead of one per
+value.
+
+1. Calibrate: measure the highest n_cpu_moe of the range (every expert on the CPU: the load most
+   likely to fit). Its log gives the compute buffer at this ubatch; its peak VRAM less its
+   buffers gives the rest (CUDA context, small buffers).
+2. Predict every value's VRAM from the manifest (planner.predict) and start at the lowest value
+   predicted to fit the budget.
+3. Search: gallop from the prediction and bisect (planner.search_lowest), each probe a full
+   measurement with every workload.
+4. Step up from the boundary until the headroom clears the margin: that is the value to use.
+
+Values below the boundary that were never started are reported as skipped with the arithmetic
+("predicted to need X MiB more than the budget"), never silently dropped.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from . import planner
+from . import settings as settings_mod
+from .atomic import read_json, write_json
+from .measure import measure
+
+
+def _headroom_ok(rec: dict, margin_mib: int) -> bool:
+    headroom = (rec.get("memory") or {}).get("headroom_mib")
+    return rec["outcome"] == "ok" and (headroom is None or headroom >= margin_mib)
+
+
+def calibration(rec: dict, ubatch: int) -> tuple[planner.ComputeModel, float]:
+    """Compute buffer (GPU) and the rest, from a measured record."""
+    bufs = rec["placement"].get("buffers_mib") or {}
+    gpu = {k: v for k, v in bufs.items() if k.startswith("CUDA")}
+    compute = sum(v for k, v in gpu.items() if k.endswith(":compute"))
+    load_peak = ((rec.get("memory") or {}).get("per_phase") or {}).get("load", {}).get("gpu_mib")
+    rest = max(0.0, load_peak - sum(gpu.values())) if load_peak is not None else 0.0
+    return planner.ComputeModel({ubatch: compute}), rest
+
+
+def run_search(*, model_name: str, group: dict, config: dict, fetch_record: dict, manifest: dict,
+               provenance: dict, out_dir: Path) -> dict:
+    """Run the search for one group; records of every probe go under ``out_dir/records``."""
+    lo, hi = group["range"]
+    hi = min(hi, manifest["layers"])
+    budget = config["budget"].get("vram_budget_mib")
+    margin = config["budget"]["margin_mib"]
+    base = group["given"]
+    measured: set[int] = set()
+
+    def probe(n: int) -> dict:
+        measured.add(n)
+        given = {**base, "n_cpu_moe": n}
+        resolved = settings_mod.resolve(given)
+        cid = settings_mod.config_id(model_name, resolved)
+        folder = out_dir / "records" / cid
+        record_path = folder / "measure.json"
+        if record_path.exists():
+            return read_json(record_path)
+        return measure(model_name=model_name, item={"id": cid, "settings": resolved, "given": given}, config=config,
+                       fetch_record=fetch_record, manifest=manifest, provenance=provenance, record_path=record_path,
+                       log_path=folder / "server.log", telemetry_path=folder / "telemetry.parquet")
+
+    calib = probe(hi)
+    resolved = settings_mod.resolve({**base, "n_cpu_moe": hi})
+    compute, rest = calibration(calib, resolved["ubatch"])
+    limit = budget or ((calib.get("memory") or {}).get("vram_limit_mib"))
+    predictions = {n: planner.predict(manifest, {**resolved, "n_cpu_moe": n}, compute, rest) for n in range(lo, hi + 1)}
+    if limit:
+        start = next((n for n in range(lo, hi + 1) if predictions[n]["total_mib"] <= limit), hi)
+    else:
+        start = lo  # no GPU limit known (CPU only): every value fits in VRAM terms
+    boundary, probes = planner.search_lowest(lambda n: probe(n)["outcome"] == "ok", start, lo, hi)
+    recommended = None
+    if boundary is not None:
+        for n in range(boundary, hi + 1):
+            if _headroom_ok(probe(n), margin):
+                recommended = n
+                break
+    values = []
+    for n in range(lo, hi + 1):
+        p = predictions[n]
+        entry = {"n_cpu_moe": n, "predicted_mib": p["total_mib"]}
+        if n in measured:
+            entry["status"] = "measured"
+        elif boundary is not None and n < boundary and limit and p["total_mib"] > limit:
+            entry["status"] = f"skipped: predicted to need {p['total_mib'] - limit:,.0f} MiB more than the budget"
+        elif boundary is not None and n < boundary:
+            entry["status"] = "skipped: below the measured boundary"
+        else:
+            entry["status"] = "not measured: above the boundary, fits by the same prediction"
+        values.append(entry)
+    summary = {
+        "model": model_name,
+        "group": group["id"],
+        "settings": {k: v for k, v in resolved.items() if k != "n_cpu_moe"},
+        "range": [lo, hi],
+        "limit_mib": limit,
+        "margin_mib": margin,
+        "compute_mib": compute.measured,
+        "rest_mib": round(rest, 1),
+        "predicted_lowest": start,
+        "arithmetic": planner.arithmetic(predictions[start], limit, margin) if limit else None,
+        "full_residency": planner.arithmetic(predictions[lo], limit, margin) if limit else None,
+        "probes": [{"n_cpu_moe": n, "survived": ok} for n, ok in probes],
+        "boundary": boundary,
+        "recommended_n_cpu_moe": recommended,
+        "server_starts": len(measured),
+        "values": values,
+    }
+    write_json(out_dir / "search.json", summary)
+    return summary
