@@ -26,11 +26,12 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from crashline import config as config_mod  # noqa: E402
-from crashline import pagecache, planner, provision, sources, synthetic  # noqa: E402
+from crashline import pagecache, provision, sources, synthetic  # noqa: E402
 from crashline.atomic import read_json, write_json  # noqa: E402
 from crashline.manifest import inspect_gguf  # noqa: E402
 from crashline.measure import measure  # noqa: E402
 from crashline.paths import Layout  # noqa: E402
+from crashline.search import run_search  # noqa: E402
 
 SHAPES = {"qwen3-30b-a3b": synthetic.QWEN3_30B_A3B, "tiny": synthetic.DEFAULT_TINY}
 MODEL = "moe-synthetic"
@@ -99,33 +100,13 @@ class Runner:
         return rec
 
 
-def safe(rec: dict, margin: int) -> bool:
-    headroom = (rec.get("memory") or {}).get("headroom_mib")
-    return rec["outcome"] == "ok" and headroom is not None and headroom >= margin
-
-
 def phase_planner(args, run: Runner) -> dict:
-    layers = run.manifest["layers"]
-    calib = run(n_cpu_moe=layers)  # every expert on the CPU: the load that surely fits
-    bufs = calib["placement"]["buffers_mib"]
-    gpu = [k for k in bufs if k.startswith("CUDA")]
-    compute = planner.ComputeModel({args.ubatch: sum(v for k, v in bufs.items() if k.endswith(":compute") and k in gpu)})
-    peak = calib["memory"]["per_phase"].get("load", {}).get("gpu_mib") or calib["memory"]["peak_gpu_mib"]
-    rest = max(0.0, peak - sum(bufs[k] for k in gpu)) if peak is not None else 0.0
-    settings = {**calib["settings"]}
-    predicted = planner.predicted_lowest(run.manifest, settings, compute, rest, args.budget_mib, 0)
-    pred = planner.predict(run.manifest, {**settings, "n_cpu_moe": predicted}, compute, rest)
-    boundary, probes = planner.search_lowest(lambda n: run(n_cpu_moe=n)["outcome"] == "ok", predicted, 0, layers)
-    recommended = None
-    if boundary is not None:
-        for n in range(boundary, layers + 1):  # the first survivor with headroom above the margin
-            if safe(run(n_cpu_moe=n), args.margin_mib):
-                recommended = n
-                break
-    return {"calibration_n_cpu_moe": layers, "compute_mib": compute.measured, "rest_mib": rest,
-            "predicted_lowest": predicted, "prediction_at_predicted": pred,
-            "arithmetic": planner.arithmetic(pred, args.budget_mib, 0),
-            "probes": probes, "boundary": boundary, "recommended_n_cpu_moe": recommended}
+    """The workflow's own search (crashline.search), over the whole n_cpu_moe range."""
+    group = {"id": "bench", "given": dict(run.cfg["defaults"]), "range": [0, run.manifest["layers"]]}
+    summary = run_search(model_name=MODEL, group=group, config=run.cfg, fetch_record=run.fetch,
+                         manifest=run.manifest, provenance=run.prov, out_dir=Path(run.cfg["results_dir"]) / "search")
+    run.starts = summary["server_starts"]
+    return summary
 
 
 def phase_grid(args, run: Runner) -> dict:
@@ -156,7 +137,7 @@ def phase_report(args) -> None:
     layout = Layout(out)
     records = {}  # one record per configuration: the grid's, else the fit run's, else the planner's
     for phase in ("grid", "fit", "planner", "explicit"):
-        for path in sorted(out.glob(f"{phase}/records/*/*/measure.json")):
+        for path in sorted(out.glob(f"{phase}/**/records/*/measure.json")):
             records.setdefault(path.parent.name, path)
     provenance = next(out.glob("*/server/provenance.json"))
     layout.provenance().parent.mkdir(parents=True, exist_ok=True)
