@@ -3,6 +3,7 @@ budget (bench/placement.py): failure kinds, crash line, margin, and llama.cpp's 
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import subprocess
@@ -94,3 +95,15 @@ def test_html_report_in_a_real_browser(rendered, tmp_path):
     ok = configs[configs["outcome"] == "ok"]
     assert len(rows) == len(ok) * 2 + len(configs) - len(ok)  # two workloads per survivor, one row per failure
     assert "Recommended:" in dom and "llama.cpp's own choice" in dom
+
+
+def test_search_summary_from_the_gpu():
+    """The workflow's search (crashline.search) run on the H200 at a 12 GiB budget, ubatch 2048."""
+    table = aggregate.search_table([FIXTURES / "h200-search" / "search.json"])
+    (row,) = table.to_dict("records")
+    assert (row["predicted_lowest"], row["boundary"], row["recommended_n_cpu_moe"]) == (25, 25, 29)
+    assert json.loads(row["probes"]) == [{"n_cpu_moe": 25, "survived": True}, {"n_cpu_moe": 24, "survived": False}]
+    assert row["server_starts"] == 7  # calibration at 48, the two probes, then 26..29 up to the margin
+    statuses = {v["n_cpu_moe"]: v["status"] for v in json.loads(row["values"])}
+    assert statuses[23] == "skipped: predicted to need 488 MiB more than the budget"
+    assert statuses[40].startswith("not measured") and statuses[48] == "measured"

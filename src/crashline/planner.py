@@ -81,11 +81,16 @@ def predict(manifest: dict, settings: dict, compute: ComputeModel, rest_mib: flo
 def arithmetic(prediction: dict, limit_mib: float, margin_mib: float) -> str:
     """The prediction written out the way a person would check it."""
     p = prediction
-    need = p["total_mib"] + margin_mib
-    verdict = "fits" if need <= limit_mib else f"does not fit: {need - limit_mib:,.0f} MiB more than the card"
+    total = p["total_mib"]
+    if total + margin_mib <= limit_mib:
+        verdict = f"fits with the margin ({limit_mib - total:,.0f} MiB to spare)"
+    elif total <= limit_mib:
+        verdict = f"fits, but with {limit_mib - total:,.0f} MiB to spare, less than the margin"
+    else:
+        verdict = f"does not fit: {total - limit_mib:,.0f} MiB more than the card"
     return (f"weights {p['weights_mib']:,.0f} + KV {p['kv_mib']:,.0f} + compute {p['compute_mib']:,.0f} "
-            f"+ rest {p['rest_mib']:,.0f} + margin {margin_mib:,.0f} = {need:,.0f} MiB "
-            f"against {limit_mib:,.0f} MiB: {verdict}")
+            f"+ rest {p['rest_mib']:,.0f} = {total:,.0f} MiB against {limit_mib:,.0f} MiB "
+            f"(margin {margin_mib:,.0f}): {verdict}")
 
 
 def predicted_lowest(manifest: dict, settings: dict, compute: ComputeModel, rest_mib: float,
