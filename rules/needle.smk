@@ -3,25 +3,6 @@
 # Random-weight synthetic models get a "not applicable" record without a server.
 
 
-def needle_params(wildcards):
-    """Everything a needle job depends on besides its inputs; a change reruns it."""
-    return json.dumps(
-        {
-            "settings": json.loads(canonical(configuration(wildcards)["settings"])),
-            "needle": CFG.get("needle"),
-            "prompt_style": CFG["models"][wildcards.model].get("prompt_style"),
-            "server": {
-                k: CFG["server"][k] for k in ("startup_timeout_s", "request_timeout_s")
-            },
-        },
-        sort_keys=True,
-    )
-
-
-def all_needle_records(wildcards):
-    return [LAYOUT.needle_record(c["model"], c["id"]) for c in CONFIGURATIONS]
-
-
 rule needle:
     input:
         unpack(measure_inputs),
@@ -39,7 +20,7 @@ rule needle:
     params:
         depends_on=needle_params,
     shell:
-        "{CRASHLINE} needle --config {EFFECTIVE_CONFIG} --model {wildcards.model} --id {wildcards.cid}"
+        "python -m crashline needle --model {wildcards.model} --id {wildcards.cid}"
         " --out {output.record} --log {output.server_log} > {log} 2>&1"
 
 
@@ -53,4 +34,4 @@ rule needle_table:
     conda:
         "../envs/crashline.yaml"
     shell:
-        "{CRASHLINE} needle-table --out {output} {input} > {log} 2>&1"
+        "python -m crashline needle-table --out {output} {input} > {log} 2>&1"
