@@ -403,16 +403,26 @@ def _measured_row(row: dict, model: str, configs: pd.DataFrame, measurements: pd
     return None, f"not measured: no record of configuration {row['id']} (run the workflow)"
 
 
-def _warnings(hit, med: float, lo: float, hi: float) -> list[str]:
-    """Why a measured number should be repeated before it is trusted (or sent upstream)."""
-    out = []
+def _warnings(hit, med: float, lo: float, hi: float) -> dict[str, float]:
+    """Why a measured number should be repeated before it is trusted (or sent upstream):
+    {"spread_pct": range over median, in %} and / or {"other_cores": CPU cores others used}."""
+    out = {}
     spread = (hi - lo) / med * 100 if med else None
     if spread is not None and spread > HIGH_SPREAD_PCT:
-        out.append(f"range {spread:.0f}% of the median")
+        out["spread_pct"] = spread
     other = hit.get("cpu_other_cores")
     if not _missing(other) and other > CONTENTION_CORES:
-        out.append(f"other processes used {other:.1f} CPU cores")
+        out["other_cores"] = float(other)
     return out
+
+
+def warning_notes(table: list[dict]) -> dict:
+    """The warnings of a correction table, summarised for the section."""
+    spread = [f"{t['label']}, {t['metric'].split('_')[0]} ({t['warnings']['spread_pct']:.0f}%)"
+              for t in table if "spread_pct" in t["warnings"]]
+    busy = [t["warnings"]["other_cores"] for t in table if "other_cores" in t["warnings"]]
+    measured = sum(1 for t in table if t["median"] is not None)
+    return {"spread": spread, "busy": len(busy), "busy_max": max(busy) if busy else None, "measured": measured}
 
 
 def pair_changes(table: list[dict], flags: list[dict]) -> list[dict]:
@@ -473,7 +483,7 @@ def correction_table(claims: list[dict], configs: pd.DataFrame, measurements: pd
                     "build_claimed": row["build"] or "not stated",
                     "workload": dict(row["workload"]), "workload_text": workload_text(row["workload"]),
                     "not_comparable_with": flags[row["label"]],
-                    "build": None, "host": None, "warnings": [],
+                    "build": None, "host": None, "warnings": {},
                 }
                 if env is not None:
                     sha = env.get("server_sha256") or ""
@@ -542,6 +552,7 @@ def section_context(claim: dict, configs: pd.DataFrame, measurements: pd.DataFra
         "flags": pair_changes(table, flags),
         "unverifiable": unverifiable(claim["rows"]),
         "any_warning": any(t["warnings"] for t in table),
+        "notes": warning_notes(table),
         "high_spread_pct": HIGH_SPREAD_PCT,
         "contention_cores": CONTENTION_CORES,
         "builds": builds,
