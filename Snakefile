@@ -13,6 +13,7 @@ include: "rules/common.smk"
 include: "rules/models.smk"
 include: "rules/server.smk"
 include: "rules/measure.smk"
+include: "rules/needle.smk"
 include: "rules/report.smk"
 
 

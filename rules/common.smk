@@ -112,3 +112,19 @@ def search_params(wildcards):
         },
         sort_keys=True,
     )
+
+
+def needle_params(wildcards):
+    """What a needle job depends on besides its inputs; a change reruns it."""
+    return json.dumps(
+        {
+            "settings": json.loads(canonical(configuration(wildcards)["settings"])),
+            "needle": CFG["needle"],
+            "prompt_style": CFG["models"][wildcards.model].get("prompt_style"),
+        },
+        sort_keys=True,
+    )
+
+
+def all_needle_records(wildcards):
+    return [LAYOUT.needle_record(c["model"], c["id"]) for c in CONFIGURATIONS]

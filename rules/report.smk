@@ -22,6 +22,7 @@ rule report:
         configs=LAYOUT.configs_table(),
         measurements=LAYOUT.measurements_table(),
         searches=LAYOUT.searches_table(),
+        needle=LAYOUT.needle_table(),
         server=LAYOUT.provenance(),
     output:
         md=LAYOUT.report_md(),

@@ -106,6 +106,32 @@ def cmd_measure(args) -> int:
     return 0
 
 
+def cmd_needle(args) -> int:
+    from .needle import run_needle
+
+    cfg, layout = _load(args)
+    item = config_mod.find(cfg, args.model, args.id)
+    draft = item["settings"].get("draft_model")
+    record = run_needle(
+        model_name=args.model, item=item, config=cfg, fetch_record=read_json(layout.fetch(args.model)),
+        provenance=read_json(layout.provenance()), manifest=read_json(layout.manifest(args.model)),
+        record_path=Path(args.out or layout.needle_record(args.model, args.id)),
+        log_path=Path(args.log or layout.needle_server_log(args.model, args.id)),
+        draft_path=read_json(layout.fetch(draft))["files"][0]["path"] if draft else None,
+    )
+    print(f"{args.model} {args.id}: recall {record['recall']}")
+    return 0
+
+
+def cmd_needle_table(args) -> int:
+    from .needle import write_table
+
+    cfg, layout = _load(args)
+    records = args.records or [layout.needle_record(i["model"], i["id"]) for i in config_mod.expand(cfg)]
+    write_table(records, Path(args.out or layout.needle_table()))
+    return 0
+
+
 def cmd_search(args) -> int:
     from .search import run_search
 
@@ -146,7 +172,7 @@ def cmd_report(args) -> int:
 
     cfg, layout = _load(args)
     render(layout.configs_table(), layout.measurements_table(), layout.provenance(), cfg,
-           layout.report_md(), layout.report_html(), layout.searches_table())
+           layout.report_md(), layout.report_html(), layout.searches_table(), layout.needle_table())
     print(layout.report_md())
     return 0
 
@@ -201,6 +227,14 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--out")
     s.add_argument("--log")
     s.add_argument("--telemetry")
+    s = verb("needle", cmd_needle, "needle recall for one model x configuration")
+    s.add_argument("--model", required=True)
+    s.add_argument("--id", required=True)
+    s.add_argument("--out")
+    s.add_argument("--log")
+    s = verb("needle-table", cmd_needle_table, "needle records into results/tables/needle.parquet")
+    s.add_argument("--out")
+    s.add_argument("records", nargs="*")
     s = verb("search", cmd_search, "find the lowest surviving n_cpu_moe of one search group (see `plan`)")
     s.add_argument("--model", required=True)
     s.add_argument("--id", required=True, help="search group id (see `plan`)")

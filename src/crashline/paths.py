@@ -30,6 +30,15 @@ class Layout:
     def telemetry(self, model: str, cid: str) -> Path:
         return self.root / "records" / model / cid / "telemetry.parquet"
 
+    def needle_record(self, model: str, cid: str) -> Path:
+        return self.root / "records" / model / cid / "needle.json"
+
+    def needle_server_log(self, model: str, cid: str) -> Path:
+        return self.root / "records" / model / cid / "needle-server.log"
+
+    def needle_table(self) -> Path:
+        return self.root / "tables" / "needle.parquet"
+
     def search(self, model: str, gid: str) -> Path:
         return self.root / "search" / model / gid / "search.json"
 

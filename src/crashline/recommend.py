@@ -34,11 +34,13 @@ def _too_tight(row, margin_mib: int) -> bool:
 
 
 def recommend(configs: pd.DataFrame, measurements: pd.DataFrame, metric: str, workload: str,
-              margin_mib: int = 0) -> list[dict]:
+              margin_mib: int = 0, recall_failures: dict | None = None) -> list[dict]:
     """One entry per (model, environment): the winner and the verdict on every other configuration.
 
     A survivor whose VRAM headroom is below the margin is not eligible: it survived this run, but
-    with less room than a longer prompt or another driver may need."""
+    with less room than a longer prompt or another driver may need. Nor is one whose needle recall
+    failed at a required length (``recall_failures``: (model, config_id) -> why)."""
+    recall_failures = recall_failures or {}
     out = []
     if configs.empty:
         return out
@@ -50,7 +52,8 @@ def recommend(configs: pd.DataFrame, measurements: pd.DataFrame, metric: str, wo
         ].set_index("config_id")
         col = f"{metric}_median"
         low, high = f"{metric}_min", f"{metric}_max"
-        survivors = group[(group["outcome"] == "ok") & ~group.apply(_too_tight, axis=1, margin_mib=margin_mib)]
+        survivors = group[(group["outcome"] == "ok") & ~group.apply(_too_tight, axis=1, margin_mib=margin_mib)
+                          & ~group["config_id"].map(lambda c: (model, c) in recall_failures)]
         ranked = sorted(
             ((speeds.loc[cid, col], cid) for cid in survivors["config_id"] if cid in speeds.index),
             reverse=True,
@@ -64,7 +67,9 @@ def recommend(configs: pd.DataFrame, measurements: pd.DataFrame, metric: str, wo
             if cid == winner:
                 continue
             label = difference(row, reference)
-            if row["outcome"] == "ok" and _too_tight(row, margin_mib):
+            if row["outcome"] == "ok" and (model, cid) in recall_failures:
+                verdicts.append({"config_id": cid, "label": label, "failed": True, "reason": recall_failures[(model, cid)]})
+            elif row["outcome"] == "ok" and _too_tight(row, margin_mib):
                 verdicts.append({"config_id": cid, "label": label, "failed": True,
                                  "reason": f"risky: survived with {row['headroom_mib']:.0f} MiB VRAM headroom, "
                                            f"less than the {margin_mib} MiB margin"})

@@ -163,13 +163,14 @@ def cold_warm(configs: pd.DataFrame, measurements: pd.DataFrame) -> list[dict]:
     return out
 
 
-def context(configs: pd.DataFrame, measurements: pd.DataFrame, provenance: dict, config: dict) -> dict:
+def context(configs: pd.DataFrame, measurements: pd.DataFrame, provenance: dict, config: dict,
+            recall_failures: dict | None = None) -> dict:
     metric = config["objective"]["metric"]
     from .config import objective_workload
 
     workload = objective_workload(config)
     margin = config["budget"]["margin_mib"]
-    recs = recommend(configs, measurements, metric, workload, margin)
+    recs = recommend(configs, measurements, metric, workload, margin, recall_failures or {})
     short = min(config["workloads"], key=lambda w: (w["prompt_tokens"], w["gen_tokens"]))["name"]
     lines = crash_lines(configs, measurements, short, margin) if not measurements.empty else []
     winners = {(r["model"], r["winner"]) for r in recs}
@@ -245,12 +246,20 @@ def searches(table: pd.DataFrame, model: str) -> list[dict]:
     return out
 
 
+def _table(path: Path | None) -> pd.DataFrame:
+    return pd.read_parquet(path) if path and Path(path).exists() else pd.DataFrame()
+
+
 def render(configs_path: Path, measurements_path: Path, provenance_path: Path, config: dict,
-           md_path: Path, html_path: Path, searches_path: Path | None = None) -> None:
+           md_path: Path, html_path: Path, searches_path: Path | None = None, needle_path: Path | None = None) -> None:
+    from . import needle
+
     configs = pd.read_parquet(configs_path)
     measurements = pd.read_parquet(measurements_path)
-    ctx = context(configs, measurements, read_json(provenance_path), config)
-    search_table = pd.read_parquet(searches_path) if searches_path and Path(searches_path).exists() else pd.DataFrame()
+    needle_table = _table(needle_path)
+    ctx = context(configs, measurements, read_json(provenance_path), config, needle.recall_failures(needle_table))
+    ctx["needle"] = needle.report_context(needle_table)
+    search_table = _table(searches_path)
     for m in ctx["per_model"]:
         m["searches"] = searches(search_table, m["name"])
     env = jinja2.Environment(
