@@ -15,6 +15,7 @@ include: "rules/server.smk"
 include: "rules/measure.smk"
 include: "rules/needle.smk"
 include: "rules/report.smk"
+include: "rules/publish.smk"
 
 
 rule all:

@@ -24,6 +24,7 @@ rule report:
         searches=LAYOUT.searches_table(),
         needle=LAYOUT.needle_table(),
         server=LAYOUT.provenance(),
+        claims=CFG["claims"],
     output:
         md=LAYOUT.report_md(),
         html=LAYOUT.report_html(),

@@ -111,3 +111,21 @@ def test_fit_on_leaves_placement_to_llama_cpp():
     assert "--fit on" in " ".join(args) and "-ngl" not in args and "--n-cpu-moe" not in args
     with pytest.raises(S.SettingsError, match="remove n_cpu_moe"):
         S.resolve({"fit": "on", "n_cpu_moe": 4})
+
+
+def test_claims_add_their_configurations_and_workloads_once():
+    from crashline import claims as K
+
+    from conftest import FIXTURES
+
+    cfg = base()
+    cfg["claims"] = [str(FIXTURES / "claims" / "mixed.yaml")]
+    v = C.validate(cfg, SCHEMA)
+    assert [w["name"] for w in v["workloads"]] == ["short", "claim-pp512-tg64", "claim-pp512-tg64-c4"]
+    assert C.validate(v, SCHEMA)["workloads"] == v["workloads"]  # reloading the effective config adds nothing
+    items = C.expand(v)
+    claim_ids = {(i["model"], i["id"]) for i in K.claim_configurations(K.load_claims(v["claims"], v))}
+    assert claim_ids <= {(i["model"], i["id"]) for i in items}
+    assert len(items) == len({(i["model"], i["id"]) for i in items}) == 2 * 2 + 1  # ub 128/512 x 2 models, np 4
+    with pytest.raises(C.ConfigError, match="claims file"):
+        C.validate({**base(), "claims": ["nowhere.yaml"]}, SCHEMA)

@@ -177,6 +177,20 @@ def cmd_report(args) -> int:
     return 0
 
 
+def cmd_publish(args) -> int:
+    from .publish import run
+
+    cfg, layout = _load(args)
+    records = run(cfg, Path(args.configs or layout.configs_table()), Path(args.measurements or layout.measurements_table()),
+                  layout.root / "publish", only=args.claim, out_dir=args.out_dir)
+    for r in records:
+        done = [f"pushed {r['push']['branch']} at {r['push']['commit'][:12]}" if r["push"] else None,
+                f"pull request {r['pull_request']['url']}" if r["pull_request"] else None]
+        print(f"{r['claim']}: {r['files']['readme']} {r['files']['diff']} "
+              f"({'dry run' if r['dry_run'] else ', '.join(d for d in done if d)})")
+    return 0
+
+
 def cmd_reanalyse(args) -> int:
     from .measure import reanalyse
 
@@ -245,6 +259,12 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--searches")
     s.add_argument("records", nargs="*", help="measure.json and search.json files (default: all the config asks for)")
     verb("report", cmd_report, "render results/report.md and results/report.html")
+    s = verb("publish", cmd_publish, "write each claims file's correction section into a copy of the upstream file, "
+             "with the diff; push a branch / open a pull request only if publish.* says so")
+    s.add_argument("--claim", help="only this claims file (named by its file's stem)")
+    s.add_argument("--out-dir", help="where to write (default RESULTS/publish/NAME)")
+    s.add_argument("--configs")
+    s.add_argument("--measurements")
     s = verb("reanalyse", cmd_reanalyse, "derive telemetry summaries and bottlenecks again from a saved record",
              config=False)
     s.add_argument("record")
@@ -258,11 +278,12 @@ def parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     from .provision import ProvisionError
+    from .publish import PublishError
     from .settings import SettingsError
 
     from .sources import SourceError
 
-    errors = (config_mod.ConfigError, SettingsError, ProvisionError, SourceError, FileNotFoundError)
+    errors = (config_mod.ConfigError, SettingsError, ProvisionError, SourceError, PublishError, FileNotFoundError)
     try:
         return args.fn(args)
     except errors as exc:

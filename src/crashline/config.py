@@ -64,7 +64,17 @@ def validate(config: dict, schema: dict) -> dict:
                 lines.append(f"config key {_key_path(e)} = {e.instance!r}: {e.message}")
         raise ConfigError("invalid configuration:\n  " + "\n  ".join(lines))
     config = _fill_defaults(schema, copy.deepcopy(config))
+    config = _add_claim_workloads(config)
     _check_references(config)
+    return config
+
+
+def _add_claim_workloads(config: dict) -> dict:
+    """Workloads the claims files need that the config lacks (none where the sweep's match them)."""
+    from . import claims as claims_mod
+
+    claims = claims_mod.load_claims(config.get("claims") or [], config)
+    config["workloads"] = config["workloads"] + claims_mod.claim_workloads(claims, config["workloads"])
     return config
 
 
@@ -150,14 +160,21 @@ def expand(config: dict) -> list[dict]:
     """Every (model, configuration) the config asks for, resolved, with ids; duplicates once.
 
     Each item: {"model", "id", "settings" (resolved), "given" (what the config wrote)}.
-    Entries with a ``search`` are not here: see expand_searches.
+    Entries with a ``search`` are not here: see expand_searches. The rows of the claims files
+    come last, one configuration each: a row identical to a sweep configuration has its id, and
+    is measured once, by the same job.
     """
+    from . import claims as claims_mod
+
     seen: dict[tuple[str, str], dict] = {}
     for i, entry, given in _combinations(config, searches=False):
         resolved = _resolve(i, given)
         for model in entry.get("models") or list(config["models"]):
             cid = settings_mod.config_id(model, resolved)
             seen.setdefault((model, cid), {"model": model, "id": cid, "settings": resolved, "given": given})
+    for item in claims_mod.claim_configurations(claims_mod.load_claims(config.get("claims") or [], config)):
+        seen.setdefault((item["model"], item["id"]),
+                        {"model": item["model"], "id": item["id"], "settings": item["resolved"], "given": item["settings"]})
     return list(seen.values())
 
 

@@ -92,7 +92,7 @@ def reanalyse(record_path: Path, telemetry_path: Path, manifest: dict) -> dict:
     record = read_json(record_path)
     frame = pd.read_parquet(telemetry_path)
     for w in record["workloads"]:
-        w["telemetry"] = {k: window_summary(frame, v) for k, v in w["windows"].items()}
+        w["telemetry"] = {k: window_summary(frame, v) for k, v in w.get("windows", {}).items()}
     add_bottlenecks(record["workloads"], record, manifest, record["settings"])
     write_json(record_path, record)
     return record
@@ -215,7 +215,7 @@ def measure(*, model_name: str, item: dict, config: dict, fetch_record: dict, ma
         sampler.close()
     write_frame(frame, telemetry_path or record_path.parent / "telemetry.parquet")
     for w in workloads:
-        w["telemetry"] = {k: window_summary(frame, v) for k, v in w["windows"].items()}
+        w["telemetry"] = {k: window_summary(frame, v) for k, v in w.get("windows", {}).items()}
     log = server.log_text()
     record["returncode"] = server.returncode
     record["placement"] = logparse.parse_log(log)

@@ -262,9 +262,12 @@ def render(configs_path: Path, measurements_path: Path, provenance_path: Path, c
     search_table = _table(searches_path)
     for m in ctx["per_model"]:
         m["searches"] = searches(search_table, m["name"])
+    from .claims import report_sections
+
+    ctx["corrections"] = report_sections(config, configs, measurements)
     env = jinja2.Environment(
         loader=jinja2.PackageLoader("crashline", "templates"),
-        autoescape=jinja2.select_autoescape(["html"]),
+        autoescape=jinja2.select_autoescape(["html", "html.j2"]),
         keep_trailing_newline=True,
     )
     for template, path in (("report.md.j2", md_path), ("report.html.j2", html_path)):
