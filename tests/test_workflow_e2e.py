@@ -95,7 +95,7 @@ def test_editing_one_configuration_remeasures_only_it(workflow):
     cfg_path = work / "config" / "config.yaml"
     cfg_path.write_text(cfg_path.read_text().replace("settings: {ctx: 1024}", "settings: {ctx: 1536}"))
     dry = snakemake(work, "-n", "report")
-    assert job_counts(dry) == {"measure": 1, "aggregate": 1, "report": 1}, dry
+    assert job_counts(dry) == {"measure": 1, "needle": 1, "aggregate": 1, "needle_table": 1, "report": 1}, dry
 
     snakemake(work, "report")
     after = {p: p.stat().st_mtime_ns for p in (work / "results" / "records").glob("*/*/measure.json")}
