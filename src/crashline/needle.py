@@ -140,9 +140,11 @@ def wording(kind: str = "number") -> Wording:
     noun = NOUN[kind]
     return Wording(
         kind=kind,
-        # Not "the special magic number hidden in…": gemma-3-270m copied that phrase instead of the value.
+        # Measured on gemma-3-270m at 8K tokens: "Remember the special magic number hidden in the text
+        # below" made it copy "hidden in the text" instead of the value; restating the task after the
+        # haystack fixed a passage where it answered another number of the prose.
         instruction=f"The text below hides a special magic {noun}. Remember it.\n\n",
-        question=f"\n\nWhat is the special magic {noun} mentioned in the text above?",
+        question=f"\n\nThe text above hides a special magic {noun}. What is the special magic {noun}?",
         lead_in=f"The special magic {noun} is",
     )
 
@@ -613,7 +615,7 @@ def table(record_paths) -> "pd.DataFrame":
         base = {
             "model": rec["model"]["name"],
             "config_id": rec["config_id"],
-            "server_args": " ".join(settings_mod.server_args(rec["settings"])),
+            "server_args": settings_mod.label(rec["settings"]),
             "environment": environment_key(rec["host"])
             + f"|budget {(rec.get('budget') or {}).get('vram_budget_mib') or 'none'}",
             "server_version": rec["server"].get("version"),
