@@ -31,6 +31,7 @@ import yaml
 
 from . import settings as settings_mod
 from .config import ConfigError
+from .config import default_schema_path as config_default_schema_path
 from .publish import END_MARKER, START_MARKER, anchor_level
 
 SCHEMA_NAME = "claims.schema.yaml"
@@ -61,10 +62,7 @@ class ClaimsError(ConfigError):
 
 
 def default_schema_path() -> Path:
-    packaged = Path(__file__).parent / "data" / SCHEMA_NAME
-    if packaged.exists():
-        return packaged
-    return Path(__file__).resolve().parents[2] / "config" / SCHEMA_NAME
+    return config_default_schema_path(SCHEMA_NAME)
 
 
 def _key(path) -> str:

@@ -20,12 +20,12 @@ class ConfigError(ValueError):
     """The configuration is invalid; the message names the key and the bad value."""
 
 
-def default_schema_path() -> Path:
-    """The schema beside the packaged default config, or the repository's config/schema.yaml."""
-    packaged = Path(__file__).parent / "data" / SCHEMA_NAME
+def default_schema_path(name: str = SCHEMA_NAME) -> Path:
+    """A schema packaged beside the code, or the repository's config/NAME."""
+    packaged = Path(__file__).parent / "data" / name
     if packaged.exists():
         return packaged
-    return Path(__file__).resolve().parents[2] / "config" / SCHEMA_NAME
+    return Path(__file__).resolve().parents[2] / "config" / name
 
 
 def _fill_defaults(schema: dict, instance: Any) -> Any:
