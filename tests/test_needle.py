@@ -71,7 +71,7 @@ def detokenize(client: N.NeedleClient, ids: list[int]) -> str:
     return client.session.post(f"{client.url}/detokenize", json={"tokens": ids}, timeout=60).json()["content"]
 
 
-def run(tmp_path, fetch, provenance, settings, needle, *, style="continuation", source=None, name="gemma"):
+def run(tmp_path, fetch, provenance, settings, needle, *, style="continuation", source=None, name="gemma", rng=None):
     cfg = C.validate(
         {
             "models": {name: {"source": source or f"file:{fetch['files'][0]['path']}", "prompt_style": style}},
@@ -86,7 +86,7 @@ def run(tmp_path, fetch, provenance, settings, needle, *, style="continuation", 
     (item,) = C.expand(cfg)
     record_path = tmp_path / "needle.json"
     rec = N.run_needle(model_name=name, item=item, config=cfg, fetch_record=fetch, provenance=provenance,
-                       record_path=record_path, log_path=tmp_path / "needle-server.log")
+                       record_path=record_path, log_path=tmp_path / "needle-server.log", rng=rng)
     assert read_json(record_path) == json.loads(json.dumps(rec)), "the record on disk is the one returned"
     assert not list(tmp_path.glob(".*.part")), "no temporary file left behind"
     left = [p for p in psutil.process_iter(["name", "cmdline"])
@@ -227,8 +227,12 @@ def test_too_short_a_length_is_refused_before_the_server(client, haystack):
 
 @pytest.mark.e2e
 def test_gemma_recalls_at_2k_and_a_full_8k_context(tmp_path, gemma_fetch, server_provenance):
+    # The values come from a fixed seed (chosen before running), so that this test is reproducible:
+    # over random values and passages, gemma-3-270m recalled at 8175 tokens and 50% depth in 24
+    # trials of 25 (and in all 30 at 2048 tokens), so a random draw would fail this test now and
+    # then for the model's sake, not crashline's.
     rec = run(tmp_path, gemma_fetch, server_provenance, {"ctx": 8192, "ubatch": 512},
-              {"lengths": [2048, 1.0], "depths": [0.1, 0.5, 0.9]})
+              {"lengths": [2048, 1.0], "depths": [0.1, 0.5, 0.9]}, rng=random.Random(2026))
     assert rec["outcome"] == "ok", rec["message"]
     assert rec["applicable"] and rec["slot_ctx"] == 8192 and rec["placement"]["n_ctx_slot"] == 8192
     summary = [(t["length_target"], t["depth"], t["passed"], t["answer"]) for t in rec["trials"]]
