@@ -97,6 +97,13 @@ def _check_references(config: dict) -> None:
     for name, model in config["models"].items():
         if "synthetic" in model and not model["source"].startswith("synthetic:"):
             raise ConfigError(f"config key models.{name}.synthetic: only synthetic: sources take a shape")
+    if "needle" in config:
+        from .needle import needle_settings
+
+        try:
+            needle_settings(config)  # fractions in (0, 1], token counts >= 64, required among the lengths
+        except ValueError as exc:
+            raise ConfigError(f"config key needle: {exc}") from None
     for cfg in expand(config):
         draft = cfg["settings"].get("draft_model")
         if draft is not None and draft not in models:

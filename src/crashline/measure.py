@@ -98,7 +98,7 @@ def reanalyse(record_path: Path, telemetry_path: Path, manifest: dict) -> dict:
     return record
 
 
-def _server_failure(server: ServerProcess, phase: str, timed_out: bool = False) -> dict:
+def server_failure(server: ServerProcess, phase: str, timed_out: bool = False) -> dict:
     """Classify a server that died (or hung) during ``phase`` from its log and exit status."""
     if timed_out:
         server.stop(timeout_s=5)
@@ -133,12 +133,12 @@ def run_workloads(server: ServerProcess, sampler: Sampler, workloads: list[dict]
                 break
             except requests.Timeout:
                 result.update(outcome="timeout", message=f"no answer within {request_timeout_s} s")
-                return results, _server_failure(server, workload["name"], timed_out=True)
+                return results, server_failure(server, workload["name"], timed_out=True)
             except requests.ConnectionError as exc:
                 if server.alive():
                     result.update(outcome="request_failed", message=str(exc)[:300])
                     break
-                failure = _server_failure(server, workload["name"])
+                failure = server_failure(server, workload["name"])
                 result.update(outcome=failure["outcome"], message=failure["message"])
                 return results, failure
             result["runs"].append(run)
@@ -199,7 +199,7 @@ def measure(*, model_name: str, item: dict, config: dict, fetch_record: dict, ma
                         resolved,
                     )
                 else:
-                    failure = _server_failure(server, "load", timed_out=(state == "timeout"))
+                    failure = server_failure(server, "load", timed_out=(state == "timeout"))
                 sampler.phase("stop")
                 server.stop(server_cfg["stop_timeout_s"])
     except BudgetError as exc:

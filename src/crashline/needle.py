@@ -37,7 +37,7 @@ from . import host, logparse
 from . import settings as settings_mod
 from .atomic import write_json
 from .ballast import Ballast, BudgetError
-from .measure import _server_failure, model_summary
+from .measure import model_summary, server_failure
 from .server import ServerProcess
 from .workloads import Client, RequestFailed, prose_text
 
@@ -525,15 +525,15 @@ def run_needle(*, model_name: str, item: dict, config: dict, fetch_record: dict,
                 try:
                     run_trials(client, style, ns, slot_ctx, rng, trials)
                 except requests.Timeout:
-                    failure = _server_failure(server, "needle", timed_out=True)
+                    failure = server_failure(server, "needle", timed_out=True)
                 except requests.ConnectionError as exc:
                     if server.alive():
                         failure = {"outcome": "error", "failure": "request", "phase": "needle",
                                    "message": str(exc)[:300]}
                     else:
-                        failure = _server_failure(server, "needle")
+                        failure = server_failure(server, "needle")
             else:
-                failure = _server_failure(server, "load", timed_out=(state == "timeout"))
+                failure = server_failure(server, "load", timed_out=(state == "timeout"))
             phase = "stop"
             server.stop(server_cfg["stop_timeout_s"])
     except BudgetError as exc:

@@ -167,7 +167,7 @@ def one_run(client: Client, prompts: PromptSource, workload: dict, index: int, n
         requests_done = list(pool.map(go, batch))
     wall = time.monotonic() - started
     generated = sum(r["predicted_n"] or 0 for r in requests_done)
-    return {"requests": requests_done, "wall_s": round(wall, 4), "aggregate_tps": generated / wall if wall else None}
+    return {"requests": requests_done, "wall_s": wall, "aggregate_tps": generated / wall if wall else None}
 
 
 def check_run(run: dict, workload: dict) -> str | None:
