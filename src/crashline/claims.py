@@ -25,12 +25,11 @@ from pathlib import Path
 from typing import Any
 
 import jinja2
-import jsonschema
 import pandas as pd
 import yaml
 
 from . import settings as settings_mod
-from .config import ConfigError
+from .config import ConfigError, schema_errors
 from .config import default_schema_path as config_default_schema_path
 from .publish import END_MARKER, START_MARKER, anchor_level
 
@@ -65,23 +64,11 @@ def default_schema_path() -> Path:
     return config_default_schema_path(SCHEMA_NAME)
 
 
-def _key(path) -> str:
-    parts = [str(p) for p in path]
-    return ".".join(parts) if parts else "(top level)"
-
-
 def _validate(raw: Any, path: Path, schema: dict) -> None:
     if not isinstance(raw, dict):
         raise ClaimsError(f"claims file {path} must hold a mapping, got {type(raw).__name__}")
-    validator = jsonschema.Draft202012Validator(schema)
-    errors = sorted(validator.iter_errors(raw), key=lambda e: list(e.absolute_path))
-    if errors:
-        lines = []
-        for e in errors:
-            if e.validator == "additionalProperties":
-                lines.append(f"key {_key(e.absolute_path)}: {e.message}")
-            else:
-                lines.append(f"key {_key(e.absolute_path)} = {e.instance!r}: {e.message}")
+    lines = schema_errors(raw, schema, "key")
+    if lines:
         raise ClaimsError(f"invalid claims file {path}:\n  " + "\n  ".join(lines))
 
 

@@ -84,22 +84,31 @@ def cmd_provision(args) -> int:
     return 0
 
 
-def cmd_measure(args) -> int:
-    from .measure import measure
-
+def _job(args) -> tuple[dict, Layout, dict]:
+    """The config, layout and the inputs one model x configuration job reads."""
     cfg, layout = _load(args)
     item = config_mod.find(cfg, args.model, args.id)
     draft = item["settings"].get("draft_model")
+    inputs = {
+        "model_name": args.model,
+        "item": item,
+        "config": cfg,
+        "fetch_record": read_json(layout.fetch(args.model)),
+        "manifest": read_json(layout.manifest(args.model)),
+        "provenance": read_json(layout.provenance()),
+        "draft_path": read_json(layout.fetch(draft))["files"][0]["path"] if draft else None,
+    }
+    return cfg, layout, inputs
+
+
+def cmd_measure(args) -> int:
+    from .measure import measure
+
+    _, layout, inputs = _job(args)
     record = measure(
-        model_name=args.model,
-        item=item,
-        config=cfg,
-        fetch_record=read_json(layout.fetch(args.model)),
-        manifest=read_json(layout.manifest(args.model)),
-        provenance=read_json(layout.provenance()),
+        **inputs,
         record_path=Path(args.out or layout.record(args.model, args.id)),
         log_path=Path(args.log or layout.server_log(args.model, args.id)),
-        draft_path=read_json(layout.fetch(draft))["files"][0]["path"] if draft else None,
         telemetry_path=Path(args.telemetry or layout.telemetry(args.model, args.id)),
     )
     print(f"{args.model} {args.id}: {record['outcome']}" + (f" ({record['phase']}: {record['message']})" if record["message"] else ""))
@@ -109,15 +118,11 @@ def cmd_measure(args) -> int:
 def cmd_needle(args) -> int:
     from .needle import run_needle
 
-    cfg, layout = _load(args)
-    item = config_mod.find(cfg, args.model, args.id)
-    draft = item["settings"].get("draft_model")
+    _, layout, inputs = _job(args)
     record = run_needle(
-        model_name=args.model, item=item, config=cfg, fetch_record=read_json(layout.fetch(args.model)),
-        provenance=read_json(layout.provenance()), manifest=read_json(layout.manifest(args.model)),
+        **inputs,
         record_path=Path(args.out or layout.needle_record(args.model, args.id)),
         log_path=Path(args.log or layout.needle_server_log(args.model, args.id)),
-        draft_path=read_json(layout.fetch(draft))["files"][0]["path"] if draft else None,
     )
     print(f"{args.model} {args.id}: recall {record['recall']}")
     return 0

@@ -51,17 +51,22 @@ def _key_path(error: jsonschema.ValidationError) -> str:
     return ".".join(parts) if parts else "(top level)"
 
 
+def schema_errors(instance, schema: dict, prefix: str) -> list[str]:
+    """One line per schema violation, naming the key and the bad value."""
+    validator = jsonschema.Draft202012Validator(schema)
+    lines = []
+    for e in sorted(validator.iter_errors(instance), key=lambda e: list(e.absolute_path)):
+        if e.validator == "additionalProperties":
+            lines.append(f"{prefix} {_key_path(e)}: {e.message}")
+        else:
+            lines.append(f"{prefix} {_key_path(e)} = {e.instance!r}: {e.message}")
+    return lines
+
+
 def validate(config: dict, schema: dict) -> dict:
     """Validate against the schema, fill defaults, then check cross references."""
-    validator = jsonschema.Draft202012Validator(schema)
-    errors = sorted(validator.iter_errors(config), key=lambda e: list(e.absolute_path))
-    if errors:
-        lines = []
-        for e in errors:
-            if e.validator == "additionalProperties":
-                lines.append(f"config key {_key_path(e)}: {e.message}")
-            else:
-                lines.append(f"config key {_key_path(e)} = {e.instance!r}: {e.message}")
+    lines = schema_errors(config, schema, "config key")
+    if lines:
         raise ConfigError("invalid configuration:\n  " + "\n  ".join(lines))
     config = _fill_defaults(schema, copy.deepcopy(config))
     config = _add_claim_workloads(config)
