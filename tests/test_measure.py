@@ -72,6 +72,9 @@ def test_ok_record_has_speeds_placement_and_memory(tmp_path, tiny_moe, server_pr
     assert decode["server_cpu_cores"] > 0.3 and decode["majflt_per_s"] is not None and decode["samples"] >= 1
     deep = rec["memory"]["per_phase"]["deep"]
     assert 0 < deep["cpu_server_cores"] <= 2.5 and deep["cpu_other_cores"] >= 0 and deep["seconds"] > 0
+    cost = rec["memory"]["sampler_cost"]  # the sampler timed its own samples
+    assert cost["samples"] >= len(frame) and 0 < cost["cpu_ms_per_sample"] <= cost["wall_ms_per_sample"] * 1.5
+    assert rec["memory"]["pcie_source"] is None  # no GPU here
     assert rec["returncode"] == 0 and rec["command"][0] == server_provenance["binary"]
     assert "-ub" in rec["command"] and rec["command"][rec["command"].index("-ub") + 1] == "128"
 

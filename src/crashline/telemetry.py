@@ -2,8 +2,11 @@
 
 Every ``interval_s`` one row: the server's CPU time, RSS, page faults and storage reads (/proc),
 the machine's busy CPU time, swap traffic and disk reads, and per GPU (NVML) SM and memory
-controller utilisation, PCIe RX/TX throughput, clocks, power, energy and the server process's own
-memory. GPU memory is the server's own (nvmlDeviceGetComputeRunningProcesses), so other processes
+controller utilisation, PCIe RX/TX bytes, clocks, power, energy and the server process's own
+memory. PCIe traffic comes from the driver's cumulative byte counters where the board has them
+(exact over any window, one cheap call); elsewhere from ``nvmlDeviceGetPcieThroughput``, which
+samples 20 ms per direction and per call. The sampler times itself: ``result()`` says how much
+CPU its own samples took. GPU memory is the server's own (nvmlDeviceGetComputeRunningProcesses), so other processes
 and a ballast do not count; where the driver cannot see the server's pid (a container's pid
 namespace) the change of the device's used memory from a baseline taken just before the server
 started stands in for it.
@@ -37,6 +40,20 @@ class _Nvml:
             self.handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
         except Exception:  # no driver, no library, no device: the GPU columns say "no GPU"
             self.handles = []
+        self.pcie_counters = self.present and self._pcie_bytes() is not None
+
+    def _pcie_bytes(self) -> tuple[int, int] | None:
+        """Cumulative PCIe RX and TX bytes of the first GPU, or None where the board lacks 64-bit counters."""
+        nv = self.nv
+        try:
+            values = nv.nvmlDeviceGetFieldValues(
+                self.handles[0], [nv.NVML_FI_DEV_PCIE_COUNT_RX_BYTES, nv.NVML_FI_DEV_PCIE_COUNT_TX_BYTES])
+        except (nv.NVMLError, AttributeError):
+            return None
+        wide = (nv.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG, nv.NVML_VALUE_TYPE_UNSIGNED_LONG)
+        if any(v.nvmlReturn != nv.NVML_SUCCESS or v.valueType not in wide for v in values):
+            return None  # unsupported, or a 32-bit counter that wraps within a second at PCIe speeds
+        return values[0].value.ullVal, values[1].value.ullVal
 
     @property
     def present(self) -> bool:
@@ -66,11 +83,16 @@ class _Nvml:
         nv, h = self.nv, self.handles[0]
         util = self._get(nv.nvmlDeviceGetUtilizationRates, h)
         power = self._get(nv.nvmlDeviceGetPowerUsage, h)
+        if self.pcie_counters:
+            rx, tx = self._pcie_bytes() or (None, None)
+            pcie = {"pcie_rx_bytes": rx, "pcie_tx_bytes": tx}
+        else:
+            pcie = {"pcie_rx_kbs": self._get(nv.nvmlDeviceGetPcieThroughput, h, nv.NVML_PCIE_UTIL_RX_BYTES),
+                    "pcie_tx_kbs": self._get(nv.nvmlDeviceGetPcieThroughput, h, nv.NVML_PCIE_UTIL_TX_BYTES)}
         return {
             "gpu_sm_pct": util.gpu if util else None,
             "gpu_mem_pct": util.memory if util else None,
-            "pcie_rx_kbs": self._get(nv.nvmlDeviceGetPcieThroughput, h, nv.NVML_PCIE_UTIL_RX_BYTES),
-            "pcie_tx_kbs": self._get(nv.nvmlDeviceGetPcieThroughput, h, nv.NVML_PCIE_UTIL_TX_BYTES),
+            **pcie,
             "pcie_gen": self._get(nv.nvmlDeviceGetCurrPcieLinkGeneration, h),
             "pcie_width": self._get(nv.nvmlDeviceGetCurrPcieLinkWidth, h),
             "sm_clock_mhz": self._get(nv.nvmlDeviceGetClockInfo, h, nv.NVML_CLOCK_SM),
@@ -118,6 +140,9 @@ class Sampler:
         self.rows: list[dict] = []
         self.nvml = _Nvml()
         self.baseline_used_mib = self.nvml.used_mib() if self.nvml.present else None
+        self.own = {"samples": 0, "cpu_s": 0.0, "wall_s": 0.0}  # what sampling itself cost
+        self._procs: list[psutil.Process] | None = None
+        self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._cpu_start = None
@@ -126,17 +151,30 @@ class Sampler:
         self._sample()
         self._close_phase()
         self.current = name
+        self._procs = None  # look for the server's children again (listing them reads all of /proc)
 
     def _peak(self) -> dict:
         return self.peaks.setdefault(self.current, {"rss_mib": 0.0, "gpu_mib": None, "gpu_source": None, "samples": 0})
 
     def _sample(self) -> None:
+        with self._lock:
+            wall, cpu = time.perf_counter(), time.thread_time()
+            self._take_row()
+            self.own["samples"] += 1
+            self.own["cpu_s"] += time.thread_time() - cpu
+            self.own["wall_s"] += time.perf_counter() - wall
+
+    def _take_row(self) -> None:
         try:
-            proc = psutil.Process(self.pid)
-            procs = [proc, *proc.children(recursive=True)]
-            rss = sum(p.memory_info().rss for p in procs) / MIB
-            cpu = proc.cpu_times()
-            io = proc.io_counters() if hasattr(proc, "io_counters") else None
+            if self._procs is None:
+                server = psutil.Process(self.pid)
+                self._procs = [server, *server.children(recursive=True)]
+            server = self._procs[0]
+            with server.oneshot():
+                cpu = server.cpu_times()
+                io = server.io_counters() if hasattr(server, "io_counters") else None
+                rss = server.memory_info().rss
+            rss += sum(p.memory_info().rss for p in self._procs[1:] if p.is_running())
             minflt, majflt = _faults(self.pid)
         except (psutil.Error, OSError):
             return
@@ -147,7 +185,7 @@ class Sampler:
             "t": time.monotonic(),
             "phase": self.current,
             "server_cpu_s": cpu.user + cpu.system + cpu.children_user + cpu.children_system,
-            "server_rss_mib": round(rss, 1),
+            "server_rss_mib": round(rss / MIB, 1),
             "server_minflt": minflt,
             "server_majflt": majflt,
             "server_read_bytes": io.read_bytes if io else None,
@@ -161,7 +199,7 @@ class Sampler:
         peak["rss_mib"] = max(peak["rss_mib"], row["server_rss_mib"])
         peak["samples"] += 1
         if self.nvml.present:
-            own = self.nvml.process_mib({p.pid for p in procs})
+            own = self.nvml.process_mib({p.pid for p in self._procs})
             gpu, source = (own, "process") if own > 0 else (self.nvml.used_mib() - self.baseline_used_mib, "device delta")
             row.update(self.nvml.row(), gpu_mib=round(gpu, 1))
             if peak["gpu_mib"] is None or gpu > peak["gpu_mib"]:
@@ -213,10 +251,21 @@ class Sampler:
             "gpu_baseline_used_mib": self.baseline_used_mib,
             "gpu_memory_bandwidth_gbs": self.nvml.memory_bandwidth_gbs(),
             "interval_s": self.interval_s,
+            "pcie_source": ("byte counters" if self.nvml.pcie_counters else "throughput samples") if self.nvml.present
+            else None,
+            "sampler_cost": self.cost(),
             "per_phase": self.peaks,
             "peak_rss_mib": max((p["rss_mib"] for p in self.peaks.values()), default=None),
             "peak_gpu_mib": max(gpu) if gpu else None,
         }
+
+    def cost(self) -> dict:
+        """The sampler's own CPU and wall time per sample, and the share of one core it kept busy."""
+        n = self.own["samples"]
+        return {"samples": n,
+                "cpu_ms_per_sample": round(self.own["cpu_s"] / n * 1000, 3) if n else None,
+                "wall_ms_per_sample": round(self.own["wall_s"] / n * 1000, 3) if n else None,
+                "core_share": round(self.own["cpu_s"] / n / self.interval_s, 5) if n else None}
 
     def close(self) -> None:
         self.nvml.close()
@@ -232,7 +281,10 @@ COUNTERS = {  # cumulative columns and the rate each becomes over a window
     "swap_out_bytes": "swap_out_bytes_per_s",
     "disk_read_bytes": "disk_read_bytes_per_s",
     "energy_mj": "power_from_energy_w",
+    "pcie_rx_bytes": "pcie_rx_kbs",  # where the board counts PCIe bytes: the same unit as the throughput gauges
+    "pcie_tx_bytes": "pcie_tx_kbs",
 }
+KILO = ("energy_mj", "pcie_rx_bytes", "pcie_tx_bytes")
 GAUGES = ("gpu_sm_pct", "gpu_mem_pct", "pcie_rx_kbs", "pcie_tx_kbs", "pcie_gen", "pcie_width", "sm_clock_mhz",
           "mem_clock_mhz", "power_w", "gpu_mib", "server_rss_mib")
 
@@ -267,8 +319,8 @@ def window_summary(frame: pd.DataFrame, windows: list[tuple[float, float]]) -> d
     for col, rate in COUNTERS.items():
         has = col in frame and frame[col].notna().any()
         value = deltas[col] / seconds if has else None
-        out[rate] = value / 1000 if value is not None and col == "energy_mj" else value  # mJ/s -> W
-    for col in GAUGES:
+        out[rate] = value / 1000 if value is not None and col in KILO else value  # mJ/s -> W, B/s -> KB/s
+    for col in GAUGES:  # PCIe throughput gauges replace the counters' None where the board has no counters
         if col in samples and samples[col].notna().any():
             out[col] = float(pd.to_numeric(samples[col]).mean())
     return out
