@@ -41,16 +41,16 @@ def nvml_call_costs(sampler: Sampler, calls: int = 50) -> dict:
     queries = {
         "utilization": lambda: nv.nvmlDeviceGetUtilizationRates(h),
         "power": lambda: nv.nvmlDeviceGetPowerUsage(h),
-        "energy": lambda: nv.nvmlDeviceGetTotalEnergyConsumption(h),
+        "energy (not sampled)": lambda: nv.nvmlDeviceGetTotalEnergyConsumption(h),
         "clock_sm": lambda: nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_SM),
         "pcie_gen": lambda: nv.nvmlDeviceGetCurrPcieLinkGeneration(h),
-        "pcie_byte_counters": nvml._pcie_bytes,
-        "pcie_throughput_rx": lambda: nv.nvmlDeviceGetPcieThroughput(h, nv.NVML_PCIE_UTIL_RX_BYTES),
+        "gpm_rates": nvml.gpm.rates if nvml.gpm else lambda: None,
+        "pcie_throughput_rx (without GPM)": lambda: nv.nvmlDeviceGetPcieThroughput(h, nv.NVML_PCIE_UTIL_RX_BYTES),
         "compute_processes": lambda: nv.nvmlDeviceGetComputeRunningProcesses(h),
         "memory_info": lambda: nv.nvmlDeviceGetMemoryInfo(h),
         "whole_row": nvml.row,
     }
-    out = {"gpm_supported": _gpm_supported(nv, h), "pcie_byte_counters_supported": nvml.pcie_counters}
+    out = {"gpm": bool(nvml.gpm)}
     for name, fn in queries.items():
         wall, cpu = time.perf_counter(), time.thread_time()
         try:
@@ -62,14 +62,6 @@ def nvml_call_costs(sampler: Sampler, calls: int = 50) -> dict:
         out[name] = {"wall_ms": round((time.perf_counter() - wall) / calls * 1000, 3),
                      "cpu_ms": round((time.thread_time() - cpu) / calls * 1000, 3)}
     return out
-
-
-def _gpm_supported(nv, handle) -> bool | None:
-    """Whether the board offers GPM metrics (DRAM bandwidth, SM occupancy): a fact for later work."""
-    try:
-        return bool(nv.nvmlGpmQueryDeviceSupport(handle).isSupportedDevice)
-    except (nv.NVMLError, AttributeError):
-        return None
 
 
 def bootstrap_median(values: list[float], draws: int = 5000, seed: int = 1) -> tuple[float, float]:

@@ -2,8 +2,10 @@
 verdict; and an upper bound on tokens/s from the bytes each device must read per token.
 
 Suspects: PCIe (the link's generation × width as NVML reports it under load), GPU memory
-bandwidth (memory-controller busy %), GPU compute (SM busy %), the server's CPU threads, paging
-(major faults, swap) and disk reads. When nothing is saturated while the GPU and the CPU are each
+bandwidth (DRAM bandwidth used where the board has GPM, else memory-controller busy %), GPU busy
+(a kernel running) and, with GPM, the share of SMs busy, the server's CPU threads, paging (major
+faults, swap) and disk reads. A GPU that always runs a kernel while its SMs and DRAM bandwidth stay
+far from saturated is latency-bound. When nothing is saturated while the GPU and the CPU are each
 partly busy, the answer is serial execution: each waits for the other.
 """
 
@@ -53,11 +55,18 @@ def table(decode: dict | None, decode_tps: float | None, n_threads: int | None, 
         add(f"PCIe (gen {decode.get('pcie_gen', 0):.0f} x{decode.get('pcie_width', 0):.0f} under load)",
             max(rx, tx), "MB/s", link, max(rx, tx) / link if link else None,
             per_token=f"{(rx + tx) / tps:.2f} MB/token" if tps else None)
-        mem = decode.get("gpu_mem_pct")
-        add("GPU memory bandwidth (controller busy)", mem, "%", 100, mem / 100 if mem is not None else None)
+        dram = decode.get("gpm_dram_bw_pct")
+        if dram is not None:
+            add("GPU memory bandwidth (DRAM bandwidth used, GPM)", dram, "%", 100, dram / 100)
+        else:
+            mem = decode.get("gpu_mem_pct")
+            add("GPU memory bandwidth (controller busy)", mem, "%", 100, mem / 100 if mem is not None else None)
         sm = decode.get("gpu_sm_pct")
-        add("GPU busy (a kernel running; NVML cannot tell full SMs from partly used ones)", sm, "%", 100,
-            sm / 100 if sm is not None else None)
+        add("GPU busy (a kernel running, however few SMs it uses)", sm, "%", 100, sm / 100 if sm is not None else None)
+        sms = decode.get("gpm_sm_pct")
+        if sms is not None:
+            occupancy = decode.get("gpm_occupancy_pct")
+            add(f"GPU SMs busy (GPM; warp occupancy {occupancy or 0:.0f}%)", sms, "%", 100, sms / 100)
     cores = decode.get("server_cpu_cores")
     add("CPU (server threads busy; llama.cpp busy-waits while polling, so this includes waiting)", cores, "cores",
         n_threads, cores / n_threads if cores is not None and n_threads else None)
@@ -74,12 +83,17 @@ def table(decode: dict | None, decode_tps: float | None, n_threads: int | None, 
 
 
 def overall(rows: list[dict], gpu: bool) -> str:
-    saturated = [r["suspect"].split(" (")[0] for r in rows if r["verdict"] == "saturated"]
+    by = {r["suspect"].split(" (")[0]: r for r in rows}
+    saturated = [name for name, r in by.items() if r["verdict"] == "saturated"]
+    sms, dram = by.get("GPU SMs busy", {}).get("fraction"), by.get("GPU memory bandwidth", {}).get("fraction")
+    if saturated == ["GPU busy"] and sms is not None and dram is not None:
+        return (f"limited by GPU latency: a kernel runs {by['GPU busy']['fraction']:.0%} of the time, but the "
+                f"kernels keep only {sms:.0%} of the SMs and {dram:.0%} of DRAM bandwidth busy (one token's small "
+                f"kernels, one after another)")
     if saturated:
         return "limited by " + " and ".join(saturated)
     if any(r["verdict"] in ("paging", "reading") for r in rows):
         return "waiting on storage: the model is being read from disk during decode"
-    by = {r["suspect"].split(" (")[0]: r for r in rows}
     sm = by.get("GPU busy", {}).get("fraction")
     cpu = by.get("CPU", {}).get("fraction")
     if gpu and sm is not None and cpu is not None and 0.1 < sm < SATURATED and 0.1 < cpu < SATURATED:
