@@ -16,11 +16,13 @@ import argparse
 import json
 import random
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
+import psutil
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
@@ -28,40 +30,59 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 from crashline import provision  # noqa: E402
 from crashline.config import default_schema_path  # noqa: E402
 from crashline.server import ServerProcess  # noqa: E402
-from crashline.telemetry import Sampler, write_frame  # noqa: E402
+from crashline.telemetry import Sampler, _faults, write_frame  # noqa: E402
 from crashline.workloads import Client, PromptSource, one_run  # noqa: E402
 
 
-def nvml_call_costs(sampler: Sampler, calls: int = 50) -> dict:
-    """Mean wall and CPU milliseconds of each NVML query one sample makes (none without a GPU)."""
-    nvml = sampler.nvml
-    if not nvml.present:
-        return {}
-    nv, h = nvml.nv, nvml.handles[0]
+def _mean_ms(fn, calls: int) -> dict:
+    wall, cpu = time.perf_counter(), time.thread_time()
+    for _ in range(calls):
+        fn()
+    return {"wall_ms": round((time.perf_counter() - wall) / calls * 1000, 3),
+            "cpu_ms": round((time.thread_time() - cpu) / calls * 1000, 3)}
+
+
+def sample_costs(pid: int, calls: int = 50) -> dict:
+    """Mean wall and CPU milliseconds of each query one sample makes (/proc through psutil, NVML),
+    of a sampler's first sample (it lists the server's children) and of a steady one."""
+    first = Sampler(pid=pid)
+    first_sample = _mean_ms(first._sample, 1)
     queries = {
-        "utilization": lambda: nv.nvmlDeviceGetUtilizationRates(h),
-        "power": lambda: nv.nvmlDeviceGetPowerUsage(h),
-        "energy (not sampled)": lambda: nv.nvmlDeviceGetTotalEnergyConsumption(h),
-        "clock_sm": lambda: nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_SM),
-        "pcie_gen": lambda: nv.nvmlDeviceGetCurrPcieLinkGeneration(h),
-        "gpm_rates": nvml.gpm.rates if nvml.gpm else lambda: None,
-        "pcie_throughput_rx (without GPM)": lambda: nv.nvmlDeviceGetPcieThroughput(h, nv.NVML_PCIE_UTIL_RX_BYTES),
-        "compute_processes": lambda: nv.nvmlDeviceGetComputeRunningProcesses(h),
-        "memory_info": lambda: nv.nvmlDeviceGetMemoryInfo(h),
-        "whole_row": nvml.row,
+        "first sample": first_sample,
+        "steady sample": _mean_ms(first._sample, calls),
+        "pcie source": ("GPM" if first.nvml.gpm else "throughput queries") if first.nvml.present else "no GPU",
     }
-    out = {"gpm": bool(nvml.gpm)}
-    for name, fn in queries.items():
-        wall, cpu = time.perf_counter(), time.thread_time()
-        try:
-            for _ in range(calls):
-                fn()
-        except nv.NVMLError as exc:
-            out[name] = {"error": str(exc)}
-            continue
-        out[name] = {"wall_ms": round((time.perf_counter() - wall) / calls * 1000, 3),
-                     "cpu_ms": round((time.thread_time() - cpu) / calls * 1000, 3)}
-    return out
+    proc = psutil.Process(pid)
+    host = {
+        "psutil.Process(pid)": lambda: psutil.Process(pid),
+        "children(recursive)": lambda: proc.children(recursive=True),
+        "cpu_times": proc.cpu_times,
+        "memory_info": proc.memory_info,
+        "io_counters": proc.io_counters,
+        "faults (/proc/pid/stat)": lambda: _faults(pid),
+        "machine cpu_times": psutil.cpu_times,
+        "swap_memory": psutil.swap_memory,
+        "disk_io_counters": psutil.disk_io_counters,
+    }
+    queries.update({name: _mean_ms(fn, calls) for name, fn in host.items()})
+    nvml = first.nvml
+    if nvml.present:
+        nv, h = nvml.nv, nvml.handles[0]
+        gpu = {
+            "nvml utilization": lambda: nv.nvmlDeviceGetUtilizationRates(h),
+            "nvml power": lambda: nv.nvmlDeviceGetPowerUsage(h),
+            "nvml energy (not sampled)": lambda: nv.nvmlDeviceGetTotalEnergyConsumption(h),
+            "nvml clock": lambda: nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_SM),
+            "nvml pcie gen": lambda: nv.nvmlDeviceGetCurrPcieLinkGeneration(h),
+            "nvml compute processes": lambda: nv.nvmlDeviceGetComputeRunningProcesses(h),
+            "nvml GPM rates": nvml.gpm.rates if nvml.gpm else lambda: None,
+            "nvml pcie throughput, one direction (without GPM)":
+                lambda: nv.nvmlDeviceGetPcieThroughput(h, nv.NVML_PCIE_UTIL_RX_BYTES),
+            "nvml whole row": nvml.row,
+        }
+        queries.update({name: _mean_ms(fn, calls) for name, fn in gpu.items()})
+    first.close()
+    return queries
 
 
 def bootstrap_median(values: list[float], draws: int = 5000, seed: int = 1) -> tuple[float, float]:
@@ -73,7 +94,7 @@ def bootstrap_median(values: list[float], draws: int = 5000, seed: int = 1) -> t
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--model", required=True)
+    ap.add_argument("--model", help="the GGUF to serve (without it: only the cost of each query, on a sleeping process)")
     ap.add_argument("--rounds", type=int, default=10)
     ap.add_argument("--prompt", type=int, default=128)
     ap.add_argument("--gen", type=int, default=128)
@@ -86,6 +107,13 @@ def main() -> None:
     ap.add_argument("--out")
     ap.add_argument("server_args", nargs="*")
     args = ap.parse_args()
+    if not args.model:
+        sleeper = subprocess.Popen(["sleep", "600"])
+        try:
+            print(json.dumps(sample_costs(sleeper.pid), indent=2))
+        finally:
+            sleeper.kill()
+        return
     binary = provision.provide({"binary": None, "backend": "auto"}, Path(args.cache))["binary"]
     workload = {"prompt_tokens": args.prompt, "gen_tokens": args.gen}
     modes = ["off", *(f"on@{i:g}s" for i in args.intervals)]
@@ -98,9 +126,7 @@ def main() -> None:
             raise SystemExit(f"server did not start:\n{server.log_text()[-3000:]}")
         client = Client(server.url, 600)
         prompts = PromptSource(client)
-        probe = Sampler(pid=server.proc.pid)
-        nvml_costs = nvml_call_costs(probe)
-        probe.close()
+        costs_ms = sample_costs(server.proc.pid)
         one_run(client, prompts, workload, index)  # warm-up
         for r in range(args.rounds):
             for mode in modes[r % len(modes):] + modes[:r % len(modes)]:  # rotate the order each round
@@ -119,7 +145,7 @@ def main() -> None:
     if args.frame_out:
         write_frame(frame, Path(args.frame_out))
     result = {"server_args": args.server_args, "rounds": args.rounds, "prompt_tokens": args.prompt,
-              "gen_tokens": args.gen, "decode_tps": speeds, "nvml_call_costs": nvml_costs,
+              "gen_tokens": args.gen, "decode_tps": speeds, "sample_costs_ms": costs_ms,
               "median_off": statistics.median(speeds["off"]),
               "spread_off_pct": (max(speeds["off"]) - min(speeds["off"])) / statistics.median(speeds["off"]) * 100,
               "modes": {}}

@@ -203,7 +203,16 @@ class Sampler:
         self._sample()
         self._close_phase()
         self.current = name
-        self._procs = None  # look for the server's children again (listing them reads all of /proc)
+        self._find_processes()
+
+    def _find_processes(self) -> None:
+        """The server and its children. Listing children reads all of /proc (a millisecond or more), so
+        it happens as a phase begins, outside the requests, and not at every sample."""
+        try:
+            server = psutil.Process(self.pid)
+            self._procs = [server, *server.children(recursive=True)]
+        except (psutil.Error, ValueError):
+            self._procs = None
 
     def _peak(self) -> dict:
         return self.peaks.setdefault(self.current, {"rss_mib": 0.0, "gpu_mib": None, "gpu_source": None, "samples": 0})
@@ -217,10 +226,11 @@ class Sampler:
             self.own["wall_s"] += time.perf_counter() - wall
 
     def _take_row(self) -> None:
+        if self._procs is None:
+            self._find_processes()
+        if self._procs is None:  # the server is gone
+            return
         try:
-            if self._procs is None:
-                server = psutil.Process(self.pid)
-                self._procs = [server, *server.children(recursive=True)]
             server = self._procs[0]
             with server.oneshot():
                 cpu = server.cpu_times()
@@ -285,6 +295,7 @@ class Sampler:
 
     def __enter__(self) -> "Sampler":
         self._cpu_start = self._cpu_mark()
+        self._find_processes()
         self._thread.start()
         return self
 
