@@ -1,13 +1,16 @@
-"""Does the telemetry sampler change what it measures? Decode tokens/s without it and with it at
-one or more intervals, on one server, interleaved within each round in a rotating order so that
-drift and order hit every mode alike. Each round gives a ratio (with / without); the median ratio
-and its bootstrap 95% interval belong within 1% at the default interval.
+"""Does the telemetry sampler change what it measures? Long streamed decodes on one server, with
+the sampler switched on and off every few seconds inside each request (the first state alternates
+between requests). Each "on" stretch's token rate is compared with the mean of the two "off"
+stretches around it, so drift, depth and the server's state hit both sides alike; the median of
+these ratios and its bootstrap 95% interval belong within 1% at the default interval.
 
-Also reported: what one sample costs the sampler (CPU and wall time, measured by the sampler
-itself during the rounds) and, on a GPU machine, what each NVML query it makes costs.
+The sampler runs its own sampling step at its own interval, as in a measurement; while "off" its
+thread sleeps on an event and does not wake. Also reported: what each query of one sample costs
+(CPU and wall time; on a GPU machine the NVML queries too), and what the samples cost during the run.
 
-    python bench/sampler_overhead.py --model PATH [--rounds 10] [--gen 128] [--intervals 0.25 1]
-        [--frame-out F.parquet] [--out F.json] [-- extra llama-server args]
+    python bench/sampler_overhead.py --model PATH [--requests 4] [--gen 1536] [--segment 2]
+        [--interval S] [--frame-out F.parquet] [--out F.json] [-- extra llama-server args]
+    python bench/sampler_overhead.py          # without a model: only the cost of each query
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -31,7 +35,7 @@ from crashline import provision  # noqa: E402
 from crashline.config import default_schema_path  # noqa: E402
 from crashline.server import ServerProcess  # noqa: E402
 from crashline.telemetry import Sampler, _faults, write_frame  # noqa: E402
-from crashline.workloads import Client, PromptSource, one_run  # noqa: E402
+from crashline.workloads import Client, PromptSource, stream_request  # noqa: E402
 
 
 def _mean_ms(fn, calls: int) -> dict:
@@ -92,18 +96,72 @@ def bootstrap_median(values: list[float], draws: int = 5000, seed: int = 1) -> t
     return medians[int(0.025 * draws)], medians[int(0.975 * draws) - 1]
 
 
+class Switched:
+    """The sampler's step every ``interval`` while on; while off its thread waits on an event."""
+
+    def __init__(self, sampler: Sampler, interval: float):
+        self.sampler, self.interval = sampler, interval
+        self.on, self.stop = threading.Event(), threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        while True:
+            self.on.wait()
+            if self.stop.wait(self.interval):
+                return
+            if self.on.is_set():
+                self.sampler._sample()
+
+    def close(self) -> None:
+        self.stop.set()
+        self.on.set()
+        self.thread.join()
+
+
+def switched_request(url: str, prompt: list[int], gen: int, switch: Switched, segment_s: float,
+                     first_on: bool) -> tuple[list[dict], dict]:
+    """One streamed request; from its first token on, the sampler flips every ``segment_s``.
+    Returns the stretches (state, tokens, seconds) and the server's timings."""
+    segments: list[dict] = []
+    state = {"start": None, "tokens": 0, "on": first_on}
+
+    def on_chunk(t: float) -> None:
+        if state["start"] is None:  # the first token: prefill is over, the first stretch begins
+            state["start"] = t
+            switch.on.set() if state["on"] else switch.on.clear()
+            return
+        state["tokens"] += 1
+        if t - state["start"] >= segment_s:
+            segments.append({"on": state["on"], "tokens": state["tokens"], "seconds": t - state["start"]})
+            state.update(start=t, tokens=0, on=not state["on"])
+            switch.on.set() if state["on"] else switch.on.clear()
+
+    timings = stream_request(url, prompt, gen, 600, on_chunk=on_chunk)
+    switch.on.clear()
+    return segments, timings
+
+
+def neighbour_ratios(segments: list[dict]) -> list[float]:
+    """Each inner "on" stretch's rate over the mean rate of the "off" stretches before and after it."""
+    rates = [s["tokens"] / s["seconds"] for s in segments]
+    return [rates[i] / ((rates[i - 1] + rates[i + 1]) / 2)
+            for i in range(1, len(segments) - 1) if segments[i]["on"]]
+
+
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__)
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", help="the GGUF to serve (without it: only the cost of each query, on a sleeping process)")
-    ap.add_argument("--rounds", type=int, default=10)
+    ap.add_argument("--requests", type=int, default=4)
     ap.add_argument("--prompt", type=int, default=128)
-    ap.add_argument("--gen", type=int, default=128)
+    ap.add_argument("--gen", type=int, default=1536)
+    ap.add_argument("--segment", type=float, default=2.0, help="seconds between switching the sampler on and off")
     schema = yaml.safe_load(default_schema_path().read_text())
     default_interval = schema["properties"]["telemetry"]["properties"]["interval_s"]["default"]
-    ap.add_argument("--intervals", type=float, nargs="+", default=[default_interval],
-                    help=f"sampler intervals to compare with none (default: the configured default, {default_interval})")
+    ap.add_argument("--interval", type=float, default=default_interval,
+                    help=f"the sampler's interval (default: the configured default, {default_interval} s)")
     ap.add_argument("--cache", default=str(Path.home() / ".cache" / "crashline"))
-    ap.add_argument("--frame-out", help="write the time series of the last sampled run here (Parquet)")
+    ap.add_argument("--frame-out", help="write the sampled time series here (Parquet)")
     ap.add_argument("--out")
     ap.add_argument("server_args", nargs="*")
     args = ap.parse_args()
@@ -115,11 +173,7 @@ def main() -> None:
             sleeper.kill()
         return
     binary = provision.provide({"binary": None, "backend": "auto"}, Path(args.cache))["binary"]
-    workload = {"prompt_tokens": args.prompt, "gen_tokens": args.gen}
-    modes = ["off", *(f"on@{i:g}s" for i in args.intervals)]
-    speeds: dict[str, list[float]] = {m: [] for m in modes}
-    costs: dict[str, list[dict]] = {m: [] for m in modes[1:]}
-    index = 0
+    per_request = []
     with tempfile.TemporaryDirectory() as tmp, \
             ServerProcess([binary, "-m", args.model, *args.server_args], Path(tmp) / "server.log") as server:
         if server.wait_ready(600) != "ready":
@@ -127,42 +181,39 @@ def main() -> None:
         client = Client(server.url, 600)
         prompts = PromptSource(client)
         costs_ms = sample_costs(server.proc.pid)
-        one_run(client, prompts, workload, index)  # warm-up
-        for r in range(args.rounds):
-            for mode in modes[r % len(modes):] + modes[:r % len(modes)]:  # rotate the order each round
-                index += 1
-                if mode == "off":
-                    run = one_run(client, prompts, workload, index)
-                else:
-                    sampler = Sampler(pid=server.proc.pid, interval_s=args.intervals[modes.index(mode) - 1])
-                    with sampler:
-                        run = one_run(client, prompts, workload, index)
-                    sampler.close()
-                    costs[mode].append(sampler.own)
-                    frame = sampler.frame()
-                speeds[mode].append(run["requests"][0]["decode_tps"])
-            print(f"round {r + 1}: " + ", ".join(f"{m} {speeds[m][-1]:.2f}" for m in modes), file=sys.stderr, flush=True)
+        stream_request(server.url, prompts.prompt(args.prompt, 0), 32, 600)  # warm-up
+        sampler = Sampler(pid=server.proc.pid, interval_s=args.interval)
+        sampler._sample()  # the first sample lists the server's children: not inside a stretch
+        first = dict(sampler.own)
+        switch = Switched(sampler, args.interval)
+        for i in range(args.requests):
+            segments, timings = switched_request(server.url, prompts.prompt(args.prompt, i + 1), args.gen, switch,
+                                                 args.segment, first_on=bool(i % 2))
+            ratios = neighbour_ratios(segments)
+            per_request.append({"segments": segments, "ratios": ratios, "server_decode_tps": timings["decode_tps"]})
+            print(f"request {i + 1}: {len(segments)} stretches, ratios "
+                  + " ".join(f"{r:.3f}" for r in ratios), file=sys.stderr, flush=True)
+        switch.close()
+        sampler.close()
     if args.frame_out:
-        write_frame(frame, Path(args.frame_out))
-    result = {"server_args": args.server_args, "rounds": args.rounds, "prompt_tokens": args.prompt,
-              "gen_tokens": args.gen, "decode_tps": speeds, "sample_costs_ms": costs_ms,
-              "median_off": statistics.median(speeds["off"]),
-              "spread_off_pct": (max(speeds["off"]) - min(speeds["off"])) / statistics.median(speeds["off"]) * 100,
-              "modes": {}}
-    for mode in modes[1:]:
-        ratios = [on / off for on, off in zip(speeds[mode], speeds["off"])]
-        samples = sum(c["samples"] for c in costs[mode])
-        low, high = bootstrap_median(ratios)
-        result["modes"][mode] = {
-            "median_tps": statistics.median(speeds[mode]),
-            "ratio_median": statistics.median(ratios), "ratio_ci95": [low, high],
-            "ratio_of_medians": statistics.median(speeds[mode]) / result["median_off"],
-            "within_1pct": low >= 0.99,
-            "samples": samples,
-            "sampler_cpu_ms_per_sample": sum(c["cpu_s"] for c in costs[mode]) / samples * 1000 if samples else None,
-            "sampler_wall_ms_per_sample": sum(c["wall_s"] for c in costs[mode]) / samples * 1000 if samples else None,
-        }
-    print(json.dumps(result, indent=2))
+        write_frame(sampler.frame(), Path(args.frame_out))
+    ratios = [r for req in per_request for r in req["ratios"]]
+    low, high = bootstrap_median(ratios)
+    rate = {on: sum(s["tokens"] for q in per_request for s in q["segments"] if s["on"] == on)
+            / sum(s["seconds"] for q in per_request for s in q["segments"] if s["on"] == on) for on in (True, False)}
+    samples = sampler.own["samples"] - first["samples"]
+    result = {
+        "server_args": args.server_args, "prompt_tokens": args.prompt, "gen_tokens": args.gen,
+        "requests": args.requests, "segment_s": args.segment, "interval_s": args.interval,
+        "tokens_per_s_on": rate[True], "tokens_per_s_off": rate[False],
+        "ratio_median": statistics.median(ratios), "ratio_ci95": [low, high], "n_ratios": len(ratios),
+        "within_1pct": low >= 0.99 and high <= 1.01,
+        "samples_during_run": samples,
+        "sampler_cpu_ms_per_sample": (sampler.own["cpu_s"] - first["cpu_s"]) / samples * 1000 if samples else None,
+        "sampler_wall_ms_per_sample": (sampler.own["wall_s"] - first["wall_s"]) / samples * 1000 if samples else None,
+        "sample_costs_ms": costs_ms, "per_request": per_request,
+    }
+    print(json.dumps({k: v for k, v in result.items() if k != "per_request"}, indent=2))
     if args.out:
         Path(args.out).write_text(json.dumps(result, indent=2))
 

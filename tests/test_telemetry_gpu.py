@@ -1,5 +1,7 @@
 """Telemetry and bottleneck verdicts from real H200 runs (bench/placement.py, synthetic
-Qwen3-30B-A3B shape): the saved time series are analysed again and must give the same picture."""
+Qwen3-30B-A3B shape): the saved time series are analysed again and must give the same picture.
+The ``gpm-`` runs come from the sampler with GPM (SM share, DRAM bandwidth, PCIe between samples);
+the others from the earlier sampler without it."""
 
 from __future__ import annotations
 
@@ -63,3 +65,37 @@ def test_gpu_time_series_columns():
         assert frame[col].notna().any(), col
     assert frame["energy_mj"].is_monotonic_increasing
     assert frame["pcie_gen"].max() == pytest.approx(5)
+
+
+def test_gpm_partly_offloaded_decode_leaves_dram_and_pcie_idle(tmp_path):
+    rec = analysed(tmp_path, "gpm-budget-b65d6887e2")  # --n-cpu-moe 29 under a 12 GiB budget, GPM sampler
+    assert rec["memory"]["pcie_source"] == "GPM"
+    w = deep(rec)
+    rows = {r["suspect"].split(" (")[0]: r for r in w["bottleneck"]["rows"]}
+    assert "DRAM bandwidth used" in next(r["suspect"] for r in w["bottleneck"]["rows"]
+                                         if r["suspect"].startswith("GPU memory bandwidth"))
+    assert rows["GPU memory bandwidth"]["fraction"] < 0.05 and rows["GPU SMs busy"]["fraction"] < 0.25
+    assert rows["PCIe"]["verdict"] == "far from it" and rows["CPU"]["verdict"] == "saturated"
+    assert w["bottleneck"]["verdict"] == "limited by CPU"
+
+
+def test_gpm_all_on_gpu_decode_is_latency_bound(tmp_path):
+    rec = analysed(tmp_path, "gpm-full-d6a4a1a0cf")  # --n-cpu-moe 0, no budget, GPM sampler
+    w = deep(rec)
+    rows = {r["suspect"].split(" (")[0]: r for r in w["bottleneck"]["rows"]}
+    assert rows["GPU busy"]["verdict"] == "saturated"
+    assert rows["GPU memory bandwidth"]["verdict"] == "far from it" and rows["GPU SMs busy"]["verdict"] != "saturated"
+    assert w["bottleneck"]["verdict"].startswith("limited by GPU latency")
+
+
+def test_gpm_time_series_has_rates_between_samples():
+    frame = pd.read_parquet(DATA / "gpm-full-d6a4a1a0cf.parquet")
+    # Every span of 0.1 s or more has its figures. This run predates skipping shorter spans: its two
+    # phase-boundary samples a few ms after a periodic one have 0% SMs and no DRAM figure.
+    spans = frame[frame["t"].diff() >= 0.1]
+    assert len(spans) > 30
+    for col in ("gpm_sm_pct", "gpm_occupancy_pct", "gpm_dram_bw_pct", "pcie_rx_kbs", "pcie_tx_kbs"):
+        assert spans[col].notna().all() and spans[col].min() >= 0, col
+    decode = frame[(frame["phase"] == "depth-16k") & (frame["gpu_sm_pct"] >= 99)]
+    assert decode["gpm_sm_pct"].min() > 50 and decode["gpm_dram_bw_pct"].max() < 30  # kernels run, DRAM idles
+    assert frame["gpm_dram_bw_pct"].max() <= 100 and "energy_mj" not in frame

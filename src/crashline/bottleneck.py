@@ -44,9 +44,9 @@ def table(decode: dict | None, decode_tps: float | None, n_threads: int | None, 
         return {"rows": [], "verdict": "decode window too short to sample: raise gen_tokens"}
     rows = []
 
-    def add(name, value, unit, limit, fraction, verdict=None, per_token=None):
+    def add(name, value, unit, limit, fraction, verdict=None, per_token=None, **extra):
         rows.append({"suspect": name, "measured": value, "unit": unit, "limit": limit,
-                     "fraction": fraction, "verdict": verdict or _verdict(fraction), "per_token": per_token})
+                     "fraction": fraction, "verdict": verdict or _verdict(fraction), "per_token": per_token, **extra})
 
     tps = decode_tps or None
     if gpu:
@@ -66,7 +66,8 @@ def table(decode: dict | None, decode_tps: float | None, n_threads: int | None, 
         sms = decode.get("gpm_sm_pct")
         if sms is not None:
             occupancy = decode.get("gpm_occupancy_pct")
-            add(f"GPU SMs busy (GPM; warp occupancy {occupancy or 0:.0f}%)", sms, "%", 100, sms / 100)
+            add(f"GPU SMs busy (GPM; warp occupancy {occupancy or 0:.0f}%)", sms, "%", 100, sms / 100,
+                occupancy_pct=occupancy)
     cores = decode.get("server_cpu_cores")
     add("CPU (server threads busy; llama.cpp busy-waits while polling, so this includes waiting)", cores, "cores",
         n_threads, cores / n_threads if cores is not None and n_threads else None)
@@ -87,9 +88,10 @@ def overall(rows: list[dict], gpu: bool) -> str:
     saturated = [name for name, r in by.items() if r["verdict"] == "saturated"]
     sms, dram = by.get("GPU SMs busy", {}).get("fraction"), by.get("GPU memory bandwidth", {}).get("fraction")
     if saturated == ["GPU busy"] and sms is not None and dram is not None:
-        return (f"limited by GPU latency: a kernel runs {by['GPU busy']['fraction']:.0%} of the time, but the "
-                f"kernels keep only {sms:.0%} of the SMs and {dram:.0%} of DRAM bandwidth busy (one token's small "
-                f"kernels, one after another)")
+        occupancy = by["GPU SMs busy"]["occupancy_pct"] or 0
+        return (f"limited by GPU latency: a kernel runs {by['GPU busy']['fraction']:.0%} of the time, yet the "
+                f"kernels keep {sms:.0%} of the SMs busy at {occupancy:.0f}% warp occupancy and use {dram:.0%} of DRAM "
+                f"bandwidth (decode's small kernels, one after another)")
     if saturated:
         return "limited by " + " and ".join(saturated)
     if any(r["verdict"] in ("paging", "reading") for r in rows):

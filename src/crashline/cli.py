@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -280,8 +281,13 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+def _exit_on_sigterm(signum, frame) -> None:
+    raise SystemExit(128 + signum)  # unwinds like Ctrl-C: servers stopped, no record under its final name
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
     from .provision import ProvisionError
     from .publish import PublishError
     from .settings import SettingsError

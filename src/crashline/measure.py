@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
-import time
 from pathlib import Path
 
 import pandas as pd

@@ -100,12 +100,15 @@ def fit_comparison(configs: pd.DataFrame, measurements: pd.DataFrame, recs: list
     return out
 
 
-SUSPECT_COLUMNS = ("PCIe", "GPU memory bandwidth", "GPU busy", "CPU", "paging", "disk reads")
+GPU_SUSPECTS = ("PCIe", "GPU memory bandwidth", "GPU busy", "GPU SMs busy")
+SUSPECT_COLUMNS = (*GPU_SUSPECTS, "CPU", "paging", "disk reads")
 
 
 def _suspect_cell(row: dict | None, gpu: bool, name: str) -> str:
     if row is None:
-        return "no GPU" if name in SUSPECT_COLUMNS[:3] and not gpu else "–"
+        if name in GPU_SUSPECTS and not gpu:
+            return "no GPU"
+        return "not measured: needs GPM (Hopper or later)" if name == "GPU SMs busy" else "–"
     value = row["measured"]
     text = "–" if value is None else f"{value:,.1f} {row['unit']}"
     if row.get("fraction") is not None:

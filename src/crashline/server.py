@@ -1,5 +1,7 @@
 """A real llama-server process: started without a shell on a free loopback port, logged to a file,
 stopped with SIGINT (so it prints its memory breakdown), and its process group killed if it hangs.
+If crashline itself dies without stopping it (SIGKILL, a crash), the kernel sends the server SIGTERM
+(Linux's parent-death signal), so no server is left holding the GPU.
 """
 
 from __future__ import annotations
@@ -15,6 +17,15 @@ from pathlib import Path
 import requests
 
 HOST = "127.0.0.1"
+PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: ask for SIGTERM when the thread that started us ends (Linux only)."""
+    import ctypes
+
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 def free_port() -> int:
@@ -50,7 +61,7 @@ class ServerProcess:
         with open(self.log_path, "wb") as log:
             self.proc = subprocess.Popen(
                 self.command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                start_new_session=True, env=self.env,
+                start_new_session=True, env=self.env, preexec_fn=_die_with_parent,
             )
         self.started_at = time.monotonic()
 

@@ -119,9 +119,12 @@ class _Gpm:
         "pcie_tx_kbs": ("NVML_GPM_METRIC_PCIE_TX_PER_SEC", MIB / 1000),
     }
 
+    MIN_SPAN_S = 0.1  # over shorter spans the H200 gave 0% SMs busy and no DRAM figure: skip, keep the span open
+
     def __init__(self, nv, handle):
         self.nv, self.handle = nv, handle
         self.samples: list = []
+        self.taken = 0.0  # time.monotonic() of the sample that starts the open span
 
     def start(self) -> bool:
         """Take the first sample; False where the board, driver or permissions do not allow GPM."""
@@ -131,6 +134,7 @@ class _Gpm:
                 return False
             self.samples = [nv.nvmlGpmSampleAlloc(), nv.nvmlGpmSampleAlloc()]
             nv.nvmlGpmSampleGet(self.handle, self.samples[0])
+            self.taken = time.monotonic()
             return True
         except (nv.NVMLError, AttributeError):
             self.close()
@@ -139,8 +143,11 @@ class _Gpm:
     def rates(self) -> dict:
         nv = self.nv
         out = dict.fromkeys(self.METRICS)
+        if time.monotonic() - self.taken < self.MIN_SPAN_S:
+            return out
         try:
             nv.nvmlGpmSampleGet(self.handle, self.samples[1])
+            self.taken = time.monotonic()
             get = nv.c_nvmlGpmMetricsGet_t()
             get.version, get.numMetrics = nv.NVML_GPM_METRICS_GET_VERSION, len(self.METRICS)
             get.sample1, get.sample2 = self.samples

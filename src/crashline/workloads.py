@@ -111,9 +111,9 @@ def stats(values: list[float]) -> dict | None:
     }
 
 
-def stream_request(url: str, prompt: list[int], n_predict: int, timeout_s: float) -> dict:
+def stream_request(url: str, prompt: list[int], n_predict: int, timeout_s: float, on_chunk=None) -> dict:
     """One streamed completion on its own connection: timings from the server, time to first
-    token from the client."""
+    token from the client; ``on_chunk(t)`` is called with the arrival time of each streamed token."""
     body = {"prompt": prompt, "n_predict": n_predict, "cache_prompt": False, "temperature": 0.0, "top_k": 1,
             "ignore_eos": True, "stream": True}
     started = time.monotonic()
@@ -127,8 +127,11 @@ def stream_request(url: str, prompt: list[int], n_predict: int, timeout_s: float
                 if not line.startswith(b"data: "):
                     continue
                 chunk = json.loads(line[6:])
+                now = time.monotonic()
                 if first is None:
-                    first = time.monotonic()
+                    first = now
+                if on_chunk and not chunk.get("stop"):
+                    on_chunk(now)
                 if chunk.get("stop"):
                     final = chunk
                     break

@@ -1,0 +1,66 @@
+"""No llama-server outlives crashline: a SIGTERM unwinds like Ctrl-C (the server is stopped with its
+memory breakdown), and when crashline is killed outright the kernel's parent-death signal stops it."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import psutil
+
+from conftest import REPO
+
+SCRIPT = textwrap.dedent("""
+    import signal, sys, time
+    from pathlib import Path
+    from crashline.cli import _exit_on_sigterm
+    from crashline.server import ServerProcess
+    binary, model, log, handle = sys.argv[1:5]
+    if handle == "yes":
+        signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    with ServerProcess([binary, "-m", model, "-c", "512"], Path(log)) as server:
+        assert server.wait_ready(120) == "ready"
+        print(server.proc.pid, flush=True)
+        time.sleep(120)
+""")
+
+
+def start(tmp_path, server_binary, tiny_moe, handle: str):
+    env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
+    parent = subprocess.Popen([sys.executable, "-c", SCRIPT, server_binary, str(tiny_moe), str(tmp_path / "server.log"),
+                               handle], stdout=subprocess.PIPE, text=True, env=env)
+    server_pid = int(parent.stdout.readline())
+    assert psutil.pid_exists(server_pid)
+    return parent, server_pid
+
+
+def gone(pid: int, within_s: float = 30) -> bool:
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        try:
+            if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
+                return True
+        except psutil.NoSuchProcess:
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def test_sigterm_stops_the_server_like_ctrl_c(tmp_path, server_binary, tiny_moe):
+    parent, server_pid = start(tmp_path, server_binary, tiny_moe, handle="yes")
+    parent.send_signal(signal.SIGTERM)
+    assert parent.wait(60) == 128 + signal.SIGTERM
+    assert gone(server_pid)
+    log = (tmp_path / "server.log").read_text(errors="replace")
+    assert "memory breakdown" in log  # stopped with SIGINT: llama-server printed its memory at exit
+
+
+def test_server_dies_with_a_killed_parent(tmp_path, server_binary, tiny_moe):
+    parent, server_pid = start(tmp_path, server_binary, tiny_moe, handle="no")
+    parent.send_signal(signal.SIGKILL)
+    parent.wait(60)
+    assert gone(server_pid), "the server outlived the process that started it"
