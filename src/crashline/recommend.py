@@ -1,5 +1,8 @@
 """The recommendation: the fastest configuration that survived every workload, and why each other
-configuration lost (it failed, with its phase, or it was slower, by how much)."""
+configuration lost (it failed, with its phase, or it was slower, by how much).
+
+The page cache is a state at load, not a server setting: configurations measured cold are ranked
+only when no warm run survived, and otherwise point to the cold-versus-warm comparison."""
 
 from __future__ import annotations
 
@@ -33,6 +36,13 @@ def _too_tight(row, margin_mib: int) -> bool:
     return headroom is not None and not pd.isna(headroom) and headroom < margin_mib
 
 
+def _cold(row) -> bool:
+    return row.get("s_page_cache") == "cold"
+
+
+COLD_NOT_RANKED = "measured from a cold page cache: compared with its warm twin under Cold versus warm, not ranked"
+
+
 def recommend(configs: pd.DataFrame, measurements: pd.DataFrame, metric: str, workload: str,
               margin_mib: int = 0, recall_failures: dict | None = None) -> list[dict]:
     """One entry per (model, environment): the winner and the verdict on every other configuration.
@@ -54,8 +64,11 @@ def recommend(configs: pd.DataFrame, measurements: pd.DataFrame, metric: str, wo
         low, high = f"{metric}_min", f"{metric}_max"
         survivors = group[(group["outcome"] == "ok") & ~group.apply(_too_tight, axis=1, margin_mib=margin_mib)
                           & ~group["config_id"].map(lambda c: (model, c) in recall_failures)]
+        warm = survivors[[not _cold(row) for _, row in survivors.iterrows()]]
+        rank_cold = warm.empty  # only cold runs survived: rank them among themselves
         ranked = sorted(
-            ((speeds.loc[cid, col], cid) for cid in survivors["config_id"] if cid in speeds.index),
+            ((speeds.loc[cid, col], cid) for cid in (survivors if rank_cold else warm)["config_id"]
+             if cid in speeds.index),
             reverse=True,
         )
         winner = ranked[0][1] if ranked else None
@@ -77,6 +90,8 @@ def recommend(configs: pd.DataFrame, measurements: pd.DataFrame, metric: str, wo
                 where = f" at {row['phase']}" if row["phase"] else ""
                 verdicts.append({"config_id": cid, "label": label, "failed": True,
                                  "reason": f"{row['outcome']}{where}: {row['message'] or 'no message'}"})
+            elif _cold(row) and not rank_cold:
+                verdicts.append({"config_id": cid, "label": label, "failed": False, "reason": COLD_NOT_RANKED})
             else:
                 speed = speeds.loc[cid, col] if cid in speeds.index else None
                 pct = (speed - best) / best * 100 if speed and best else None
