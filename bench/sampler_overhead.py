@@ -4,8 +4,8 @@ between requests). Each "on" stretch's token rate is compared with the mean of t
 stretches around it, so drift, depth and the server's state hit both sides alike; the median of
 these ratios and its bootstrap 95% interval belong within 1% at the default interval.
 
-The sampler runs its own sampling step at its own interval, as in a measurement; while "off" its
-thread sleeps on an event and does not wake. Also reported: what each query of one sample costs
+The sampler runs its own thread at its own interval, as in a measurement; while "off" it is paused
+and its thread sleeps on an event without waking. Also reported: what each query of one sample costs
 (CPU and wall time; on a GPU machine the NVML queries too), and what the samples cost during the run.
 
     python bench/sampler_overhead.py --model PATH [--requests 4] [--gen 1536] [--segment 2]
@@ -22,7 +22,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
@@ -96,30 +95,7 @@ def bootstrap_median(values: list[float], draws: int = 5000, seed: int = 1) -> t
     return medians[int(0.025 * draws)], medians[int(0.975 * draws) - 1]
 
 
-class Switched:
-    """The sampler's step every ``interval`` while on; while off its thread waits on an event."""
-
-    def __init__(self, sampler: Sampler, interval: float):
-        self.sampler, self.interval = sampler, interval
-        self.on, self.stop = threading.Event(), threading.Event()
-        self.thread = threading.Thread(target=self._run, daemon=True)
-        self.thread.start()
-
-    def _run(self) -> None:
-        while True:
-            self.on.wait()
-            if self.stop.wait(self.interval):
-                return
-            if self.on.is_set():
-                self.sampler._sample()
-
-    def close(self) -> None:
-        self.stop.set()
-        self.on.set()
-        self.thread.join()
-
-
-def switched_request(url: str, prompt: list[int], gen: int, switch: Switched, segment_s: float,
+def switched_request(url: str, prompt: list[int], gen: int, sampler: Sampler, segment_s: float,
                      first_on: bool) -> tuple[list[dict], dict]:
     """One streamed request; from its first token on, the sampler flips every ``segment_s``.
     Returns the stretches (state, tokens, seconds) and the server's timings."""
@@ -129,16 +105,16 @@ def switched_request(url: str, prompt: list[int], gen: int, switch: Switched, se
     def on_chunk(t: float) -> None:
         if state["start"] is None:  # the first token: prefill is over, the first stretch begins
             state["start"] = t
-            switch.on.set() if state["on"] else switch.on.clear()
+            sampler.resume() if state["on"] else sampler.pause()
             return
         state["tokens"] += 1
         if t - state["start"] >= segment_s:
             segments.append({"on": state["on"], "tokens": state["tokens"], "seconds": t - state["start"]})
             state.update(start=t, tokens=0, on=not state["on"])
-            switch.on.set() if state["on"] else switch.on.clear()
+            sampler.resume() if state["on"] else sampler.pause()
 
     timings = stream_request(url, prompt, gen, 600, on_chunk=on_chunk)
-    switch.on.clear()
+    sampler.pause()
     return segments, timings
 
 
@@ -183,17 +159,16 @@ def main() -> None:
         costs_ms = sample_costs(server.proc.pid)
         stream_request(server.url, prompts.prompt(args.prompt, 0), 32, 600)  # warm-up
         sampler = Sampler(pid=server.proc.pid, interval_s=args.interval)
-        sampler._sample()  # the first sample lists the server's children: not inside a stretch
-        first = dict(sampler.own)
-        switch = Switched(sampler, args.interval)
-        for i in range(args.requests):
-            segments, timings = switched_request(server.url, prompts.prompt(args.prompt, i + 1), args.gen, switch,
-                                                 args.segment, first_on=bool(i % 2))
-            ratios = neighbour_ratios(segments)
-            per_request.append({"segments": segments, "ratios": ratios, "server_decode_tps": timings["decode_tps"]})
-            print(f"request {i + 1}: {len(segments)} stretches, ratios "
-                  + " ".join(f"{r:.3f}" for r in ratios), file=sys.stderr, flush=True)
-        switch.close()
+        with sampler:  # the sampler's own thread, paused between stretches; entering lists the children
+            sampler.pause()
+            for i in range(args.requests):
+                segments, timings = switched_request(server.url, prompts.prompt(args.prompt, i + 1), args.gen,
+                                                     sampler, args.segment, first_on=bool(i % 2))
+                ratios = neighbour_ratios(segments)
+                per_request.append({"segments": segments, "ratios": ratios,
+                                    "server_decode_tps": timings["decode_tps"]})
+                print(f"request {i + 1}: {len(segments)} stretches, ratios "
+                      + " ".join(f"{r:.3f}" for r in ratios), file=sys.stderr, flush=True)
         sampler.close()
     if args.frame_out:
         write_frame(sampler.frame(), Path(args.frame_out))
@@ -201,16 +176,16 @@ def main() -> None:
     low, high = bootstrap_median(ratios)
     rate = {on: sum(s["tokens"] for q in per_request for s in q["segments"] if s["on"] == on)
             / sum(s["seconds"] for q in per_request for s in q["segments"] if s["on"] == on) for on in (True, False)}
-    samples = sampler.own["samples"] - first["samples"]
+    cost = sampler.cost()
     result = {
         "server_args": args.server_args, "prompt_tokens": args.prompt, "gen_tokens": args.gen,
         "requests": args.requests, "segment_s": args.segment, "interval_s": args.interval,
         "tokens_per_s_on": rate[True], "tokens_per_s_off": rate[False],
         "ratio_median": statistics.median(ratios), "ratio_ci95": [low, high], "n_ratios": len(ratios),
         "within_1pct": low >= 0.99 and high <= 1.01,
-        "samples_during_run": samples,
-        "sampler_cpu_ms_per_sample": (sampler.own["cpu_s"] - first["cpu_s"]) / samples * 1000 if samples else None,
-        "sampler_wall_ms_per_sample": (sampler.own["wall_s"] - first["wall_s"]) / samples * 1000 if samples else None,
+        "samples_during_run": cost["samples"],
+        "sampler_cpu_ms_per_sample": cost["cpu_ms_per_sample"],
+        "sampler_wall_ms_per_sample": cost["wall_ms_per_sample"],
         "sample_costs_ms": costs_ms, "per_request": per_request,
     }
     print(json.dumps({k: v for k, v in result.items() if k != "per_request"}, indent=2))

@@ -29,7 +29,7 @@ import pandas as pd
 import yaml
 
 from . import settings as settings_mod
-from .config import ConfigError, schema_errors
+from .config import ConfigError, read_yaml, schema_errors
 from .config import default_schema_path as config_default_schema_path
 from .publish import END_MARKER, START_MARKER, anchor_level
 
@@ -87,12 +87,7 @@ def _check_settings(values: dict, where: str, path: Path) -> None:
 
 
 def _load_one(path: Path, config: dict, schema: dict) -> dict:
-    try:
-        raw = yaml.safe_load(path.read_text())
-    except FileNotFoundError:
-        raise ClaimsError(f"claims file not found: {path}") from None
-    except yaml.YAMLError as exc:
-        raise ClaimsError(f"claims file {path} is not valid YAML: {exc}") from None
+    raw = read_yaml(path, "claims file", ClaimsError)
     _validate(raw, path, schema)
     claim = copy.deepcopy(raw)
     models = config.get("models", {})

@@ -115,14 +115,19 @@ def _check_references(config: dict) -> None:
             raise ConfigError(f"setting draft_model = {draft!r} in a configuration of {cfg['model']}: no such model")
 
 
+def read_yaml(path: Path, what: str, error: type[ConfigError] = ConfigError) -> Any:
+    """A YAML file's content; a missing or malformed file raises ``error`` naming ``what`` and the path."""
+    try:
+        return yaml.safe_load(path.read_text())
+    except FileNotFoundError:
+        raise error(f"{what} not found: {path}") from None
+    except yaml.YAMLError as exc:
+        raise error(f"{what} {path} is not valid YAML: {exc}") from None
+
+
 def load(path: str | os.PathLike, schema_path: str | os.PathLike | None = None) -> dict:
     path = Path(path)
-    try:
-        raw = yaml.safe_load(path.read_text())
-    except FileNotFoundError:
-        raise ConfigError(f"configuration file not found: {path}") from None
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"configuration file {path} is not valid YAML: {exc}") from None
+    raw = read_yaml(path, "configuration file")
     if not isinstance(raw, dict):
         raise ConfigError(f"configuration file {path} must hold a mapping, got {type(raw).__name__}")
     schema = yaml.safe_load(Path(schema_path or default_schema_path()).read_text())

@@ -203,6 +203,8 @@ class Sampler:
         self._procs: list[psutil.Process] | None = None
         self._lock = threading.Lock()
         self._stop = threading.Event()
+        self._sampling = threading.Event()  # cleared by pause(): the thread then sleeps without waking
+        self._sampling.set()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._cpu_start = None
 
@@ -297,8 +299,19 @@ class Sampler:
         return time.monotonic(), _busy_seconds(machine), own, getattr(machine, "steal", 0.0)
 
     def _run(self) -> None:
-        while not self._stop.wait(self.interval_s):
-            self._sample()
+        while True:
+            self._sampling.wait()
+            if self._stop.wait(self.interval_s):
+                return
+            if self._sampling.is_set():
+                self._sample()
+
+    def pause(self) -> None:
+        """Stop sampling until ``resume()`` (the overhead bench compares stretches with and without)."""
+        self._sampling.clear()
+
+    def resume(self) -> None:
+        self._sampling.set()
 
     def __enter__(self) -> "Sampler":
         self._cpu_start = self._cpu_mark()
@@ -309,6 +322,7 @@ class Sampler:
     def __exit__(self, *exc) -> None:
         self._close_phase()
         self._stop.set()
+        self._sampling.set()
         self._thread.join()
 
     def frame(self) -> pd.DataFrame:
