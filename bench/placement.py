@@ -26,6 +26,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from crashline import config as config_mod  # noqa: E402
+from crashline.config import load_schema  # noqa: E402
 from crashline import pagecache, provision, sources, synthetic  # noqa: E402
 from crashline.atomic import read_json, write_json  # noqa: E402
 from crashline.manifest import inspect_gguf  # noqa: E402
@@ -38,9 +39,8 @@ MODEL = "moe-synthetic"
 
 
 def make_config(args) -> dict:
-    import yaml
 
-    schema = yaml.safe_load((Path(__file__).resolve().parents[1] / "config" / "schema.yaml").read_text())
+    schema = load_schema()
     return config_mod.validate(
         {
             "results_dir": str(Path(args.out) / args.phase),

@@ -26,12 +26,11 @@ import time
 from pathlib import Path
 
 import psutil
-import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from crashline import provision  # noqa: E402
-from crashline.config import default_schema_path  # noqa: E402
+from crashline.config import load_schema  # noqa: E402
 from crashline.server import ServerProcess  # noqa: E402
 from crashline.telemetry import Sampler, _faults, write_frame  # noqa: E402
 from crashline.workloads import Client, PromptSource, stream_request  # noqa: E402
@@ -132,7 +131,7 @@ def main() -> None:
     ap.add_argument("--prompt", type=int, default=128)
     ap.add_argument("--gen", type=int, default=1536)
     ap.add_argument("--segment", type=float, default=2.0, help="seconds between switching the sampler on and off")
-    schema = yaml.safe_load(default_schema_path().read_text())
+    schema = load_schema()
     default_interval = schema["properties"]["telemetry"]["properties"]["interval_s"]["default"]
     ap.add_argument("--interval", type=float, default=default_interval,
                     help=f"the sampler's interval (default: the configured default, {default_interval} s)")

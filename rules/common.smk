@@ -1,4 +1,4 @@
-# Validation against config/schema.yaml, the output layout and input functions.
+# The config (the --configfile alone, else the demo), validated; the output layout and input functions.
 import json
 import os
 import sys
@@ -11,11 +11,22 @@ from crashline.atomic import write_json  # noqa: E402
 from crashline.paths import Layout  # noqa: E402
 from crashline.settings import canonical  # noqa: E402
 
-import yaml  # noqa: E402
+from snakemake.utils import update_config  # noqa: E402
 
-SCHEMA = yaml.safe_load((Path(workflow.basedir) / "config" / "schema.yaml").read_text())
+# --configfile FILE runs exactly FILE (plus any --config KEY=VALUE); without it, the demo config.
+if not workflow.config_settings.configfiles:
+    CONFIG_FILE = crashline_config.DEFAULT_CONFIG
+    try:
+        demo = crashline_config.read_yaml(Path(CONFIG_FILE), "configuration file")
+    except crashline_config.ConfigError as exc:
+        raise WorkflowError(str(exc)) from None
+    update_config(demo, config)
+    config.clear()
+    config.update(demo)
+else:
+    CONFIG_FILE = ", ".join(map(str, workflow.config_settings.configfiles))
 try:
-    CFG = crashline_config.validate(config, SCHEMA)
+    CFG = crashline_config.validate(config, crashline_config.load_schema())
 except crashline_config.ConfigError as exc:
     raise WorkflowError(str(exc)) from None
 

@@ -13,11 +13,12 @@ import pandas as pd
 import pytest
 import yaml
 
+from crashline.config import load_schema
 from crashline import aggregate, claims as K, config as C, settings as S
 
 from conftest import FIXTURES, REPO
 
-SCHEMA = yaml.safe_load((REPO / "config" / "schema.yaml").read_text())
+SCHEMA = load_schema()
 MIXED = FIXTURES / "claims" / "mixed.yaml"
 
 

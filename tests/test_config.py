@@ -5,14 +5,14 @@ from __future__ import annotations
 import copy
 
 import pytest
-import yaml
 
+from crashline.config import load_schema
 from crashline import config as C
 from crashline import settings as S
 
 from conftest import REPO
 
-SCHEMA = yaml.safe_load((REPO / "config" / "schema.yaml").read_text())
+SCHEMA = load_schema()
 
 
 def base() -> dict:
@@ -104,6 +104,31 @@ def test_server_args_cover_every_setting():
                      "-no-kvu", "--fit off", "-cb"]:
         assert expected in joined
     assert args[-1] == "--no-warmup"
+
+
+def test_flags_an_older_build_lacks_are_left_out_unless_asked_for():
+    # A build from before -lm and --fit: crashline's defaults for them are the build's own behaviour.
+    old = {"-ngl", "--n-cpu-moe", "-c", "-b", "-ub", "-ctk", "-ctv", "-fa", "-np", "-t", "-cb", "-nocb"}
+    given = {"ubatch": 128, "threads": 2}
+    kept, left_out = S.for_binary(S.resolve(given), given, old, "b5000")
+    assert left_out == {"load_mode": "-lm", "fit": "--fit"}
+    args = S.server_args(kept)
+    assert "-lm" not in args and "--fit" not in args and "-ub 128" in " ".join(args)
+    given = {"load_mode": "mmap"}
+    with pytest.raises(S.SettingsError, match=r"setting load_mode = 'mmap' needs llama-server's -lm flag, "
+                                              r"which this build \(b5000\) does not have"):
+        S.for_binary(S.resolve(given), given, old, "b5000")
+    assert S.for_binary(S.resolve(given), given, None, "unknown")[1] == {}  # flags unknown: pass all
+
+
+def test_check_flags_covers_configurations_and_searches():
+    cfg = C.validate({"models": {"m": {"source": "synthetic:tiny-moe"}},
+                      "configurations": [{"search": {"n_cpu_moe": [0, 4]}}],
+                      "workloads": [{"name": "w", "prompt_tokens": 8, "gen_tokens": 8}]}, SCHEMA)
+    flags = set(S.server_args(S.resolve({"n_cpu_moe": 1}))) | {"-nocb"}
+    C.check_flags(cfg, {f for f in flags if f.startswith("-")}, "new")
+    with pytest.raises(S.SettingsError, match="n_cpu_moe = 4 needs llama-server's --n-cpu-moe flag"):
+        C.check_flags(cfg, {f for f in flags if f.startswith("-") and f != "--n-cpu-moe"}, "old")
 
 
 def test_fit_on_leaves_placement_to_llama_cpp():

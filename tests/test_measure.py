@@ -11,15 +11,14 @@ from pathlib import Path
 import pandas as pd
 import psutil
 import pytest
-import yaml
 
+from crashline.config import load_schema
 from crashline import config as C
 from crashline import measure as M
 from crashline.atomic import read_json
 
-from conftest import REPO
 
-SCHEMA = yaml.safe_load((REPO / "config" / "schema.yaml").read_text())
+SCHEMA = load_schema()
 
 
 def run(tmp_path, model_path, provenance, settings, workloads, reps=2, request_timeout_s=300):
@@ -94,6 +93,20 @@ def test_not_a_gguf_fails_at_load(tmp_path, server_provenance):
     rec = run(tmp_path, bogus, server_provenance, {}, [{"name": "short", "prompt_tokens": 32, "gen_tokens": 4}])
     assert (rec["outcome"], rec["failure"], rec["phase"]) == ("load_failed", "model_file", "load")
     assert rec["workloads"] == [] and rec["log_tail"]
+
+
+def test_an_argument_the_server_refuses_is_named_with_llama_cpp_s_own_line(tmp_path, tiny_moe, server_provenance):
+    rec = run(tmp_path, tiny_moe, server_provenance, {"extra_args": ["--no-such-flag"]},
+              [{"name": "short", "prompt_tokens": 32, "gen_tokens": 4}])
+    assert (rec["outcome"], rec["failure"], rec["phase"]) == ("load_failed", "arguments", "load")
+    assert rec["message"].startswith("error: invalid argument: --no-such-flag") and "exit status 1" in rec["message"]
+
+
+def test_flags_the_build_lacks_are_left_out_of_the_command(tmp_path, tiny_moe, server_provenance):
+    older = {**server_provenance, "help_flags": [f for f in server_provenance["help_flags"] if f not in ("-lm", "--fit")]}
+    rec = run(tmp_path, tiny_moe, older, {}, [{"name": "short", "prompt_tokens": 32, "gen_tokens": 4}], reps=1)
+    assert rec["outcome"] == "ok" and rec["flags_left_out"] == {"load_mode": "-lm", "fit": "--fit"}
+    assert "-lm" not in rec["command"] and "--fit" not in rec["command"] and "-ub" in rec["command"]
 
 
 def test_server_killed_during_a_workload_is_recorded_as_crashed(tmp_path, tiny_moe, server_provenance, monkeypatch):

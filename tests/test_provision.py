@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import hashlib
+import os
+import platform
+import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
 
-from crashline import provision
+from crashline import cpufeatures, provision, servercheck
 
 
 def test_provenance_of_the_real_binary(server_provenance):
@@ -42,3 +46,124 @@ def test_a_binary_that_is_not_llama_server_is_refused(tmp_path):
     fake.chmod(0o755)
     with pytest.raises(provision.ProvisionError, match="--version failed"):
         provision.provide({"binary": str(fake)}, tmp_path)
+
+
+# A stand-in for a llama.cpp build whose -march=native code this machine cannot run: it answers
+# --version, --help and --list-devices (by running the real llama-server), and dies by SIGILL, a
+# real trapping instruction, as soon as it is asked to serve. Without DIE_WHEN_SERVING it is the
+# real server. Its CMakeLists compiles the trap exactly when GGML_NATIVE is on, as llama.cpp's
+# -march=native build would contain the instruction.
+FAKE_SERVER_C = r"""
+#include <string.h>
+#include <unistd.h>
+int main(int argc, char **argv) {
+#ifdef DIE_WHEN_SERVING
+    int info = 0;
+    for (int i = 1; i < argc; i++)
+        info |= !strcmp(argv[i], "--version") || !strcmp(argv[i], "--help") || !strcmp(argv[i], "--list-devices");
+    if (!info) __builtin_trap();
+#endif
+    argv[0] = REAL_SERVER;
+    execv(REAL_SERVER, argv);
+    return 127;
+}
+"""
+
+FAKE_CMAKELISTS = """
+cmake_minimum_required(VERSION 3.14)
+project(fake_llama C)
+option(GGML_NATIVE "" ON)
+set(CMAKE_RUNTIME_OUTPUT_DIRECTORY ${{CMAKE_BINARY_DIR}}/bin)
+foreach(target llama-server llama-bench)
+  add_executable(${{target}} server.c)
+  target_compile_definitions(${{target}} PRIVATE REAL_SERVER="{real}")
+  if (GGML_NATIVE)
+    target_compile_definitions(${{target}} PRIVATE DIE_WHEN_SERVING)
+  endif()
+endforeach()
+"""
+
+
+def _without_llama_server_on_path(monkeypatch):
+    monkeypatch.delenv("LLAMA_SERVER", raising=False)
+    dirs = [d for d in os.environ["PATH"].split(os.pathsep) if not (Path(d) / "llama-server").exists()]
+    monkeypatch.setenv("PATH", os.pathsep.join(dirs))
+
+
+def test_a_build_killed_by_a_signal_is_rebuilt_portable_and_checked(server_binary, tmp_path, monkeypatch):
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "server.c").write_text(FAKE_SERVER_C)
+    (src / "CMakeLists.txt").write_text(FAKE_CMAKELISTS.format(real=server_binary))
+    monkeypatch.setattr(provision, "source_tree", lambda cache_dir: src)
+    _without_llama_server_on_path(monkeypatch)
+    cache = tmp_path / "cache"
+    got = provision.provide({"binary": None, "backend": "cpu"}, cache)
+    (native,) = got["failed_builds"]
+    assert native["variant"] == "native" and "-DGGML_NATIVE=ON" in native["build_flags"]
+    assert native["check"]["signal"] == "SIGILL" and native["check"]["outcome"] == "crashed"
+    assert native["check"]["command"][0] == native["binary"] and "-portable" not in native["binary"]
+    assert got["variant"] == "portable" and "-DGGML_NATIVE=OFF" in got["build_flags"]
+    assert "-DGGML_AVX512=OFF" in got["build_flags"] or platform.machine() != "x86_64"
+    assert got["binary"].startswith(str(cache)) and "-portable" in got["binary"]
+    assert got["check"]["ok"] and got["check"]["tokens_generated"] == servercheck.CHECK_TOKENS
+    # The portable build is cached; the next provision checks both again and keeps the portable one.
+    again = provision.provide({"binary": None, "backend": "cpu"}, cache)
+    assert again["binary"] == got["binary"] and again["sha256"] == got["sha256"]
+
+
+def test_a_given_binary_that_fails_the_check_is_one_clear_error(server_binary, tmp_path):
+    fake = tmp_path / "llama-server"
+    source = tmp_path / "server.c"
+    source.write_text(FAKE_SERVER_C)
+    subprocess.run(["cc", "-DDIE_WHEN_SERVING", f'-DREAL_SERVER="{server_binary}"', "-o", str(fake), str(source)],
+                   check=True)
+    with pytest.raises(provision.ProvisionError) as err:
+        provision.provide({"binary": str(fake)}, tmp_path / "cache")
+    message = str(err.value)
+    assert str(fake.resolve()) in message and "killed by SIGILL" in message
+    assert "server check" in message and "tiny synthetic MoE" in message and "-c 512" in message
+
+
+def test_the_real_binary_passed_the_check(server_provenance):
+    check = server_provenance["check"]
+    assert check["ok"] and check["tokens_generated"] == servercheck.CHECK_TOKENS and check["signal"] is None
+    assert {"-ub", "--n-cpu-moe", "-cb", "-nocb", "-kvu", "-no-kvu"} <= set(server_provenance["help_flags"])
+
+
+@pytest.mark.skipif(platform.machine() != "x86_64" or shutil.which("cc") is None, reason="x86-64 with a C compiler")
+def test_cpu_probe_reads_this_machine():
+    raw = cpufeatures.probe()
+    assert raw["osxsave"] == 1 and raw["xcr0"] & 0b110 == 0b110  # SSE and AVX state: every x86-64 Linux today
+    state = cpufeatures.usable(raw)
+    advertised = cpufeatures.cpuinfo_flags()
+    assert state["avx512"]["advertised"] == ("avx512f" in advertised)
+
+
+@pytest.mark.skipif(platform.machine() != "x86_64" or shutil.which("cc") is None, reason="x86-64 with a C compiler")
+def test_extensions_the_os_does_not_enable_are_switched_off_in_the_compiler():
+    # A VM that advertises AVX-512 and AMX but enables neither (XCR0 = x87|SSE|AVX, AMX permission refused).
+    raw = {"osxsave": 1, "xcr0": 0b111, "cpuid7_ebx": cpufeatures.CPUID7_EBX_AVX512F,
+           "cpuid7_edx": cpufeatures.CPUID7_EDX_AMX, "amx_permission": -1}
+    adjust = cpufeatures.native_adjustments(raw)
+    assert adjust["disabled"] == ["avx512", "amx"]
+    # What the compiler then targets, for a Sapphire Rapids CPU (AVX-512 and AMX) named explicitly.
+    macros = subprocess.run(["cc", "-march=sapphirerapids", *adjust["flags"], "-dM", "-E", "-x", "c", "/dev/null"],
+                            capture_output=True, text=True, check=True).stdout
+    assert "__AVX2__" in macros and "__AVX512F__" not in macros and "__AMX_TILE__" not in macros
+    enabled = {**raw, "xcr0": 0b111 | cpufeatures.XCR0_AVX512 | cpufeatures.XCR0_AMX, "amx_permission": 0}
+    assert cpufeatures.native_adjustments(enabled)["flags"] == []
+
+
+def test_a_build_older_than_crashline_supports_is_refused_by_name(tmp_path):
+    old = tmp_path / "llama-server"
+    old.write_text('#!/bin/sh\ncase "$1" in\n'
+                   '  --version) echo "version: 5000 (0abc123)"; echo "built with cc for x86_64";;\n'
+                   '  --list-devices) echo "Available devices:";;\n'
+                   '  --help) printf -- "-m,    --model FNAME    model path\\n'
+                   '-fa,   --flash-attn     enable Flash Attention (default: disabled)\\n";;\n'
+                   "esac\n")
+    old.chmod(0o755)
+    with pytest.raises(provision.ProvisionError, match=r"lacks llama-server flag\(s\) crashline needs: --host, "
+                       r"--port, -lv, .*-fa on\|off\|auto .*supports llama.cpp b6340"):
+        provision.provide({"binary": str(old)}, tmp_path)

@@ -16,11 +16,12 @@ import pandas as pd
 import pytest
 import yaml
 
+from crashline.config import load_schema
 from crashline import claims as K, config as C, publish as P
 
-from conftest import FIXTURES, REPO
+from conftest import FIXTURES
 
-SCHEMA = yaml.safe_load((REPO / "config" / "schema.yaml").read_text())
+SCHEMA = load_schema()
 UPSTREAM = FIXTURES / "claims" / "upstream-README.md"
 SENTINEL = "hf_crashlineTestTokenThatMustNeverBeWritten0123"
 

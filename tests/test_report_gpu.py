@@ -9,12 +9,12 @@ import shutil
 import subprocess
 
 import pytest
-import yaml
 
+from crashline.config import load_schema
 from crashline import aggregate, config as C, report
 from crashline.atomic import read_json
 
-from conftest import FIXTURES, REPO
+from conftest import FIXTURES
 
 RECORDS = FIXTURES / "h200-records"
 
@@ -22,7 +22,7 @@ RECORDS = FIXTURES / "h200-records"
 @pytest.fixture(scope="module")
 def rendered(tmp_path_factory):
     out = tmp_path_factory.mktemp("gpu-report")
-    schema = yaml.safe_load((REPO / "config" / "schema.yaml").read_text())
+    schema = load_schema()
     cfg = C.validate({
         "models": {"moe-synthetic": {"source": "synthetic:qwen3-30b-a3b"}},
         "configurations": [{"settings": {}}],

@@ -4,16 +4,15 @@ lowest value survives and the search stops after the calibration and one probe).
 from __future__ import annotations
 
 import pandas as pd
-import yaml
 
+from crashline.config import load_schema
 from crashline import aggregate, config as C, report
 from crashline.atomic import write_json
 from crashline.manifest import inspect_gguf
 from crashline.search import run_search
 
-from conftest import REPO
 
-SCHEMA = yaml.safe_load((REPO / "config" / "schema.yaml").read_text())
+SCHEMA = load_schema()
 
 
 def test_search_on_cpu_writes_probes_summary_and_report(tmp_path, tiny_moe, server_provenance):

@@ -1,6 +1,6 @@
 """Speed tables that others published, row by row, re-measured under the settings each row states.
 
-A claims file (``config/claims/*.yaml``, validated against ``config/claims.schema.yaml``) names
+A claims file (``config/claims/*.yaml``, validated against the package's ``data/claims.schema.yaml``) names
 the source (URL, revision, the upstream file and a local copy of it), the model, the workload the
 table measured, and its rows: the numbers claimed, the settings stated, the settings left out.
 
@@ -26,11 +26,10 @@ from typing import Any
 
 import jinja2
 import pandas as pd
-import yaml
 
 from . import settings as settings_mod
+from .config import load_schema
 from .config import ConfigError, read_yaml, schema_errors
-from .config import default_schema_path as config_default_schema_path
 from .publish import END_MARKER, START_MARKER, anchor_level
 
 SCHEMA_NAME = "claims.schema.yaml"
@@ -60,8 +59,6 @@ class ClaimsError(ConfigError):
     """A claims file is invalid; the message names the file, the key and the bad value."""
 
 
-def default_schema_path() -> Path:
-    return config_default_schema_path(SCHEMA_NAME)
 
 
 def _validate(raw: Any, path: Path, schema: dict) -> None:
@@ -164,13 +161,12 @@ def _load_one(path: Path, config: dict, schema: dict) -> dict:
     }
 
 
-def load_claims(paths: list[str | os.PathLike], config: dict, schema_path: str | os.PathLike | None = None,
-                base_dir: str | os.PathLike | None = None) -> list[dict]:
+def load_claims(paths: list[str | os.PathLike], config: dict, base_dir: str | os.PathLike | None = None) -> list[dict]:
     """Load and validate claims files against the config's models and the settings vocabulary.
 
     Relative paths are read from ``base_dir`` (default: the working directory, the workflow's
     folder when Snakemake runs). Each claim is named after its file's stem."""
-    schema = yaml.safe_load(Path(schema_path or default_schema_path()).read_text())
+    schema = load_schema(SCHEMA_NAME)
     out, names = [], {}
     for p in paths or []:
         path = Path(p)

@@ -21,19 +21,12 @@ def _load(args) -> tuple[dict, Layout]:
 
 def cmd_plan(args) -> int:
     cfg, layout = _load(args)
-    from .settings import label
-
-    items = config_mod.expand(cfg)
     if args.json:
-        print(json.dumps(items, indent=2))
+        print(json.dumps(config_mod.expand(cfg), indent=2))
         return 0
-    for item in items:
-        print(f"{item['model']:<20} {item['id']}  {label(item['settings'])}")
-    for group in config_mod.expand_searches(cfg):
-        lo, hi = group["range"]
-        print(f"{group['model']:<20} {group['id']}  search --n-cpu-moe {lo}..{hi} with {group['given']}")
+    print("\n".join(config_mod.plan_lines(cfg)))
     sys.stdout.flush()
-    print(f"{len(items)} configuration(s); records under {layout.root}/records/MODEL/ID/", file=sys.stderr)
+    print(f"records under {layout.root}/records/MODEL/ID/", file=sys.stderr)
     return 0
 
 
@@ -80,6 +73,7 @@ def cmd_provision(args) -> int:
 
     cfg, layout = _load(args)
     info = provision.provide(cfg["server"], config_mod.cache_dir(cfg), log=sys.stderr)
+    config_mod.check_flags(cfg, provision.supported_flags(info), info["version"])
     write_json(args.out or layout.provenance(), info)
     print(info["binary"])
     return 0
@@ -221,8 +215,8 @@ def parser() -> argparse.ArgumentParser:
     def verb(name, fn, help_text, config=True):
         s = sub.add_parser(name, help=help_text)
         if config:
-            s.add_argument("--config", default=os.environ.get("CRASHLINE_CONFIG", "config/config.yaml"),
-                           help="workflow config (default $CRASHLINE_CONFIG or config/config.yaml)")
+            s.add_argument("--config", default=os.environ.get("CRASHLINE_CONFIG", config_mod.DEFAULT_CONFIG),
+                           help=f"workflow config (default $CRASHLINE_CONFIG or {config_mod.DEFAULT_CONFIG})")
         s.set_defaults(fn=fn)
         return s
 

@@ -14,18 +14,17 @@ import yaml
 from . import settings as settings_mod
 
 SCHEMA_NAME = "schema.yaml"
+DEFAULT_CONFIG = "config/config.yaml"  # the demo run, relative to the working directory
+DATA = Path(__file__).parent / "data"
 
 
 class ConfigError(ValueError):
     """The configuration is invalid; the message names the key and the bad value."""
 
 
-def default_schema_path(name: str = SCHEMA_NAME) -> Path:
-    """A schema packaged beside the code, or the repository's config/NAME."""
-    packaged = Path(__file__).parent / "data" / name
-    if packaged.exists():
-        return packaged
-    return Path(__file__).resolve().parents[2] / "config" / name
+def load_schema(name: str = SCHEMA_NAME) -> dict:
+    """A schema shipped inside the package (so a wheel has it too)."""
+    return yaml.safe_load((DATA / name).read_text())
 
 
 def _fill_defaults(schema: dict, instance: Any) -> Any:
@@ -125,13 +124,12 @@ def read_yaml(path: Path, what: str, error: type[ConfigError] = ConfigError) -> 
         raise error(f"{what} {path} is not valid YAML: {exc}") from None
 
 
-def load(path: str | os.PathLike, schema_path: str | os.PathLike | None = None) -> dict:
+def load(path: str | os.PathLike) -> dict:
     path = Path(path)
     raw = read_yaml(path, "configuration file")
     if not isinstance(raw, dict):
         raise ConfigError(f"configuration file {path} must hold a mapping, got {type(raw).__name__}")
-    schema = yaml.safe_load(Path(schema_path or default_schema_path()).read_text())
-    return validate(raw, schema)
+    return validate(raw, load_schema())
 
 
 def cache_dir(config: dict) -> Path:
@@ -214,3 +212,25 @@ def objective_workload(config: dict) -> str:
     if config["objective"].get("workload"):
         return config["objective"]["workload"]
     return max(config["workloads"], key=lambda w: (w["prompt_tokens"], w["gen_tokens"]))["name"]
+
+
+def plan_lines(config: dict) -> list[str]:
+    """What a run measures: each configuration and search with its id and llama-server arguments."""
+    items, searches = expand(config), expand_searches(config)
+    lines = [f"{item['model']:<20} {item['id']}  {settings_mod.label(item['settings'])}" for item in items]
+    for group in searches:
+        lo, hi = group["range"]
+        lines.append(f"{group['model']:<20} {group['id']}  search --n-cpu-moe {lo}..{hi} with {group['given']}")
+    models = sorted({i["model"] for i in items} | {g["model"] for g in searches})
+    lines.append(f"{len(models)} model(s) ({', '.join(models)}), {len(items)} configuration(s), "
+                 f"{len(searches)} search(es), workloads {', '.join(w['name'] for w in config['workloads'])}")
+    return lines
+
+
+def check_flags(config: dict, supported: set[str] | None, build: str) -> None:
+    """Every configuration's settings against the flags the server build knows (SettingsError if one lacks)."""
+    for item in expand(config):
+        settings_mod.for_binary(item["settings"], item["given"], supported, build)
+    for group in expand_searches(config):
+        given = {**group["given"], "n_cpu_moe": group["range"][1]}
+        settings_mod.for_binary(settings_mod.resolve(given), given, supported, build)

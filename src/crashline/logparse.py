@@ -71,6 +71,8 @@ OOM_RE = re.compile(
 MODEL_FILE_RE = re.compile(r"gguf_init_from_\w+|failed to load model|error loading model")
 CRASH_RE = re.compile(r"GGML_ASSERT|Segmentation fault|terminate called|CUDA error|Aborted|core dumped")
 GENERIC_ERROR_RE = re.compile(r"\b(?:error|failed)\b", re.IGNORECASE)
+# The command-line parser's own refusal: "error: invalid argument: -lm", "error while handling argument ...".
+ARGUMENT_ERROR_RE = re.compile(r"^(?:error: .*|error while handling argument .*)$")
 
 OK_SIGNALS = {signal.SIGINT, signal.SIGTERM}
 OK_RETURNCODES = {0, 128 + signal.SIGINT, 128 + signal.SIGTERM}
@@ -278,6 +280,11 @@ def _recognised_failure(lines: list[str], ms: dict, phase_hint: str | None) -> d
     return None
 
 
+def _argument_error(lines: list[str]) -> str | None:
+    """llama.cpp's own line refusing its command line, if it printed one."""
+    return next((text for line in lines if ARGUMENT_ERROR_RE.match(text := _strip(line))), None)
+
+
 def _crash_line(lines: list[str]) -> str | None:
     i = _first(CRASH_RE, lines)
     return None if i is None else _strip(lines[i])
@@ -310,6 +317,9 @@ def classify(text: str, returncode: int | None, *, phase_hint: str | None = None
         message = f"killed by {name}" + (f": {crash}" if crash else "")
         return _result("crashed", "signal", last_phase, message)
     if ms["listening"] is None:
+        refused = _argument_error(lines)
+        if refused and not crash:
+            return _result("load_failed", "arguments", "load", f"{refused} (exit status {returncode} before listening)")
         return _result("load_failed", "unknown", "load", crash or f"exit status {returncode} before listening")
     return _result("crashed", "exit_code", last_phase, crash or f"exit status {returncode}")
 

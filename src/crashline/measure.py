@@ -11,6 +11,7 @@ import requests
 
 from . import bottleneck, host, logparse, pagecache
 from .ballast import Ballast, BudgetError
+from .provision import supported_flags
 from . import settings as settings_mod
 from .atomic import read_json, write_json
 from .server import ServerProcess
@@ -97,6 +98,17 @@ def reanalyse(record_path: Path, telemetry_path: Path, manifest: dict) -> dict:
     return record
 
 
+def server_command(provenance: dict, model_path: str, item: dict, draft_path: str | None) -> tuple[list[str], dict]:
+    """The llama-server command for a configuration, with only the flags this build knows, and the
+    flags left out (settings at their default that the build lacks)."""
+    resolved = item["settings"]
+    if resolved.get("draft_model") and not draft_path:
+        raise ValueError(f"configuration {item['id']} names draft model {resolved['draft_model']!r}; its file is needed")
+    runnable, left_out = settings_mod.for_binary(resolved, item["given"], supported_flags(provenance),
+                                                 provenance.get("version") or provenance["binary"])
+    return settings_mod.command_line(provenance["binary"], model_path, runnable, lambda _name: draft_path), left_out
+
+
 def server_failure(server: ServerProcess, phase: str, timed_out: bool = False) -> dict:
     """Classify a server that died (or hung) during ``phase`` from its log and exit status."""
     if timed_out:
@@ -158,9 +170,7 @@ def measure(*, model_name: str, item: dict, config: dict, fetch_record: dict, ma
     server_cfg = config["server"]
     resolved = item["settings"]
     model_path = fetch_record["files"][0]["path"]
-    if resolved.get("draft_model") and not draft_path:
-        raise ValueError(f"configuration {item['id']} names draft model {resolved['draft_model']!r}; its file is needed")
-    command = settings_mod.command_line(provenance["binary"], model_path, resolved, lambda _name: draft_path)
+    command, left_out = server_command(provenance, model_path, item, draft_path)
     record = {
         "schema": RECORD_SCHEMA,
         "kind": "measure",
@@ -168,6 +178,7 @@ def measure(*, model_name: str, item: dict, config: dict, fetch_record: dict, ma
         "model": model_summary(model_name, fetch_record, manifest),
         "settings": resolved,
         "given": item["given"],
+        "flags_left_out": left_out,
         "server": {k: provenance.get(k) for k in ("binary", "obtained", "sha256", "version", "backend", "source", "build_flags")},
         "host": host.describe(),
         "budget": config["budget"],

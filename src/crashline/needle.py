@@ -37,7 +37,7 @@ from . import host, logparse
 from . import settings as settings_mod
 from .atomic import write_json
 from .ballast import Ballast, BudgetError
-from .measure import model_summary, server_failure
+from .measure import model_summary, server_command, server_failure
 from .server import ServerProcess
 from .workloads import Client, RequestFailed, prose_text
 
@@ -500,9 +500,7 @@ def run_needle(*, model_name: str, item: dict, config: dict, fetch_record: dict,
         return record
 
     model_path = fetch_record["files"][0]["path"]
-    if resolved.get("draft_model") and not draft_path:
-        raise ValueError(f"configuration {item['id']} names draft model {resolved['draft_model']!r}; its file is needed")
-    command = settings_mod.command_line(provenance["binary"], model_path, resolved, lambda _name: draft_path)
+    command, _ = server_command(provenance, model_path, item, draft_path)
     server = ServerProcess(command, log_path)
     trials: list[dict] = []
     failure = None

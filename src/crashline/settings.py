@@ -128,19 +128,50 @@ def config_id(model: str, resolved: dict[str, Any]) -> str:
     return digest[:10]
 
 
+def _flags(name: str, value: Any) -> list[str]:
+    """The flag a setting with this value passes (none for an unset one or a measurement setting)."""
+    setting = SETTINGS[name]
+    if value is None or name == "extra_args" or not setting.server:
+        return []
+    if name in _BOOL_FLAGS:
+        return [_BOOL_FLAGS[name][0] if value else _BOOL_FLAGS[name][1]]
+    return [setting.flag]
+
+
+def for_binary(resolved: dict[str, Any], given: dict[str, Any], supported: set[str] | None,
+               build: str) -> tuple[dict[str, Any], dict[str, str]]:
+    """The settings this llama-server build can take, and the flags left out because it lacks them.
+
+    A setting left at crashline's default whose flag the build does not know is left out (the
+    build has no such knob, so its own behaviour is that default). One the config asked for is an
+    error naming the setting and the build. ``supported`` None: the flags are unknown, pass all.
+    """
+    if supported is None:
+        return resolved, {}
+    kept, dropped = dict(resolved), {}
+    for name, value in resolved.items():
+        missing = [f for f in _flags(name, value) if f not in supported]
+        if not missing:
+            continue
+        if name in given:
+            raise SettingsError(f"setting {name} = {value!r} needs llama-server's {missing[0]} flag, which "
+                                f"this build ({build}) does not have; remove the setting or use a newer build")
+        kept[name], dropped[name] = None, missing[0]
+    return kept, dropped
+
+
 def server_args(resolved: dict[str, Any], draft_path: Callable[[str], str] | None = None) -> list[str]:
     """The llama-server arguments for resolved settings (model, host, port and logging excluded)."""
     args: list[str] = []
-    for name, setting in SETTINGS.items():
+    for name in SETTINGS:
         value = resolved.get(name)
-        if value is None or name == "extra_args" or not setting.server:
-            continue
-        if name in _BOOL_FLAGS:
-            args.append(_BOOL_FLAGS[name][0] if value else _BOOL_FLAGS[name][1])
+        flags = _flags(name, value)
+        if not flags or name in _BOOL_FLAGS:
+            args += flags
         elif name == "draft_model":
-            args += [setting.flag, draft_path(value) if draft_path else value]
+            args += [*flags, draft_path(value) if draft_path else value]
         else:
-            args += [setting.flag, str(value)]
+            args += [*flags, str(value)]
     return args + list(resolved.get("extra_args") or [])
 
 
