@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -25,15 +26,44 @@ def test_lint_is_clean():
     assert proc.returncode == 0 and "Congratulations" in proc.stdout + proc.stderr, proc.stdout + proc.stderr
 
 
-def test_dry_run_plans_one_measure_job_per_configuration(tmp_path):
-    """In a copy of the workflow, so that results of the checkout do not matter."""
+def copy_workflow(dest):
+    """A copy of the workflow, so that results of the checkout do not matter."""
     for name in ("Snakefile", "rules", "config", "profiles", "envs"):
-        (shutil.copytree if (REPO / name).is_dir() else shutil.copy)(REPO / name, tmp_path / name)
-    proc = subprocess.run([sys.executable, "-m", "snakemake", "-n", "report"], cwd=tmp_path, capture_output=True,
+        (shutil.copytree if (REPO / name).is_dir() else shutil.copy)(REPO / name, dest / name)
+
+
+def dry_run(workdir, *args):
+    proc = subprocess.run([sys.executable, "-m", "snakemake", "-n", "report", *args], cwd=workdir, capture_output=True,
                           text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(REPO / "src")})
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out
+    return out
+
+
+def test_dry_run_plans_one_measure_job_per_configuration(tmp_path):
+    copy_workflow(tmp_path)
+    out = dry_run(tmp_path)
     plan = subprocess.run([sys.executable, "-m", "crashline", "plan", "--json"], cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO / "src")},
                           capture_output=True, text=True, check=True)
     n_configs = len(json.loads(plan.stdout))
     assert ["measure", str(n_configs)] in [line.split() for line in out.splitlines()], out
+
+
+def test_configfile_runs_that_file_alone_with_the_ids_plan_prints(tmp_path):
+    """--configfile FILE is the whole config: none of the demo's models, defaults or claims leak in."""
+    copy_workflow(tmp_path)
+    (tmp_path / "mine.yaml").write_text(
+        "models:\n  mine:\n    source: synthetic:tiny-moe\n"
+        "configurations:\n  - grid: {ubatch: [128, 512]}\n"
+        "workloads:\n  - {name: short, prompt_tokens: 64, gen_tokens: 16}\n"
+    )
+    out = dry_run(tmp_path, "--configfile", "mine.yaml")
+    counts = {m[1]: int(m[2]) for m in re.finditer(r"^(\w+)\s+(\d+)$", out.split("Job stats:", 1)[1], re.M)}
+    assert counts == {"fetch_model": 1, "provision_server": 1, "inspect_model": 1, "warmup": 1, "measure": 2,
+                      "needle": 2, "aggregate": 1, "needle_table": 1, "report": 1, "total": 11}, out
+    assert "gemma3-270m" not in out and "tiny-moe" not in out.replace("synthetic:tiny-moe", "")
+    plan = subprocess.run([sys.executable, "-m", "crashline", "plan", "--json", "--config", "mine.yaml"], cwd=tmp_path,
+                          env={**os.environ, "PYTHONPATH": str(REPO / "src")}, capture_output=True, text=True, check=True)
+    ids = {item["id"] for item in json.loads(plan.stdout)}
+    planned = set(re.findall(r"records/mine/([0-9a-f]{10})/measure\.json", out))
+    assert len(ids) == 2 and planned == ids
