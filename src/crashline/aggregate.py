@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import json
+from collections import defaultdict
 from pathlib import Path
 
 import pandas as pd
@@ -80,55 +81,75 @@ def _stat_columns(prefix: str, s: dict | None) -> dict:
     return {f"{prefix}_{k}": s.get(k) for k in ("median", "min", "max", "n", "spread_pct")}
 
 
+def _workload_columns(w: dict, peak: dict) -> dict:
+    """The columns a workload adds to its configuration's row in ``measurements``."""
+    return {
+        "workload": w["name"],
+        "prompt_tokens": w["prompt_tokens"],
+        "gen_tokens": w["gen_tokens"],
+        "concurrency": w.get("concurrency", 1),
+        "workload_outcome": w["outcome"],
+        "workload_message": w.get("message"),
+        **_stat_columns("prefill_tps", w.get("prefill_tps")),
+        **_stat_columns("decode_tps", w.get("decode_tps")),
+        **_stat_columns("aggregate_tps", w.get("aggregate_tps")),
+        **_stat_columns("ttft_s", w.get("ttft_s")),
+        "workload_peak_rss_mib": peak.get("rss_mib"),
+        "workload_peak_gpu_mib": peak.get("gpu_mib"),
+        "cpu_server_cores": peak.get("cpu_server_cores"),
+        "cpu_other_cores": peak.get("cpu_other_cores"),
+        "decode_bound_tps": (w.get("decode_bound") or {}).get("bound_tps"),
+        "measured_over_bound": (w.get("decode_bound") or {}).get("measured_over_bound"),
+        "bottleneck_verdict": (w.get("bottleneck") or {}).get("verdict"),
+        "bottleneck": json.dumps((w.get("bottleneck") or {}).get("rows") or []),
+    }
+
+
+def _blank(**fields) -> defaultdict:
+    """A record (or part of one) with nothing in it: every field not given is None."""
+    return defaultdict(lambda: None, fields)
+
+
+# The rows built from these name every column of a table, for a table with no rows: readers select
+# columns by name, whether or not anything was measured or survived.
+BLANK_RECORD = _blank(model=_blank(), settings=dict.fromkeys(settings_mod.SETTINGS), server={}, host={"gpu": {}})
+BLANK_WORKLOAD = _blank()
+BLANK_SEARCH = _blank(settings={})
+
+
+def _frame(rows: list[dict], columns: list[str]) -> pd.DataFrame:
+    """The rows as a table; with no rows, a table that still has every column."""
+    return pd.DataFrame(rows) if rows else pd.DataFrame(columns=columns)
+
+
 def tables(record_paths: list[Path]) -> tuple[pd.DataFrame, pd.DataFrame]:
     configs, measurements = [], []
     for path in record_paths:
         rec = read_json(path)
         row = _config_row(rec)
         configs.append(row)
-        for w in rec.get("workloads", []):
-            peak = ((rec.get("memory") or {}).get("per_phase") or {}).get(w["name"], {})
-            measurements.append(
-                {
-                    **row,
-                    "workload": w["name"],
-                    "prompt_tokens": w["prompt_tokens"],
-                    "gen_tokens": w["gen_tokens"],
-                    "concurrency": w.get("concurrency", 1),
-                    "workload_outcome": w["outcome"],
-                    "workload_message": w.get("message"),
-                    **_stat_columns("prefill_tps", w.get("prefill_tps")),
-                    **_stat_columns("decode_tps", w.get("decode_tps")),
-                    **_stat_columns("aggregate_tps", w.get("aggregate_tps")),
-                    **_stat_columns("ttft_s", w.get("ttft_s")),
-                    "workload_peak_rss_mib": peak.get("rss_mib"),
-                    "workload_peak_gpu_mib": peak.get("gpu_mib"),
-                    "cpu_server_cores": peak.get("cpu_server_cores"),
-                    "cpu_other_cores": peak.get("cpu_other_cores"),
-                    "decode_bound_tps": (w.get("decode_bound") or {}).get("bound_tps"),
-                    "measured_over_bound": (w.get("decode_bound") or {}).get("measured_over_bound"),
-                    "bottleneck_verdict": (w.get("bottleneck") or {}).get("verdict"),
-                    "bottleneck": json.dumps((w.get("bottleneck") or {}).get("rows") or []),
-                }
-            )
-    return pd.DataFrame(configs), pd.DataFrame(measurements)
+        per_phase = (rec.get("memory") or {}).get("per_phase") or {}
+        measurements += [{**row, **_workload_columns(w, per_phase.get(w["name"], {}))}
+                         for w in rec.get("workloads", [])]
+    config_frame = _frame(configs, list(_config_row(BLANK_RECORD)))
+    return config_frame, _frame(measurements, [*config_frame.columns, *_workload_columns(BLANK_WORKLOAD, {})])
+
+
+def _search_row(s: dict) -> dict:
+    return {
+        "model": s["model"], "group": s["group"], "settings": json.dumps(s["settings"]),
+        "server_args": settings_mod.label({**s["settings"], "n_cpu_moe": None}),
+        "range": json.dumps(s["range"]), "limit_mib": s["limit_mib"], "margin_mib": s["margin_mib"],
+        "predicted_lowest": s["predicted_lowest"], "arithmetic": s["arithmetic"],
+        "full_residency": s["full_residency"], "boundary": s["boundary"],
+        "recommended_n_cpu_moe": s["recommended_n_cpu_moe"], "server_starts": s["server_starts"],
+        "probes": json.dumps(s["probes"]), "values": json.dumps(s["values"]),
+    }
 
 
 def search_table(summary_paths: list[Path]) -> pd.DataFrame:
     """One row per n_cpu_moe search: what was predicted, probed, skipped, and where the line is."""
-    rows = []
-    for path in summary_paths:
-        s = read_json(path)
-        rows.append({
-            "model": s["model"], "group": s["group"], "settings": json.dumps(s["settings"]),
-            "server_args": settings_mod.label({**s["settings"], "n_cpu_moe": None}),
-            "range": json.dumps(s["range"]), "limit_mib": s["limit_mib"], "margin_mib": s["margin_mib"],
-            "predicted_lowest": s["predicted_lowest"], "arithmetic": s["arithmetic"],
-            "full_residency": s["full_residency"], "boundary": s["boundary"],
-            "recommended_n_cpu_moe": s["recommended_n_cpu_moe"], "server_starts": s["server_starts"],
-            "probes": json.dumps(s["probes"]), "values": json.dumps(s["values"]),
-        })
-    return pd.DataFrame(rows)
+    return _frame([_search_row(read_json(p)) for p in summary_paths], list(_search_row(BLANK_SEARCH)))
 
 
 def write(record_paths: list[Path], configs_path: Path, measurements_path: Path,

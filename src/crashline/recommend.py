@@ -40,6 +40,12 @@ def _cold(row) -> bool:
     return row.get("s_page_cache") == "cold"
 
 
+def failure_reason(outcome: str, phase: str | None, message: str | None) -> str:
+    """How a configuration failed, in words: "crashed at warmup: killed by SIGILL"."""
+    where = f" at {phase}" if phase else ""
+    return f"{outcome}{where}: {message or 'no message'}"
+
+
 COLD_NOT_RANKED = "measured from a cold page cache: compared with its warm twin under Cold versus warm, not ranked"
 
 
@@ -87,9 +93,8 @@ def recommend(configs: pd.DataFrame, measurements: pd.DataFrame, metric: str, wo
                                  "reason": f"risky: survived with {row['headroom_mib']:.0f} MiB VRAM headroom, "
                                            f"less than the {margin_mib} MiB margin"})
             elif row["outcome"] != "ok":
-                where = f" at {row['phase']}" if row["phase"] else ""
                 verdicts.append({"config_id": cid, "label": label, "failed": True,
-                                 "reason": f"{row['outcome']}{where}: {row['message'] or 'no message'}"})
+                                 "reason": failure_reason(row["outcome"], row["phase"], row["message"])})
             elif _cold(row) and not rank_cold:
                 verdicts.append({"config_id": cid, "label": label, "failed": False, "reason": COLD_NOT_RANKED})
             else:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import shlex
+import signal
 from pathlib import Path
 
 import jinja2
@@ -12,7 +13,7 @@ import pandas as pd
 
 from .atomic import atomic_path, read_json
 from .boundary import crash_lines
-from .recommend import recommend
+from .recommend import failure_reason, recommend
 
 CONTENTION_CORES = 0.3  # other processes busier than this during a workload: it measured a shared machine
 HIGH_SPREAD_PCT = 10.0  # (max - min) / median above this: the median alone is not to be trusted
@@ -90,7 +91,7 @@ def fit_comparison(configs: pd.DataFrame, measurements: pd.DataFrame, recs: list
     """llama.cpp's own placement (--fit on) beside crashline's recommendation, per fit run."""
     out = []
     col = f"{metric}_median"
-    speeds = measurements[measurements["workload"] == workload].set_index("config_id")[col] if not measurements.empty else {}
+    speeds = measurements[measurements["workload"] == workload].set_index("config_id")[col]
     for _, fit in configs[configs["s_fit"] == "on"].iterrows():
         rec = next((r for r in recs if r["environment"] == fit["environment"] and r["winner"]), None)
         entry = {"fit": _placement_summary(fit, speeds.get(fit["config_id"])), "recommended": None}
@@ -121,8 +122,6 @@ def _suspect_cell(row: dict | None, gpu: bool, name: str) -> str:
 def limits(measurements: pd.DataFrame, configs: pd.DataFrame, workload: str) -> list[dict]:
     """One row per surviving configuration: each suspect during steady decode, the bound, the verdict."""
     out = []
-    if measurements.empty:
-        return out
     rows = measurements[(measurements["workload"] == workload) & (measurements["workload_outcome"] == "ok")]
     for _, w in rows.iterrows():
         gpu = w["gpu"] != "no GPU"
@@ -141,7 +140,7 @@ def limits(measurements: pd.DataFrame, configs: pd.DataFrame, workload: str) -> 
 
 def cold_warm(configs: pd.DataFrame, measurements: pd.DataFrame) -> list[dict]:
     """Configurations measured both cold and warm, side by side, never mixed into one figure."""
-    if "s_page_cache" not in configs or measurements.empty:
+    if "s_page_cache" not in configs:
         return []
     others = [c for c in configs.columns if c.startswith("s_") and c != "s_page_cache"]
     out = []
@@ -166,6 +165,75 @@ def cold_warm(configs: pd.DataFrame, measurements: pd.DataFrame) -> list[dict]:
     return out
 
 
+SERVER_FIELDS = {"binary": "binary", "obtained": "how obtained", "version": "version", "backend": "backend",
+                 "build_flags": "build flags", "sha256": "sha256"}
+COMMON_CAUSE = ("Every configuration of every model failed the same way ({way}). The cause is common to all of them: "
+                "the llama-server binary or this machine, not the configurations.")
+
+
+def _signal_name(returncode) -> str:
+    number = -int(returncode)
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+
+
+def _way(row) -> str:
+    """How a configuration failed, less what is particular to it: the signal, or else the kind of failure."""
+    what = f"killed by {_signal_name(row['returncode'])}" if row["failure"] == "signal" else f"failure {row['failure']}"
+    return failure_reason(row["outcome"], row["phase"], what)
+
+
+def _text(value) -> str:
+    """A provenance value as one text: "–" when absent, a list of words joined, other non-strings as JSON."""
+    if value in (None, "", []):
+        return "–"
+    if isinstance(value, list) and all(isinstance(v, str) for v in value):
+        return " ".join(value)
+    return value if isinstance(value, str) else json.dumps(value)
+
+
+def check_text(check) -> str | None:
+    """The binary's verification run (provenance "check": a dict, or a list of them), as key: value lines."""
+    if not check:
+        return None
+    runs = check if isinstance(check, list) else [check]
+    return "\n\n".join("\n".join(f"{k}: {_text(v)}".replace("\n", "\n  ") for k, v in run.items()) for run in runs)
+
+
+def measured_models(configs: pd.DataFrame, config: dict) -> list[str]:
+    """The models of the tables, then any other the config measures (with no record, nothing of it survived)."""
+    from .config import expand, expand_searches
+
+    asked = [item["model"] for item in expand(config) + expand_searches(config)]
+    return list(dict.fromkeys([*configs["model"], *asked]))
+
+
+def nothing_survived(configs: pd.DataFrame, measurements: pd.DataFrame, models: list[str], provenance: dict) -> dict:
+    """The top of the report: each model of which no workload survived, with how each of its configurations
+    failed; and, when every configuration of every model failed the same way, that the cause is common to
+    all of them (the binary or the machine), with the binary's provenance."""
+    survived = set(measurements.loc[measurements["workload_outcome"] == "ok", "model"])
+    lost = []
+    for model in (m for m in models if m not in survived):
+        failed = configs[(configs["model"] == model) & (configs["outcome"] != "ok")]
+        lost.append({
+            "title": f"No configuration of {model} survived" + ("" if len(failed) else ": there is no record of any"),
+            "failures": [{"config_id": row["config_id"], "server_args": row["server_args"],
+                          "reason": failure_reason(row["outcome"], row["phase"], row["message"])}
+                         for _, row in failed.iterrows()],
+        })
+    ways = {_way(row) for _, row in configs.iterrows()}
+    common = len(lost) == len(models) and all(m["failures"] for m in lost) and len(configs) > 1 and len(ways) == 1
+    return {
+        "models": lost,
+        "common": COMMON_CAUSE.format(way=ways.pop()) if common else None,
+        "server": [{"label": label, "value": _text(provenance.get(key))} for key, label in SERVER_FIELDS.items()],
+        "check": check_text(provenance.get("check")),
+    }
+
+
 def context(configs: pd.DataFrame, measurements: pd.DataFrame, provenance: dict, config: dict,
             recall_failures: dict | None = None) -> dict:
     metric = config["objective"]["metric"]
@@ -174,16 +242,17 @@ def context(configs: pd.DataFrame, measurements: pd.DataFrame, provenance: dict,
     workload = objective_workload(config)
     margin = config["budget"]["margin_mib"]
     recs = recommend(configs, measurements, metric, workload, margin, recall_failures or {})
+    lost = nothing_survived(configs, measurements, measured_models(configs, config), provenance)
     short = min(config["workloads"], key=lambda w: (w["prompt_tokens"], w["gen_tokens"]))["name"]
-    lines = crash_lines(configs, measurements, short, margin) if not measurements.empty else []
+    lines = crash_lines(configs, measurements, short, margin)
     winners = {(r["model"], r["winner"]) for r in recs}
     per_model = []
     for model in configs["model"].drop_duplicates():
         c = configs[configs["model"] == model]
-        m = measurements[measurements["model"] == model] if not measurements.empty else measurements
+        m = measurements[measurements["model"] == model]
         rows = []
         for _, cfg in c.iterrows():
-            wl = m[m["config_id"] == cfg["config_id"]] if not m.empty else m
+            wl = m[m["config_id"] == cfg["config_id"]]
             base = {
                 "config_id": cfg["config_id"],
                 "server_args": cfg["server_args"],
@@ -229,6 +298,7 @@ def context(configs: pd.DataFrame, measurements: pd.DataFrame, provenance: dict,
         "n_configs": len(configs),
         "environments": configs.drop_duplicates("environment")[["cpu_model", "gpu"]].to_dict("records"),
         "server": provenance,
+        "nothing_survived": lost,
         "budget": config["budget"],
         "residency": f"{residency.min():.0%}–{residency.max():.0%}" if len(residency) else "–",
         "workloads": workloads,
