@@ -151,7 +151,7 @@ def main() -> None:
     per_request = []
     with tempfile.TemporaryDirectory() as tmp, \
             ServerProcess([binary, "-m", args.model, *args.server_args], Path(tmp) / "server.log") as server:
-        if server.wait_ready(600) != "ready":
+        if server.start_ready(600) != "ready":
             raise SystemExit(f"server did not start:\n{server.log_text()[-3000:]}")
         client = Client(server.url, 600)
         prompts = PromptSource(client)

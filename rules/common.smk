@@ -25,6 +25,11 @@ if not workflow.config_settings.configfiles:
     config.update(demo)
 else:
     CONFIG_FILE = ", ".join(map(str, workflow.config_settings.configfiles))
+    try:  # Snakemake's own reading keeps the last of a key written twice: refuse that first
+        for path in workflow.config_settings.configfiles:
+            crashline_config.read_yaml(Path(path), "configuration file")
+    except crashline_config.ConfigError as exc:
+        raise WorkflowError(str(exc)) from None
 try:
     CFG = crashline_config.validate(config, crashline_config.load_schema())
 except crashline_config.ConfigError as exc:

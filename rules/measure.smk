@@ -19,8 +19,8 @@ rule measure:
     params:
         depends_on=measure_params,
     shell:
-        "python -m crashline measure --model {wildcards.model} --id {wildcards.cid}"
-        " --out {output.record} --log {output.server_log} --telemetry {output.telemetry} > {log} 2>&1"
+        "python -m crashline measure --model {wildcards.model:q} --id {wildcards.cid:q}"
+        " --out {output.record:q} --log {output.server_log:q} --telemetry {output.telemetry:q} > {log:q} 2>&1"
 
 
 rule search:
@@ -42,4 +42,4 @@ rule search:
     params:
         depends_on=search_params,
     shell:
-        "python -m crashline search --model {wildcards.model} --id {wildcards.gid} --out {output} > {log} 2>&1"
+        "python -m crashline search --model {wildcards.model:q} --id {wildcards.gid:q} --out {output:q} > {log:q} 2>&1"

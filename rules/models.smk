@@ -13,7 +13,7 @@ rule fetch_model:
     params:
         spec=model_spec,
     shell:
-        "python -m crashline fetch --model {wildcards.model} --out {output} > {log} 2>&1"
+        "python -m crashline fetch --model {wildcards.model:q} --out {output:q} > {log:q} 2>&1"
 
 
 rule inspect_model:
@@ -28,7 +28,7 @@ rule inspect_model:
     conda:
         "../envs/crashline.yaml"
     shell:
-        "python -m crashline inspect --fetch-record {input} --out {output} > {log} 2>&1"
+        "python -m crashline inspect --fetch-record {input:q} --out {output:q} > {log:q} 2>&1"
 
 
 rule warmup:
@@ -43,4 +43,4 @@ rule warmup:
     conda:
         "../envs/crashline.yaml"
     shell:
-        "python -m crashline warmup --fetch-record {input} --out {output} > {log} 2>&1"
+        "python -m crashline warmup --fetch-record {input:q} --out {output:q} > {log:q} 2>&1"

@@ -20,8 +20,8 @@ rule needle:
     params:
         depends_on=needle_params,
     shell:
-        "python -m crashline needle --model {wildcards.model} --id {wildcards.cid}"
-        " --out {output.record} --log {output.server_log} > {log} 2>&1"
+        "python -m crashline needle --model {wildcards.model:q} --id {wildcards.cid:q}"
+        " --out {output.record:q} --log {output.server_log:q} > {log:q} 2>&1"
 
 
 rule needle_table:
@@ -34,4 +34,4 @@ rule needle_table:
     conda:
         "../envs/crashline.yaml"
     shell:
-        "python -m crashline needle-table --out {output} {input} > {log} 2>&1"
+        "python -m crashline needle-table --out {output:q} {input:q} > {log:q} 2>&1"

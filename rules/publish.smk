@@ -30,7 +30,7 @@ rule publish_claim:
         publish=json.dumps(CFG["publish"], sort_keys=True),
         out_dir=lambda wildcards: f"{PUBLISH}/{wildcards.claim}",
     shell:
-        "python -m crashline publish --claim {wildcards.claim} --out-dir {params.out_dir} > {log} 2>&1"
+        "python -m crashline publish --claim {wildcards.claim:q} --out-dir {params.out_dir:q} > {log:q} 2>&1"
 
 
 # Not part of the default target: `snakemake --cores 1 publish`.

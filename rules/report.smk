@@ -13,8 +13,8 @@ rule aggregate:
     conda:
         "../envs/crashline.yaml"
     shell:
-        "python -m crashline aggregate --configs {output.configs}"
-        " --measurements {output.measurements} --searches {output.searches} {input} > {log} 2>&1"
+        "python -m crashline aggregate --configs {output.configs:q}"
+        " --measurements {output.measurements:q} --searches {output.searches:q} {input:q} > {log:q} 2>&1"
 
 
 rule report:
@@ -35,4 +35,4 @@ rule report:
     params:
         objective=json.dumps(CFG["objective"], sort_keys=True),
     shell:
-        "python -m crashline report > {log} 2>&1"
+        "python -m crashline report > {log:q} 2>&1"

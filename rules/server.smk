@@ -13,4 +13,4 @@ rule provision_server:
     params:
         server=json.dumps({k: CFG["server"][k] for k in ("binary", "backend")}),
     shell:
-        "python -m crashline provision --out {output} > {log} 2>&1"
+        "python -m crashline provision --out {output:q} > {log:q} 2>&1"

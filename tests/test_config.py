@@ -65,7 +65,11 @@ def test_unknown_setting_names_the_known_ones():
     cfg["configurations"][0]["settings"] = {"ubatchh": 128}
     with pytest.raises(C.ConfigError) as err:
         C.validate(cfg, SCHEMA)
-    assert "'ubatchh'" in str(err.value) and "ubatch" in str(err.value) and "n_cpu_moe" in str(err.value)
+    assert "'ubatchh'" in str(err.value) and "did you mean 'ubatch'?" in str(err.value)  # a near miss
+    cfg["configurations"][0]["settings"] = {"speed": 128}
+    with pytest.raises(C.ConfigError) as err:
+        C.validate(cfg, SCHEMA)
+    assert "'speed'" in str(err.value) and "known settings: n_gpu_layers, n_cpu_moe" in str(err.value)
 
 
 def test_bad_setting_value():

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import gguf
 import numpy as np
 import pytest
 
-from crashline.manifest import inspect_gguf
+from crashline.manifest import ManifestError, check_complete, inspect_gguf, required_size
 from crashline.synthetic import DEFAULT_TINY, write_moe_gguf
 
 Q4_0 = 18 / 32  # bytes per value
@@ -88,6 +89,49 @@ def test_missing_shard_is_an_error(tmp_path):
     shards = write_split_model(tmp_path)
     shards[2].unlink()
     with pytest.raises(FileNotFoundError):
+        inspect_gguf(shards[0])
+
+
+def data_end(path: Path) -> int:
+    """Where the last tensor's data ends, as gguf-py's reader sees it."""
+    return max(int(t.data_offset) + int(t.n_bytes) for t in gguf.GGUFReader(path).tensors)
+
+
+def test_required_size_agrees_with_gguf_py(tmp_path):
+    tiny = tmp_path / "tiny.gguf"
+    write_moe_gguf(tiny, {"quant": "Q8_0", "vocab": 300})
+    for path in [tiny, *write_split_model(tmp_path)]:
+        assert required_size(path) == data_end(path) <= path.stat().st_size
+        check_complete(path)
+
+
+def test_truncated_tensor_data_is_a_manifest_error(tmp_path):
+    path = tmp_path / "tiny.gguf"
+    write_moe_gguf(path, {})
+    end, size = data_end(path), path.stat().st_size
+    os.truncate(path, size - 100)
+    with pytest.raises(ManifestError) as e:
+        inspect_gguf(path)
+    message = str(e.value)
+    assert str(path) in message and f"{size - 100} bytes" in message and f"{end} bytes" in message
+
+
+def test_cut_header_and_not_a_gguf_are_manifest_errors(tmp_path):
+    path = tmp_path / "tiny.gguf"
+    write_moe_gguf(path, {})
+    os.truncate(path, 3000)  # inside the vocabulary
+    with pytest.raises(ManifestError, match=r"tiny\.gguf.*3000 bytes.*header"):
+        inspect_gguf(path)
+    text = tmp_path / "notes.gguf"
+    text.write_text("not a model at all")
+    with pytest.raises(ManifestError, match=r"notes\.gguf.*not a GGUF file"):
+        inspect_gguf(text)
+
+
+def test_truncated_shard_is_named(tmp_path):
+    shards = write_split_model(tmp_path)
+    os.truncate(shards[1], shards[1].stat().st_size - 10)
+    with pytest.raises(ManifestError, match=shards[1].name):
         inspect_gguf(shards[0])
 
 

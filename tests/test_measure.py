@@ -3,6 +3,7 @@ writes a record, and no server process outlives the job."""
 
 from __future__ import annotations
 
+import hashlib
 import os
 import signal
 import time
@@ -21,7 +22,15 @@ from crashline.atomic import read_json
 SCHEMA = load_schema()
 
 
-def run(tmp_path, model_path, provenance, settings, workloads, reps=2, request_timeout_s=300):
+def fetch_record(model_path) -> dict:
+    """What `fetch` records for a local file: its size and hash (measure checks it is unchanged)."""
+    path = Path(model_path)
+    digest = hashlib.sha256(path.read_bytes()).hexdigest()
+    return {"source": f"file:{path}", "sha256": digest,
+            "files": [{"name": path.name, "path": str(path), "bytes": path.stat().st_size, "sha256": digest}]}
+
+
+def run(tmp_path, model_path, provenance, settings, workloads, reps=2, request_timeout_s=300, fetch=None):
     cfg = C.validate(
         {
             "models": {"tiny": {"source": f"file:{model_path}"}},
@@ -34,16 +43,16 @@ def run(tmp_path, model_path, provenance, settings, workloads, reps=2, request_t
         SCHEMA,
     )
     (item,) = C.expand(cfg)
-    fetch = {"source": f"file:{model_path}", "sha256": "0" * 64,
-             "files": [{"name": Path(model_path).name, "path": str(model_path), "bytes": 0, "sha256": "0" * 64}]}
+    fetch = fetch or fetch_record(model_path)
     record_path = tmp_path / "measure.json"
     rec = M.measure(model_name="tiny", item=item, config=cfg, fetch_record=fetch, manifest={},
                     provenance=provenance, record_path=record_path, log_path=tmp_path / "server.log")
-    assert read_json(record_path) == read_json(record_path) and read_json(record_path)["outcome"] == rec["outcome"]
+    written = read_json(record_path)
+    assert (written["config_id"], written["outcome"], written["message"]) == (item["id"], rec["outcome"], rec["message"])
     assert not list(tmp_path.glob(".*.part")), "no temporary file left behind"
-    pid_alive = [p for p in psutil.process_iter(["name", "cmdline"])
-                 if p.info["name"] == "llama-server" and str(tmp_path) in " ".join(p.info["cmdline"] or [])]
-    assert not pid_alive, "the server outlived the job"
+    left = [p for p in psutil.Process().children(recursive=True) if p.name() == "llama-server" and p.is_running()
+            and p.status() != psutil.STATUS_ZOMBIE]
+    assert not left, "the server outlived the job"
     return rec
 
 

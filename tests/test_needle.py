@@ -20,6 +20,7 @@ from crashline.atomic import read_json
 from crashline.server import ServerProcess
 from crashline.settings import command_line, resolve
 
+from test_measure import fetch_record
 from conftest import cache_dir
 
 SCHEMA = load_schema()
@@ -51,7 +52,7 @@ def gemma_server(gemma_fetch, server_provenance, tmp_path_factory):
     log = tmp_path_factory.mktemp("needle-server") / "server.log"
     settings = resolve({"ctx": 8192, "threads": 2})
     with ServerProcess(command_line(server_provenance["binary"], gemma_fetch["files"][0]["path"], settings), log) as srv:
-        assert srv.wait_ready(120) == "ready", srv.log_text()[-2000:]
+        assert srv.start_ready(120) == "ready", srv.log_text()[-2000:]
         yield srv
 
 
@@ -294,8 +295,7 @@ def test_synthetic_model_is_not_applicable_and_starts_no_server(tmp_path, tiny_m
 def test_a_server_that_does_not_load_fails_every_length(tmp_path, server_provenance):
     bogus = tmp_path / "bogus.gguf"
     bogus.write_bytes(b"this is not a model\n" * 100)
-    fetch = {"source": f"file:{bogus}", "sha256": "0" * 64,
-             "files": [{"name": bogus.name, "path": str(bogus), "bytes": 0, "sha256": "0" * 64}]}
+    fetch = fetch_record(bogus)
     rec = run(tmp_path, fetch, server_provenance, {}, {"lengths": [512, 0.5], "depths": [0.5]})
     assert rec["outcome"] == "load_failed" and rec["recall"] == "fail" and rec["failed_required"] == [512, 0.5]
     assert len(rec["trials"]) == 2 and all("load_failed" in t["reason"] for t in rec["trials"])

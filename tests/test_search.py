@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pandas as pd
 
+from test_measure import fetch_record
 from crashline.config import load_schema
 from crashline import aggregate, config as C, report
 from crashline.atomic import write_json
@@ -26,8 +27,7 @@ def test_search_on_cpu_writes_probes_summary_and_report(tmp_path, tiny_moe, serv
     assert C.expand(cfg) == []
     (group,) = C.expand_searches(cfg)
     assert group["range"] == [0, 4] and "n_cpu_moe" not in group["given"]
-    fetch = {"source": f"file:{tiny_moe}", "sha256": "0" * 64,
-             "files": [{"name": "tiny", "path": str(tiny_moe), "bytes": 0, "sha256": "0" * 64}]}
+    fetch = fetch_record(tiny_moe)
     out = tmp_path / "search" / "tiny" / group["id"]
     summary = run_search(model_name="tiny", group=group, config=cfg, fetch_record=fetch,
                          manifest=inspect_gguf(tiny_moe), provenance=server_provenance, out_dir=out)

@@ -23,7 +23,7 @@ SCRIPT = textwrap.dedent("""
     if handle == "yes":
         signal.signal(signal.SIGTERM, _exit_on_sigterm)
     with ServerProcess([binary, "-m", model, "-c", "512"], Path(log)) as server:
-        assert server.wait_ready(120) == "ready"
+        assert server.start_ready(120) == "ready"
         print(server.proc.pid, flush=True)
         time.sleep(120)
 """)

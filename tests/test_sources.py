@@ -30,11 +30,14 @@ def sha(data: bytes) -> str:
 
 class FileServer:
     """http.server on 127.0.0.1 serving in-memory files, honouring Range, able to drop a
-    connection mid-file once, and recording every request."""
+    connection mid-file (once, or at each of a list of offsets), to hold every body until a gate
+    opens, to serve index pages as text/html, and recording every request."""
 
     def __init__(self):
         self.files: dict[str, bytes] = {}
         self.drop_at: dict[str, int] = {}  # name -> drop the next full GET after this many bytes
+        self.drops: dict[str, list[int]] = {}  # name -> file offsets; a response spanning one drops there
+        self.gate: threading.Event | None = None  # when set up, bodies wait until it is set
         self.ignore_range = False
         self.requests: list[dict] = []
         server = self
@@ -70,8 +73,14 @@ class FileServer:
                     self.send_response(200)
                 body = data[start:]
                 self.send_header("Content-Length", str(len(body)))
+                if name.endswith("/"):  # an index page (a PEP 503 simple index for pip)
+                    self.send_header("Content-Type", "text/html")
                 self.end_headers()
+                if server.gate is not None:
+                    server.gate.wait(30)
                 drop = server.drop_at.pop(name, None) if start == 0 else None
+                if drop is None:
+                    drop = server.next_drop(name, start)
                 if drop is not None:
                     self.wfile.write(body[:drop])
                     self.wfile.flush()
@@ -85,6 +94,14 @@ class FileServer:
         self.thread = threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05},
                                        daemon=True)
         self.thread.start()
+
+    def next_drop(self, name: str, start: int) -> int | None:
+        """Bytes to send before dropping a response that starts at ``start``: up to the next drop offset."""
+        later = [d for d in self.drops.get(name, []) if d > start]
+        if not later:
+            return None
+        self.drops[name].remove(later[0])
+        return later[0] - start
 
     def count(self, name: str | None = None) -> int:
         return sum(1 for r in self.requests if name is None or r["name"] == name)
@@ -193,7 +210,7 @@ def test_complete_partial_file_answered_416_is_kept(server, model_bytes, tmp_pat
     assert record["sha256"] == sha(model_bytes) and server.count() == 1
 
 
-def test_hash_mismatch_names_both_hashes_and_leaves_no_file(server, model_bytes, tmp_path):
+def test_hash_mismatch_names_both_hashes_and_keeps_the_download_aside(server, model_bytes, tmp_path):
     server.files["m.gguf"] = model_bytes
     wrong = "0" * 64
     with pytest.raises(SourceError) as e:
@@ -202,6 +219,7 @@ def test_hash_mismatch_names_both_hashes_and_leaves_no_file(server, model_bytes,
     assert "m.gguf" in message and wrong in message and sha(model_bytes) in message
     assert not (tmp_path / "m.gguf").exists() and not (tmp_path / "m.gguf.part").exists()
     assert not (tmp_path / "m.gguf.sha256").exists()
+    assert (tmp_path / "m.gguf.rejected").read_bytes() == model_bytes  # not downloaded again once the hash is fixed
 
 
 def test_not_a_gguf_file(server, tmp_path):
@@ -480,13 +498,13 @@ def test_hf_source_verified_against_hub_metadata(fake_hub, model_bytes, tmp_path
     assert again["fetched"] is False and len(hub.downloads) == 1 and len(hub.metadata_urls) == 1
 
 
-def test_hf_source_mismatch_removes_file(fake_hub, model_bytes, tmp_path):
+def test_hf_source_mismatch_keeps_nothing_under_the_final_name(fake_hub, model_bytes, tmp_path):
     """huggingface_hub's two network calls are mocked (no hub access in tests)."""
     fake_hub({"m.gguf": model_bytes}, etags={"m.gguf": "b" * 64})
     with pytest.raises(SourceError) as e:
         fetch("hf:owner/repo/m.gguf", tmp_path, cache_dir=tmp_path / "cache")
-    assert "b" * 64 in str(e.value) and sha(model_bytes) in str(e.value)
-    assert not (tmp_path / "m.gguf").exists()
+    assert "b" * 64 in str(e.value) and sha(model_bytes) in str(e.value) and "the hub's metadata" in str(e.value)
+    assert not (tmp_path / "m.gguf").exists() and (tmp_path / "m.gguf.rejected").read_bytes() == model_bytes
 
 
 def test_hf_split_with_config_hashes_skips_metadata(fake_hub, tmp_path):

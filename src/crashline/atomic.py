@@ -1,4 +1,4 @@
-"""Atomic writes: a final name only ever holds a complete file."""
+"""Atomic writes: a final name only ever holds a complete file, readable as the umask says."""
 
 from __future__ import annotations
 
@@ -8,6 +8,24 @@ import os
 import tempfile
 from pathlib import Path
 from typing import Any, Iterator
+
+
+def current_umask() -> int:
+    """The process's umask, read from /proc (Linux >= 4.7) without changing it; elsewhere set and restored."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except OSError:
+        pass
+    mask = os.umask(0o077)  # the restrictive value, should another thread create a file meanwhile
+    os.umask(mask)
+    return mask
+
+
+def new_file_mode() -> int:
+    """The mode open() would give a new file: 0o666 less the umask (mkstemp's 0600 is only for the temp)."""
+    return 0o666 & ~current_umask()
 
 
 @contextlib.contextmanager
@@ -20,6 +38,7 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     tmp_path = Path(tmp)
     try:
         yield tmp_path
+        os.chmod(tmp_path, new_file_mode())
         os.replace(tmp_path, final)
     finally:
         if tmp_path.exists():

@@ -28,8 +28,7 @@ import jinja2
 import pandas as pd
 
 from . import settings as settings_mod
-from .config import load_schema
-from .config import ConfigError, read_yaml, schema_errors
+from .config import ConfigError, check_setting, load_schema, read_yaml, schema_errors
 from .publish import END_MARKER, START_MARKER, anchor_level
 
 SCHEMA_NAME = "claims.schema.yaml"
@@ -59,28 +58,24 @@ class ClaimsError(ConfigError):
     """A claims file is invalid; the message names the file, the key and the bad value."""
 
 
-
-
 def _validate(raw: Any, path: Path, schema: dict) -> None:
     if not isinstance(raw, dict):
-        raise ClaimsError(f"claims file {path} must hold a mapping, got {type(raw).__name__}")
+        raise ClaimsError(f"claims file {path} must hold a mapping of keys (source, model, rows, ...), "
+                          f"got {type(raw).__name__}")
     lines = schema_errors(raw, schema, "key")
+    if len(lines) == 1:
+        raise ClaimsError(f"claims file {path}: {lines[0]}")
     if lines:
         raise ClaimsError(f"invalid claims file {path}:\n  " + "\n  ".join(lines))
 
 
-def _check_settings(values: dict, where: str, path: Path) -> None:
-    """Every name must be a crashline setting and every value of its kind."""
+def _check_settings(values: dict, where: str, path: Path, models) -> None:
+    """Every name must be a crashline setting, every value of its kind, a draft_model one of ``models``."""
     for name, value in values.items():
-        if name not in settings_mod.SETTINGS:
-            raise ClaimsError(
-                f"claims file {path}: key {where}.{name} = {value!r}: unknown setting {name!r}; "
-                f"known settings: {', '.join(settings_mod.SETTINGS)}"
-            )
         try:
-            settings_mod.resolve({name: value})
+            check_setting(f"{where}.{name}", name, value, models)
         except settings_mod.SettingsError as exc:
-            raise ClaimsError(f"claims file {path}: key {where}.{name} = {value!r}: {exc}") from None
+            raise ClaimsError(f"claims file {path}: key {exc}") from None
 
 
 def _load_one(path: Path, config: dict, schema: dict) -> dict:
@@ -97,10 +92,11 @@ def _load_one(path: Path, config: dict, schema: dict) -> dict:
               "hf_repo": None, **claim["source"]}
     local = (path.parent / source["local_copy"]).resolve()
     if not local.is_file():
-        raise ClaimsError(f"claims file {path}: key source.local_copy = {source['local_copy']!r}: no file {local}")
+        raise ClaimsError(f"claims file {path}: key source.local_copy = {source['local_copy']!r}: no file {local} "
+                          "(local_copy is relative to the claims file's folder)")
     source["local_copy_path"] = str(local)
     claim_defaults = claim.get("defaults") or {}
-    _check_settings(claim_defaults, "defaults", path)
+    _check_settings(claim_defaults, "defaults", path, models)
     run_defaults = config.get("defaults") or {}
     rows = []
     labels = [row["label"] for row in claim["rows"]]
@@ -114,14 +110,12 @@ def _load_one(path: Path, config: dict, schema: dict) -> dict:
             raise ClaimsError(f"claims file {path}: key {where}.workload: no workload; give one for the row or the file")
         workload = {"concurrency": 1, **workload}
         stated = row.get("stated") or {}
-        _check_settings(stated, f"{where}.stated", path)
+        _check_settings(stated, f"{where}.stated", path, models)
         unknown = list(row.get("unknown") or [])
         for name in unknown:
             if name != "build" and name not in settings_mod.SETTINGS:
-                raise ClaimsError(
-                    f"claims file {path}: key {where}.unknown = {name!r}: unknown setting; "
-                    f"known settings: build, {', '.join(settings_mod.SETTINGS)}"
-                )
+                hint = settings_mod.did_you_mean(name, ["build", *settings_mod.SETTINGS], "known settings")
+                raise ClaimsError(f"claims file {path}: key {where}.unknown = {name!r}: unknown setting; {hint}")
         both = sorted(set(unknown) & set(stated))
         if both:
             raise ClaimsError(f"claims file {path}: key {where}.unknown = {both!r}: also stated in {where}.stated")
@@ -168,10 +162,13 @@ def load_claims(paths: list[str | os.PathLike], config: dict, base_dir: str | os
     folder when Snakemake runs). Each claim is named after its file's stem."""
     schema = load_schema(SCHEMA_NAME)
     out, names = [], {}
-    for p in paths or []:
+    for i, p in enumerate(paths or []):
         path = Path(p)
         if base_dir is not None and not path.is_absolute():
             path = Path(base_dir) / path
+        if not path.exists():
+            where = "" if Path(p).is_absolute() else f" (read from {Path(base_dir or '.').absolute()})"
+            raise ClaimsError(f"config key claims.{i} = {str(p)!r}: claims file not found: {path}{where}")
         claim = _load_one(path, config, schema)
         if claim["name"] in names:
             raise ClaimsError(f"claims files {names[claim['name']]} and {path} share the name {claim['name']!r}")

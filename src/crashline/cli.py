@@ -5,8 +5,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import select
 import signal
 import sys
+import traceback
 from pathlib import Path
 
 from . import config as config_mod
@@ -208,8 +210,16 @@ def cmd_parse_log(args) -> int:
     return 0
 
 
+class _Parser(argparse.ArgumentParser):
+    """A usage error is one line too, naming where the usage is (the verbs' parsers are of this class)."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="crashline", description=__doc__)
+    p = _Parser(prog="crashline", description=__doc__)
+    p.add_argument("--debug", action="store_true", help="on an error, print its traceback too")
     sub = p.add_subparsers(dest="verb", required=True)
 
     def verb(name, fn, help_text, config=True):
@@ -279,18 +289,63 @@ def _exit_on_sigterm(signum, frame) -> None:
     raise SystemExit(128 + signum)  # unwinds like Ctrl-C: servers stopped, no record under its final name
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parser().parse_args(argv)
-    signal.signal(signal.SIGTERM, _exit_on_sigterm)
+def _named_errors() -> tuple[type[Exception], ...]:
+    """Errors whose own message says what is wrong with the input: printed as they are."""
+    from .logparse import NotServerLog
     from .provision import ProvisionError
     from .publish import PublishError
     from .settings import SettingsError
-
     from .sources import SourceError
 
-    errors = (config_mod.ConfigError, SettingsError, ProvisionError, SourceError, PublishError, FileNotFoundError)
+    return (config_mod.ConfigError, SettingsError, ProvisionError, SourceError, PublishError, NotServerLog,
+            FileNotFoundError)
+
+
+def _stdout_gone() -> bool:
+    """Whether whoever read our stdout has closed it (a pipe without a reader polls as an error)."""
+    try:
+        poll = select.poll()
+        poll.register(sys.stdout.fileno(), select.POLLOUT)
+        return any(events & (select.POLLERR | select.POLLHUP) for _, events in poll.poll(0))
+    except (AttributeError, OSError, ValueError):
+        return False
+
+
+def _fail(args, message: str) -> int:
+    if args.debug:
+        traceback.print_exc()
+    print(f"crashline {args.verb}: error: {message}", file=sys.stderr)
+    return 2
+
+
+def _run(args) -> int:
+    """The verb; any error as one line and status 2 (the traceback too with --debug). SystemExit (SIGTERM)
+    and KeyboardInterrupt are no Exception: they unwind as before, so that servers are stopped."""
     try:
         return args.fn(args)
-    except errors as exc:
-        print(f"crashline {args.verb}: error: {exc}", file=sys.stderr)
-        return 2
+    except Exception as exc:
+        if isinstance(exc, BrokenPipeError) and _stdout_gone():
+            raise
+        if isinstance(exc, _named_errors()):
+            return _fail(args, str(exc))
+        unexpected = " ".join(f"{type(exc).__name__}: {exc}".split())
+        return _fail(args, unexpected + ("" if args.debug else " (run with --debug for the traceback)"))
+
+
+def _stdout_closed() -> int:
+    """The reader went away (`crashline plan | head -1`): stop quietly, as `yes | head -1` does, with
+    128 + SIGPIPE. Python's exit flushes stdout again, so it goes to /dev/null, not to a second error."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    return 128 + signal.SIGPIPE
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    try:
+        status = _run(args)
+        sys.stdout.flush()  # a reader that closed early shows here, not at the interpreter's exit
+    except BrokenPipeError:
+        return _stdout_closed()
+    return status

@@ -50,24 +50,62 @@ def _key_path(error: jsonschema.ValidationError) -> str:
     return ".".join(parts) if parts else "(top level)"
 
 
+def _child(path: str, key: Any) -> str:
+    return str(key) if path == "(top level)" else f"{path}.{key}"
+
+
+def _short(value: Any, limit: int = 80) -> str:
+    """``repr(value)``, cut to ``limit`` characters (an unknown key may hold a whole mapping)."""
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+TYPE_WORDS = {"object": "a mapping (KEY: VALUE)", "array": "a list", "integer": "an integer", "number": "a number",
+              "string": "a string", "boolean": "true or false", "null": "null"}
+
+
+def _reason(e: jsonschema.ValidationError) -> str:
+    """What is wrong, in words: the type expected, the alternatives of a oneOf, the description of a pattern."""
+    if e.validator == "type":
+        types = [e.validator_value] if isinstance(e.validator_value, str) else e.validator_value
+        return "expected " + " or ".join(TYPE_WORDS.get(t, t) for t in types)
+    if e.validator in ("oneOf", "anyOf"):
+        said = [sub.get("description") for sub in e.validator_value]
+        return "expected " + " or ".join(said) if all(said) else "; or ".join(sub.message for sub in e.context)
+    if e.validator == "pattern" and "description" in e.schema:
+        return f"expected {e.schema['description']}"
+    return e.message
+
+
+def _error_lines(e: jsonschema.ValidationError, prefix: str) -> list[str]:
+    path = _key_path(e)
+    if e.validator == "additionalProperties" and e.validator_value is False:
+        known = list(e.schema.get("properties", {}))
+        return [f"{prefix} {_child(path, key)} = {_short(value)}: unknown key; {settings_mod.did_you_mean(key, known)}"
+                for key, value in e.instance.items() if key not in known]
+    if "propertyNames" in e.relative_schema_path:
+        return [f"{prefix} {path}: the name {e.instance!r} is not allowed; {_reason(e)}"]
+    return [f"{prefix} {path} = {_short(e.instance)}: {_reason(e)}"]
+
+
 def schema_errors(instance, schema: dict, prefix: str) -> list[str]:
-    """One line per schema violation, naming the key and the bad value."""
+    """One line per schema violation, naming the key and the bad value (and a near miss of an unknown key)."""
     validator = jsonschema.Draft202012Validator(schema)
-    lines = []
-    for e in sorted(validator.iter_errors(instance), key=lambda e: list(e.absolute_path)):
-        if e.validator == "additionalProperties":
-            lines.append(f"{prefix} {_key_path(e)}: {e.message}")
-        else:
-            lines.append(f"{prefix} {_key_path(e)} = {e.instance!r}: {e.message}")
-    return lines
+    errors = sorted(validator.iter_errors(instance), key=lambda e: [str(p) for p in e.absolute_path])
+    return [line for e in errors for line in _error_lines(e, prefix)]
 
 
 def validate(config: dict, schema: dict) -> dict:
-    """Validate against the schema, fill defaults, then check cross references."""
+    """Validate against the schema, fill defaults, check each key, then the keys against each other."""
     lines = schema_errors(config, schema, "config key")
+    if len(lines) == 1:
+        raise ConfigError(lines[0])  # one problem, one line
     if lines:
         raise ConfigError("invalid configuration:\n  " + "\n  ".join(lines))
     config = _fill_defaults(schema, copy.deepcopy(config))
+    _check_models(config)
+    _check_settings(config)
+    _check_places(config)
     config = _add_claim_workloads(config)
     _check_references(config)
     return config
@@ -82,53 +120,266 @@ def _add_claim_workloads(config: dict) -> dict:
     return config
 
 
-def _check_references(config: dict) -> None:
-    models = set(config["models"])
+# -- each key on its own -------------------------------------------------------------------------
+
+
+def _check_models(config: dict) -> None:
+    """Every source parses (sources.parse_source) and every synthetic shape resolves."""
+    from .sources import SourceError, parse_source
+
+    for name, model in config["models"].items():
+        source = model["source"]
+        try:
+            kind = parse_source(source)["kind"]
+        except SourceError as exc:
+            why = str(exc).removeprefix(f"model source {source!r}: ")
+            raise ConfigError(f"config key models.{name}.source = {source!r}: {why}") from None
+        if "synthetic" in model:
+            _check_shape(f"models.{name}", kind, model["synthetic"])
+
+
+def _check_shape(where: str, kind: str, shape: dict) -> None:
+    if kind != "synthetic":
+        raise ConfigError(f"config key {where}.synthetic: only synthetic: sources take a shape; "
+                          f"remove it or make {where}.source synthetic:NAME")
+    from .synthetic import resolve_shape
+
+    options = dict(shape)
+    seed = options.pop("seed", 0)  # as sources.fetch: the seed is not part of the shape
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise ConfigError(f"config key {where}.synthetic.seed = {seed!r}: expected a non-negative integer")
+    try:
+        resolve_shape(options)
+    except ValueError as exc:
+        key = getattr(exc, "key", None)
+        if key is None:
+            raise ConfigError(f"config key {where}.synthetic: {exc}") from None
+        raise ConfigError(f"config key {where}.synthetic.{key} = {_short(options.get(key))}: {exc.reason}") from None
+
+
+def _written_settings(config: dict):
+    """(key path, setting name, value) of every server setting the config writes."""
+    for name, value in config.get("defaults", {}).items():
+        yield f"defaults.{name}", name, value
+    for i, entry in enumerate(config["configurations"]):
+        for name, value in entry.get("settings", {}).items():
+            yield f"configurations.{i}.settings.{name}", name, value
+        for name, values in entry.get("grid", {}).items():
+            if name not in settings_mod.SETTINGS:
+                yield f"configurations.{i}.grid.{name}", name, values
+            for j, value in enumerate(values):
+                yield f"configurations.{i}.grid.{name}.{j}", name, value
+
+
+def check_setting(key: str, name: str, value: Any, models) -> None:
+    """A known setting with a value of its kind, a draft_model among ``models``; SettingsError "KEY = VALUE: why"."""
+    try:
+        settings_mod.check_value(name, value)
+    except settings_mod.SettingsError as exc:
+        raise settings_mod.SettingsError(f"{key} = {_short(value)}: {exc.reason}", exc.reason) from None
+    if name == "draft_model" and value is not None and value not in models:
+        reason = f"no such model; models are {', '.join(sorted(models))}"
+        raise settings_mod.SettingsError(f"{key} = {value!r}: {reason}", reason)
+
+
+def _check_settings(config: dict) -> None:
+    """Every setting where it is written: defaults, configurations.N.settings, configurations.N.grid."""
+    try:
+        for key, name, value in _written_settings(config):
+            check_setting(key, name, value, config["models"])
+    except settings_mod.SettingsError as exc:
+        raise ConfigError(f"config key {exc}") from None
+    known = config["models"]
     for i, entry in enumerate(config["configurations"]):
         for name in entry.get("models", []):
-            if name not in models:
-                raise ConfigError(
-                    f"config key configurations.{i}.models: unknown model {name!r}; "
-                    f"models are {', '.join(sorted(models))}"
-                )
+            if name not in known:
+                raise ConfigError(f"config key configurations.{i}.models: unknown model {name!r}; "
+                                  f"{settings_mod.did_you_mean(name, sorted(known), 'models')}")
+
+
+PSEUDO_FILESYSTEMS = ("/proc", "/sys", "/dev")
+
+
+def _unwritable(path: Path) -> str | None:
+    """Why files cannot be written under ``path`` (created if need be), or None."""
+    path = path.resolve()
+    for root in map(Path, PSEUDO_FILESYSTEMS):
+        if path == root or root in path.parents:
+            return f"{path} is under {root}, a kernel file system, not a place for files"
+    existing = path
+    while not existing.exists():
+        existing = existing.parent
+    if not existing.is_dir():
+        return f"{existing} is a file, not a folder"
+    if not os.access(existing, os.W_OK | os.X_OK):
+        return f"{existing} is not writable by this user" + ("" if existing == path else f", so {path} cannot be made")
+    return None
+
+
+def _server_binary_problem(value: str) -> str | None:
+    """A server.binary that is certainly wrong (a missing one is provision's to report: it may be made later)."""
+    path = Path(value).expanduser()
+    if path.is_dir():
+        return "it is a directory; give the llama-server executable itself (e.g. .../build/bin/llama-server)"
+    if path.is_file() and not os.access(path, os.X_OK):
+        mode = path.stat().st_mode & 0o777
+        return f"it is not executable (mode {mode:o}); chmod +x it or give the llama-server executable"
+    return None
+
+
+def _check_places(config: dict) -> None:
+    """results_dir can be written; server.binary is not a directory or a file that cannot run.
+
+    Spaces and shell characters in paths are fine: paths never pass through a shell unquoted."""
+    why = _unwritable(Path(config["results_dir"]))
+    if why:
+        raise ConfigError(f"config key results_dir = {config['results_dir']!r}: cannot write there: {why}; "
+                          "choose a folder this user can write")
+    binary = config["server"].get("binary")
+    why = _server_binary_problem(binary) if binary else None
+    if why:
+        raise ConfigError(f"config key server.binary = {binary!r}: {why}")
+
+
+# -- the keys against each other -----------------------------------------------------------------
+
+
+def _check_references(config: dict) -> None:
+    """Workload names, the objective, every combination of settings, search ranges, concurrency, needle lengths."""
     names = [w["name"] for w in config["workloads"]]
     dupes = sorted({n for n in names if names.count(n) > 1})
     if dupes:
-        raise ConfigError(f"config key workloads: duplicate workload name(s) {', '.join(dupes)}")
+        raise ConfigError(f"config key workloads: duplicate workload name(s) {', '.join(dupes)}; "
+                          "each workload needs its own name")
     objective = config["objective"].get("workload")
     if objective is not None and objective not in names:
-        raise ConfigError(f"config key objective.workload = {objective!r}: no such workload; workloads are {', '.join(names)}")
-    for name, model in config["models"].items():
-        if "synthetic" in model and not model["source"].startswith("synthetic:"):
-            raise ConfigError(f"config key models.{name}.synthetic: only synthetic: sources take a shape")
-    if "needle" in config:
-        from .needle import needle_settings
+        raise ConfigError(f"config key objective.workload = {objective!r}: no such workload; "
+                          f"{settings_mod.did_you_mean(objective, names, 'workloads')}")
+    entries = list(_resolved_entries(config))  # every combination resolves (ubatch <= batch, fit alone)
+    expand_searches(config)  # every search range is LOW <= HIGH
+    _check_concurrency(config["workloads"], entries)
+    _check_needle(config)
 
-        try:
-            needle_settings(config)  # fractions in (0, 1], token counts >= 64, required among the lengths
-        except ValueError as exc:
-            raise ConfigError(f"config key needle: {exc}") from None
-    for cfg in expand(config):
-        draft = cfg["settings"].get("draft_model")
-        if draft is not None and draft not in models:
-            raise ConfigError(f"setting draft_model = {draft!r} in a configuration of {cfg['model']}: no such model")
+
+def _resolved_entries(config: dict):
+    """(entry index, resolved settings) of every grid point of every entry, searches included."""
+    for searches in (False, True):
+        for i, _, given in _combinations(config, searches):
+            if searches:
+                given = {k: v for k, v in given.items() if k != "n_cpu_moe"}
+            yield i, _resolve(i, given)
+
+
+def _from_claims(workload: dict) -> bool:
+    """A workload a claims file added (named as claims.claim_workloads names them): it runs as published."""
+    from .claims import workload_name
+
+    return workload["name"] == workload_name(workload)
+
+
+def _check_concurrency(workloads: list[dict], entries: list[tuple[int, dict]]) -> None:
+    """A workload sends no more requests at once than every configuration has slots."""
+    for j, w in enumerate(workloads):
+        n = w.get("concurrency", 1)
+        if n == "slots" or _from_claims(w):
+            continue
+        for i, resolved in entries:
+            slots = resolved["parallel"] or 1
+            if n > slots:
+                raise ConfigError(
+                    f"config key workloads.{j}.concurrency = {n}: workload {w['name']!r} sends {n} requests at once, "
+                    f"but configurations.{i} has parallel = {slots} slot(s), so {n - slots} would wait in the queue; "
+                    f"write `concurrency: slots` (one request per slot) or raise parallel to {n}"
+                )
+
+
+def _check_needle(config: dict) -> None:
+    """needle_settings accepts the block; a token length given (not crashline's default) fits some configuration.
+
+    A length that one configuration's context per slot cannot hold is that configuration's measured failure,
+    as a workload longer than its context is; one that no configuration can hold is a mistake."""
+    from .needle import DEFAULTS, needle_settings
+
+    try:
+        ns = needle_settings(config)  # fractions in (0, 1], token counts >= 64, required among the lengths
+    except ValueError as exc:
+        raise ConfigError(f"config key needle: {exc}") from None
+    if ns["lengths"] == DEFAULTS["lengths"]:
+        return
+    slots = [(s["ctx"] // (s["parallel"] or 1), s["ctx"], s["parallel"])
+             for s in (item["settings"] for item in expand(config)) if s["ctx"]]
+    if not slots:
+        return
+    largest, ctx, parallel = max(slots)
+    room = largest - ns["gen_tokens"]
+    for k, spec in enumerate(ns["lengths"]):
+        if not isinstance(spec, float) and spec >= room:  # a float is a fraction of the context
+            raise ConfigError(
+                f"config key needle.lengths.{k} = {spec}: a prompt of {spec} tokens and the {ns['gen_tokens']}-token "
+                f"answer fit no configuration; the largest context per slot is {largest} tokens (ctx {ctx}, "
+                f"parallel {parallel}); give fewer than {room} tokens or a fraction of the context such as 0.9"
+            )
+
+
+class _DuplicateKeyError(yaml.MarkedYAMLError):
+    """A key written twice in one mapping (PyYAML would keep the last one silently)."""
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, except that a key written twice in one mapping is an error."""
+
+    def construct_mapping(self, node, deep=False):
+        first = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue  # `<<: *anchor` merges; keys written after it override on purpose
+            key = self.construct_object(key_node, deep=True)
+            try:
+                seen = key in first
+            except TypeError:
+                continue  # an unhashable key: the constructor below says so
+            if seen:
+                raise _DuplicateKeyError(problem=f"duplicate key {key!r} (first at line {first[key].line + 1}); "
+                                                 "a key may appear once in a mapping", problem_mark=key_node.start_mark)
+            first[key] = key_node.start_mark
+        return super().construct_mapping(node, deep)
+
+
+def _yaml_problem(exc: yaml.YAMLError) -> str:
+    """A parser error on one line: where, what, and where the construct it broke began."""
+    mark, problem = getattr(exc, "problem_mark", None), getattr(exc, "problem", None)
+    if mark is None or not problem:
+        return " ".join(str(exc).split())
+    text = f"line {mark.line + 1}, column {mark.column + 1}: {problem}"
+    context, start = getattr(exc, "context", None), getattr(exc, "context_mark", None)
+    if context and start is not None and start.line != mark.line:
+        text += f" ({context} at line {start.line + 1})"
+    return text
 
 
 def read_yaml(path: Path, what: str, error: type[ConfigError] = ConfigError) -> Any:
-    """A YAML file's content; a missing or malformed file raises ``error`` naming ``what`` and the path."""
+    """A YAML file's content; a missing, unreadable or malformed file, or a key written twice in one
+    mapping, raises ``error`` naming ``what``, the path and the line."""
     try:
-        return yaml.safe_load(path.read_text())
+        text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise error(f"{what} not found: {path}") from None
+    except UnicodeDecodeError as exc:
+        raise error(f"{what} {path} is not UTF-8 text (byte {exc.start}: {exc.reason})") from None
+    except OSError as exc:
+        raise error(f"{what} {path} cannot be read: {exc.strerror or exc}") from None
+    try:
+        return yaml.load(text, Loader=_UniqueKeyLoader)
     except yaml.YAMLError as exc:
-        raise error(f"{what} {path} is not valid YAML: {exc}") from None
+        raise error(f"{what} {path} is not valid YAML: {_yaml_problem(exc)}") from None
 
 
 def load(path: str | os.PathLike) -> dict:
     path = Path(path)
     raw = read_yaml(path, "configuration file")
     if not isinstance(raw, dict):
-        raise ConfigError(f"configuration file {path} must hold a mapping, got {type(raw).__name__}")
+        raise ConfigError(f"configuration file {path} must hold a mapping of keys (models, configurations, "
+                          f"workloads, ...), got {type(raw).__name__}")
     return validate(raw, load_schema())
 
 
@@ -163,7 +414,8 @@ def expand_searches(config: dict) -> list[dict]:
         given = {k: v for k, v in given.items() if k != "n_cpu_moe"}
         lo, hi = entry["search"]["n_cpu_moe"]
         if lo > hi:
-            raise ConfigError(f"config key configurations.{i}.search.n_cpu_moe = {[lo, hi]!r}: low is above high")
+            raise ConfigError(f"config key configurations.{i}.search.n_cpu_moe = {[lo, hi]!r}: the range is "
+                              f"[LOW, HIGH] and {lo} is above {hi}; write {[hi, lo]!r}")
         resolved = _resolve(i, given)
         for model in entry.get("models") or list(config["models"]):
             gid = settings_mod.config_id(model, {**resolved, "n_cpu_moe": None, "search": [lo, hi]})

@@ -336,7 +336,38 @@ def _classify_without_returncode(ms: dict, crash: str | None, last_phase: str) -
     return _result("crashed", "unknown", last_phase, f"log ends during {last_phase} without shutdown lines")
 
 
+# --- is this a llama-server log at all? ------------------------------------------------------------
+# llama.cpp's own line shapes: its timestamp/level prefix (every line of a log written with -lv), or, where
+# there is none (an older build, a line printed before logging starts), a function tag of llama.cpp
+# ("llama_model_loader: ...", "srv  load_model: ...", "build: ..."), or its argument parser's refusal.
+SERVER_TAG_RE = re.compile(
+    r"^(?:[a-z]{3}\s+)?(?:(?:llama|common|gguf|ggml)_\w+|load_tensors|load_model|load_backend|print_info"
+    r"|system_info):\s|^build: \d+ \("
+)
+ARGUMENT_REFUSAL_RE = re.compile(r"^error(?: while handling argument |: invalid argument: )")
+NOT_A_LOG_REASON = ("none of its lines looks like llama.cpp's output (a timestamped log line, a function tag "
+                    "such as 'llama_model_loader:', or an argument error)")
+
+
+class NotServerLog(ValueError):
+    """A file given as a llama-server log has no line llama-server would have written."""
+
+
+def _server_line(line: str) -> bool:
+    text = line.strip()
+    return bool(PREFIX_RE.match(line) or SERVER_TAG_RE.match(text) or ARGUMENT_REFUSAL_RE.match(text))
+
+
+def is_server_log(text: str) -> bool:
+    """Whether ``text`` looks written by llama-server: at least one of its lines has one of llama.cpp's
+    shapes above. A log that ends early (a load failure, a refused argument, a file not a GGUF) still
+    passes; a README, a JSON record, an empty file or a binary one does not."""
+    return any(_server_line(line) for line in text.splitlines())
+
+
 def summarize(path: str | Path) -> dict:
-    """parse_log + classify for a log file alone (exit status unknown)."""
+    """parse_log + classify for a log file alone (exit status unknown); NotServerLog if it is none."""
     text = Path(path).read_text(errors="replace")
+    if not is_server_log(text):
+        raise NotServerLog(f"{path} is not a llama-server log: {NOT_A_LOG_REASON if text.strip() else 'it is empty'}")
     return {"placement": parse_log(text), "classification": classify(text, None)}

@@ -4,11 +4,17 @@
 no tensor data is read) and returns a JSON-serialisable dict. For split models
 (``NAME-00001-of-00003.gguf``) the first shard's ``split.count`` names how many shards follow; the
 tensors of every shard are counted.
+
+``required_size`` reads a GGUF's header the way llama.cpp's loader does and returns the size the
+file must have to hold the data of every tensor; ``check_complete`` raises ``ManifestError`` when a
+file (or a shard) is shorter than that, its header is cut, or it is not a GGUF at all.
 """
 
 from __future__ import annotations
 
+import mmap
 import re
+import struct
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -16,6 +22,130 @@ from typing import Any
 import gguf
 
 SPLIT_RE = re.compile(r"^(?P<stem>.+)-(?P<index>\d{5})-of-(?P<count>\d{5})\.gguf$")
+GGUF_MAGIC = b"GGUF"
+DEFAULT_ALIGNMENT = 32
+# Byte sizes of GGUF metadata value types; 8 (string) and 9 (array) have a variable size.
+VALUE_SIZES = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
+STRING, ARRAY, UINT32 = 8, 9, 4
+
+
+class ManifestError(Exception):
+    """A file is not a whole, readable GGUF; the message names the file and what is wrong with it."""
+
+
+class _Cut(Exception):
+    """The header asks for bytes beyond the end of the file (``needed``: where that read ends)."""
+
+    def __init__(self, needed: int):
+        super().__init__(needed)
+        self.needed = needed
+
+
+class _Header:
+    """A bounds-checked cursor over the bytes of a GGUF file."""
+
+    def __init__(self, data: mmap.mmap | bytes, order: str = "<"):
+        self.data, self.pos, self.order = data, 0, order
+
+    def unpack(self, fmt: str) -> Any:
+        size = struct.calcsize(self.order + fmt)
+        self.skip(size)
+        return struct.unpack_from(self.order + fmt, self.data, self.pos - size)[0]
+
+    def skip(self, n: int) -> None:
+        if self.pos + n > len(self.data):
+            raise _Cut(self.pos + n)
+        self.pos += n
+
+    def string(self) -> str:
+        n = self.unpack("Q")
+        self.skip(n)
+        return bytes(self.data[self.pos - n:self.pos]).decode("utf-8", "replace")
+
+    def value(self, vtype: int) -> Any:
+        """Read one metadata value; only scalars are returned (strings and arrays are skipped)."""
+        if vtype == STRING:
+            self.skip(self.unpack("Q"))
+        elif vtype == ARRAY:
+            item_type, count = self.unpack("I"), self.unpack("Q")
+            if item_type in VALUE_SIZES:
+                self.skip(count * VALUE_SIZES[item_type])
+            else:
+                for _ in range(count):
+                    self.value(item_type)
+        elif vtype in VALUE_SIZES:
+            fmt = {1: "B", 2: "H", 4: "I", 8: "Q"}[VALUE_SIZES[vtype]]
+            return self.unpack(fmt)
+        else:
+            raise ValueError(f"unknown metadata value type {vtype}")
+        return None
+
+
+def _tensor_nbytes(name: str, dims: list[int], tensor_type: int) -> int:
+    try:
+        block, type_size = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType(tensor_type)]
+    except (ValueError, KeyError):
+        raise ValueError(f"tensor {name!r} has unknown type {tensor_type}") from None
+    n = 1
+    for d in dims:
+        n *= d
+    return n // block * type_size
+
+
+def _data_end(h: _Header) -> int:
+    """Parse the header at ``h`` (after the magic); return where the last tensor's data ends."""
+    version = h.unpack("I")
+    if version & 0xFFFF == 0:  # written on a big-endian machine
+        h.order, version = ">", struct.unpack(">I", struct.pack("<I", version))[0]
+    if version < 2:
+        raise ValueError(f"GGUF version {version} is not supported")
+    n_tensors, n_kv = h.unpack("Q"), h.unpack("Q")
+    alignment = DEFAULT_ALIGNMENT
+    for _ in range(n_kv):
+        key, vtype = h.string(), h.unpack("I")
+        value = h.value(vtype)
+        if key == "general.alignment" and vtype == UINT32 and value:
+            alignment = value
+    tensors = []
+    for _ in range(n_tensors):
+        name = h.string()
+        dims = [h.unpack("Q") for _ in range(h.unpack("I"))]
+        tensor_type, offset = h.unpack("I"), h.unpack("Q")
+        tensors.append(offset + _tensor_nbytes(name, dims, tensor_type))
+    start = -(-h.pos // alignment) * alignment
+    return max((start + end for end in tensors), default=h.pos)
+
+
+def required_size(path: Path) -> int:
+    """The size ``path`` must have, by its header, to hold every tensor's data.
+
+    ManifestError if the file is not a GGUF, its header is cut or cannot be parsed.
+    """
+    path = Path(path)
+    with open(path, "rb") as f:
+        size = path.stat().st_size
+        head = f.read(4)
+        if head != GGUF_MAGIC:
+            raise ManifestError(f"{path} is not a GGUF file (it starts with {head!r}, not {GGUF_MAGIC!r})")
+        with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
+            h = _Header(data)
+            h.skip(4)
+            try:
+                return _data_end(h)
+            except _Cut as cut:
+                raise ManifestError(f"{path} is cut short: it has {size} bytes but its GGUF header alone needs "
+                                    f"at least {cut.needed} bytes") from None
+            except (ValueError, struct.error) as e:
+                raise ManifestError(f"{path} has a GGUF header that cannot be read ({e})") from None
+
+
+def check_complete(path: Path) -> None:
+    """ManifestError unless ``path`` is a GGUF whose file holds all the tensor data its header declares."""
+    path = Path(path)
+    needed, size = required_size(path), path.stat().st_size
+    if size < needed:
+        raise ManifestError(f"{path} is truncated: it has {size} bytes but its header says the tensor data "
+                            f"ends at {needed} bytes")
 
 
 def shard_paths(path: Path, count: int) -> list[Path]:
@@ -68,6 +198,18 @@ def _file_type_name(value: Any) -> str | None:
     return name.removeprefix("MOSTLY_").removeprefix("ALL_")
 
 
+def _reader(path: Path) -> gguf.GGUFReader:
+    """gguf-py's reader of a GGUF checked whole first; ManifestError names the file if it cannot be read."""
+    try:
+        check_complete(path)
+        return gguf.GGUFReader(path)
+    except ManifestError as e:
+        raise ManifestError(f"{e}; fetch the model again (crashline fetch)") from None
+    except (ValueError, IndexError, KeyError, struct.error) as e:
+        raise ManifestError(f"{path} is not a readable GGUF ({type(e).__name__}: {e}); "
+                            "fetch the model again (crashline fetch)") from None
+
+
 def inspect_gguf(path: Path) -> dict[str, Any]:
     """Architecture, shape, quantisation and byte breakdown of the GGUF model at ``path``.
 
@@ -81,11 +223,11 @@ def inspect_gguf(path: Path) -> dict[str, Any]:
     plain K/V (MLA, recurrent), so read it as the upper bound of a full-attention model.
     """
     path = Path(path)
-    first = gguf.GGUFReader(path)
+    first = _reader(path)
     kv = _fields(first)
     split_count = int(kv.get("split.count", 1))
     paths = shard_paths(path, split_count)
-    readers = [first] + [gguf.GGUFReader(p) for p in paths[1:]]
+    readers = [first] + [_reader(p) for p in paths[1:]]
 
     arch = kv.get("general.architecture")
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import signal
+import subprocess
 from pathlib import Path
 
 import pandas as pd
@@ -14,11 +16,16 @@ from .ballast import Ballast, BudgetError
 from .provision import supported_flags
 from . import settings as settings_mod
 from .atomic import read_json, write_json
+from .locks import server_lock
 from .server import ServerProcess
+from .sources import SourceError, check_unchanged
+from .supervision import exit_with_workflow
 from .telemetry import Sampler, window_summary, write_frame
 from .workloads import Client, PromptSource, RequestFailed, check_run, concurrency, one_run, summarize, windows
 
 RECORD_SCHEMA = 1
+NO_SPEEDS = {"prefill_tps": None, "decode_tps": None, "ttft_s": None, "aggregate_tps": None}  # a workload that failed
+ENDING_S = 3  # how long a server that refused or dropped a request may take to die of it
 
 
 def _now() -> str:
@@ -109,14 +116,38 @@ def server_command(provenance: dict, model_path: str, item: dict, draft_path: st
     return settings_mod.command_line(provenance["binary"], model_path, runnable, lambda _name: draft_path), left_out
 
 
+def require_unchanged(model_name: str, fetch_record: dict) -> None:
+    """The model file must be the one fetched and verified: truncated or replaced since, it is an error."""
+    changed = check_unchanged(fetch_record)
+    if changed:
+        raise SourceError(f"{changed} (delete results/models/{model_name}/fetch.json, or run snakemake with "
+                          "--forcerun fetch_model)")
+
+
 def server_failure(server: ServerProcess, phase: str, timed_out: bool = False) -> dict:
-    """Classify a server that died (or hung) during ``phase`` from its log and exit status."""
+    """Classify a server that died (or hung) during ``phase`` from its log and exit status.
+
+    A server that ended on its own is a failure even when its exit looks clean (status 0, or a
+    SIGTERM from someone else): only crashline stops a server whose work is done."""
     if timed_out:
         server.stop(timeout_s=5)
     else:
         server.proc.wait(timeout=30)
         server.returncode = server.proc.returncode
-    return logparse.classify(server.log_text(), server.returncode, phase_hint=phase, timed_out=timed_out)
+    found = logparse.classify(server.log_text(), server.returncode, phase_hint=phase, timed_out=timed_out)
+    if found["outcome"] != "ok":
+        return found
+    code = server.returncode
+    how = f"killed by {signal.Signals(-code).name}" if code < 0 else f"exit status {code}"
+    return {"outcome": "load_failed" if phase == "load" else "crashed", "failure": "exited", "phase": phase,
+            "message": f"{how}: the server ended on its own during {phase} (crashline did not stop it)"}
+
+
+def _ended(server: ServerProcess, within_s: float = ENDING_S) -> bool:
+    """Whether the server is dead or dies within a moment (a failed request can come first)."""
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        server.proc.wait(timeout=within_s)
+    return not server.alive()
 
 
 def run_workloads(server: ServerProcess, sampler: Sampler, workloads: list[dict], repetitions: int,
@@ -133,32 +164,30 @@ def run_workloads(server: ServerProcess, sampler: Sampler, workloads: list[dict]
         sampler.phase(workload["name"])
         n_requests = concurrency(workload, settings)
         result = {**workload, "concurrency": n_requests, "repetitions": repetitions, "runs": [], "outcome": "ok",
-                  "message": None}
+                  "message": None, **NO_SPEEDS, "windows": {}}
         results.append(result)
         for i in range(repetitions):
             try:
                 run = one_run(client, prompts, workload, i, n_requests)
-            except RequestFailed as exc:
-                outcome = "context_exceeded" if "context" in exc.message.lower() else "request_failed"
-                result.update(outcome=outcome, message=exc.message)
-                break
             except requests.Timeout:
                 result.update(outcome="timeout", message=f"no answer within {request_timeout_s} s")
                 return results, server_failure(server, workload["name"], timed_out=True)
-            except requests.ConnectionError as exc:
-                if server.alive():
-                    result.update(outcome="request_failed", message=str(exc)[:300])
-                    break
-                failure = server_failure(server, workload["name"])
-                result.update(outcome=failure["outcome"], message=failure["message"])
-                return results, failure
+            except (RequestFailed, requests.ConnectionError) as exc:
+                if _ended(server):
+                    failure = server_failure(server, workload["name"])
+                    result.update(outcome=failure["outcome"], message=failure["message"])
+                    return results, failure
+                message = exc.message if isinstance(exc, RequestFailed) else str(exc)[:300]
+                outcome = "context_exceeded" if "context" in message.lower() else "request_failed"
+                result.update(outcome=outcome, message=message)
+                break
             result["runs"].append(run)
             problem = check_run(run, workload)
             if problem:
                 result.update(outcome="truncated", message=problem)
                 break
-        result.update(summarize(result["runs"]) if result["outcome"] == "ok" else
-                      {"prefill_tps": None, "decode_tps": None, "ttft_s": None, "aggregate_tps": None})
+        if result["outcome"] == "ok":
+            result.update(summarize(result["runs"]))
         result["windows"] = windows(result["runs"])
     return results, None
 
@@ -170,6 +199,7 @@ def measure(*, model_name: str, item: dict, config: dict, fetch_record: dict, ma
     server_cfg = config["server"]
     resolved = item["settings"]
     model_path = fetch_record["files"][0]["path"]
+    require_unchanged(model_name, fetch_record)
     command, left_out = server_command(provenance, model_path, item, draft_path)
     record = {
         "schema": RECORD_SCHEMA,
@@ -193,15 +223,15 @@ def measure(*, model_name: str, item: dict, config: dict, fetch_record: dict, ma
     failure = None
     sampler = None
     budget_mib = config["budget"].get("vram_budget_mib")
+    exit_with_workflow()
     try:
-        with Ballast(budget_mib) if budget_mib else contextlib.nullcontext() as ballast:
+        with server_lock(f"measure {model_name} {item['id']}"), \
+                Ballast(budget_mib) if budget_mib else contextlib.nullcontext() as ballast:
             record["ballast"] = ballast.info if ballast else None
             sampler = Sampler(interval_s=config["telemetry"]["interval_s"])
-            server.start()
-            record["command"] = server.command
-            sampler.pid = server.proc.pid
             with sampler:
-                state = server.wait_ready(server_cfg["startup_timeout_s"])
+                state = server.start_ready(server_cfg["startup_timeout_s"], lambda srv: sampler.follow(srv.proc.pid))
+                record["command"] = server.command
                 if state == "ready":
                     record["load_s"] = round(server.ready_after_s, 2)
                     workloads, failure = run_workloads(
@@ -214,6 +244,7 @@ def measure(*, model_name: str, item: dict, config: dict, fetch_record: dict, ma
                 server.stop(server_cfg["stop_timeout_s"])
     except BudgetError as exc:
         failure = {"outcome": "budget_refused", "failure": "budget", "phase": "start", "message": str(exc)}
+        log_path.write_text(f"crashline: no llama-server started: {exc}\n")
     except Exception as exc:  # a crashline fault still leaves a record and no server behind
         failure = {"outcome": "error", "failure": "crashline", "phase": sampler.current if sampler else "start",
                    "message": f"{type(exc).__name__}: {exc}"}

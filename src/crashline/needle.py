@@ -37,8 +37,10 @@ from . import host, logparse
 from . import settings as settings_mod
 from .atomic import write_json
 from .ballast import Ballast, BudgetError
-from .measure import model_summary, server_command, server_failure
+from .measure import model_summary, require_unchanged, server_command, server_failure
+from .locks import server_lock
 from .server import ServerProcess
+from .supervision import exit_with_workflow
 from .workloads import Client, RequestFailed, prose_text
 
 RECORD_SCHEMA = 1
@@ -500,6 +502,7 @@ def run_needle(*, model_name: str, item: dict, config: dict, fetch_record: dict,
         return record
 
     model_path = fetch_record["files"][0]["path"]
+    require_unchanged(model_name, fetch_record)
     command, _ = server_command(provenance, model_path, item, draft_path)
     server = ServerProcess(command, log_path)
     trials: list[dict] = []
@@ -507,14 +510,15 @@ def run_needle(*, model_name: str, item: dict, config: dict, fetch_record: dict,
     phase = "start"
     slot_ctx = settings_slot_ctx
     budget_mib = (config.get("budget") or {}).get("vram_budget_mib")
+    exit_with_workflow()
     try:
         # The same emulated card as the measurement: recall is checked in the environment it counts for.
-        with Ballast(budget_mib) if budget_mib else contextlib.nullcontext() as ballast:
+        with server_lock(f"needle {model_name} {item['id']}"), \
+                Ballast(budget_mib) if budget_mib else contextlib.nullcontext() as ballast:
             record["ballast"] = ballast.info if ballast else None
-            server.start()
-            record["command"] = server.command
             phase = "load"
-            state = server.wait_ready(server_cfg["startup_timeout_s"])
+            state = server.start_ready(server_cfg["startup_timeout_s"])
+            record["command"] = server.command
             if state == "ready":
                 record["load_s"] = round(server.ready_after_s, 2)
                 client = NeedleClient(server.url, server_cfg["request_timeout_s"])

@@ -310,9 +310,16 @@ def _given_binary(server_config: dict) -> tuple[Path, str] | None:
                        (os.environ.get("LLAMA_SERVER"), "environment ($LLAMA_SERVER)")):
         if value:
             path = Path(value).expanduser()
-            if not path.is_file() or not os.access(path, os.X_OK):
-                name = "server.binary" if how.startswith("configured") else "$LLAMA_SERVER"
-                raise ProvisionError(f"{name} = {value!r}: no executable file there")
+            name = "server.binary" if how.startswith("configured") else "$LLAMA_SERVER"
+            if path.is_dir():
+                raise ProvisionError(f"{name} = {value!r}: is a directory; give the llama-server executable itself "
+                                     f"(e.g. {path / 'build' / 'bin' / 'llama-server'})")
+            if not path.is_file():
+                raise ProvisionError(f"{name} = {value!r}: no such file; fix the path, or remove it to use "
+                                     "llama-server on PATH or a build from the pinned sdist")
+            if not os.access(path, os.X_OK):
+                raise ProvisionError(f"{name} = {value!r}: not executable (mode {path.stat().st_mode & 0o777:o}); "
+                                     "chmod +x it")
             return path, how
     on_path = shutil.which("llama-server")
     return (Path(on_path), "PATH") if on_path else None

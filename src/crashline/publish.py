@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import difflib
 import os
+import posixpath
 import re
 import subprocess
 import tempfile
@@ -18,12 +19,13 @@ from pathlib import Path
 from typing import Mapping
 
 from .atomic import atomic_path, write_json
+from .server import SECRET_VARIABLES
 
 START_MARKER = "<!-- crashline:correction:start -->"
 END_MARKER = "<!-- crashline:correction:end -->"
 AUTHOR_NAME = "crashline"
 AUTHOR_EMAIL = "crashline@localhost"
-TOKEN_VARIABLES = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")
+TOKEN_VARIABLES = SECRET_VARIABLES
 _HEADING = re.compile(r"^(#{1,6})\s+(.*?)\s*#*\s*$")
 _FENCE = re.compile(r"^\s*(```|~~~)")
 
@@ -39,6 +41,41 @@ def redact(text: str, *secrets: str | None) -> str:
         if secret:
             text = text.replace(secret, "***")
     return text
+
+
+def repo_file(file: str) -> str:
+    """``source.file``, a path inside the upstream repository: refused when it is absolute, leaves the
+    repository with ``..`` or lies in ``.git`` (where a write could plant a hook)."""
+    norm = posixpath.normpath(file or ".")
+    top = norm.split("/")[0].lower()
+    if norm == "." or posixpath.isabs(norm) or top in ("..", ".git"):
+        raise PublishError(f"source.file = {file!r} is not a file inside the repository: give a relative path "
+                           "that stays inside it (no leading '/', no '..' out of it, nothing under .git)")
+    return norm
+
+
+def inside(base: Path, relative: str, what: str) -> Path:
+    """``base / relative``, refused unless it resolves (symbolic links followed) inside ``base``."""
+    path = (base / relative).resolve()
+    if not path.is_relative_to(base.resolve()):
+        raise PublishError(f"{what} = {relative!r} resolves to {path}, outside {base}: refused")
+    return path
+
+
+def local_copy(claim: dict) -> Path:
+    """The claims file's copy of the upstream file; a relative ``source.local_copy`` must stay in the
+    claims file's folder (an absolute one is the author's explicit choice)."""
+    given = claim["source"].get("local_copy")
+    if given and not Path(given).is_absolute():
+        inside(Path(claim["path"]).parent, given, f"claims file {claim['path']}: source.local_copy")
+    return Path(claim["source"]["local_copy_path"])
+
+
+def not_an_option(value: str | None, what: str) -> str | None:
+    """Refuse a value git would read as an option (``--upload-pack=...`` runs a command)."""
+    if value is not None and str(value).startswith("-"):
+        raise PublishError(f"{what} = {value!r} starts with '-': refused (git would read it as an option)")
+    return value
 
 
 def headings(text: str) -> list[tuple[int, int, str]]:
@@ -112,12 +149,12 @@ def _write(path: Path, text: str) -> Path:
 def write_publication(claim: dict, section: str, out_dir: str | os.PathLike) -> dict:
     """Write ``README.md`` (the upstream file with the section), ``correction.md`` (the section
     alone) and ``correction.diff`` under ``out_dir``. Returns {"readme", "diff", "section"} paths."""
-    out = Path(out_dir)
-    old = Path(claim["source"]["local_copy_path"]).read_text()
+    out, file = Path(out_dir), repo_file(claim["source"]["file"])
+    old = local_copy(claim).read_text()
     new = render_upstream(old, section, claim["source"].get("anchor"))
     return {
         "readme": str(_write(out / "README.md", new)),
-        "diff": str(_write(out / "correction.diff", unified_diff(old, new, claim["source"]["file"]))),
+        "diff": str(_write(out / "correction.diff", unified_diff(old, new, file))),
         "section": str(_write(out / "correction.md", section.strip("\n") + "\n")),
     }
 
@@ -150,9 +187,13 @@ def push_branch(repo_url: str, branch: str, file_path_in_repo: str, new_text: st
     commit goes on top of it, and nothing is committed when the file is already ``new_text``:
     publishing twice is harmless. The author is ``crashline <crashline@localhost>``.
     Returns the sha of the branch's head."""
+    file_path_in_repo = repo_file(file_path_in_repo)
+    not_an_option(repo_url, "source.git")
+    not_an_option(branch, "publish.branch")
+    not_an_option(base_ref, "source.revision")
     with tempfile.TemporaryDirectory(prefix="crashline-publish-") as tmp:
         work = Path(tmp) / "repo"
-        _git(["clone", "--quiet", "--no-hardlinks", repo_url, str(work)])
+        _git(["clone", "--quiet", "--no-hardlinks", "--", repo_url, str(work)])
         existing = _git(["ls-remote", "--heads", "origin", branch], cwd=work).stdout.strip()
         if existing:
             _git(["checkout", "--quiet", "-B", branch, f"origin/{branch}"], cwd=work)
@@ -164,14 +205,14 @@ def push_branch(repo_url: str, branch: str, file_path_in_repo: str, new_text: st
                 raise PublishError(redact(f"revision {start!r} is not in {repo_url}"))
             start = found[0]
             _git(["checkout", "--quiet", "-B", branch, start], cwd=work)
-            target = work / file_path_in_repo
+            target = inside(work, file_path_in_repo, "source.file")
             current = target.read_text() if target.exists() else ""
             if base_text is not None and current != base_text:
                 raise PublishError(
                     f"{file_path_in_repo} at {start} in the remote differs from the local copy the correction was "
                     "made from: update source.local_copy (and source.revision) and publish again"
                 )
-        target = work / file_path_in_repo
+        target = inside(work, file_path_in_repo, "source.file")  # a symbolic link of the upstream tree too
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_text(new_text)
         _git(["add", "--", file_path_in_repo], cwd=work)
@@ -241,7 +282,7 @@ def publish(claim: dict, section: str, out_dir: str | os.PathLike, options: dict
         if not source.get("git"):
             raise PublishError(f"publish.push is on, but claims file {claim['path']} gives no source.git to push to")
         sha = push_branch(source["git"], options["branch"], source["file"], new_text, message,
-                          base_ref=source.get("revision"), base_text=Path(source["local_copy_path"]).read_text())
+                          base_ref=source.get("revision"), base_text=local_copy(claim).read_text())
         record["push"] = {"remote": redact(source["git"]), "branch": options["branch"], "commit": sha}
     if options["open_pr"]:
         if not source.get("hf_repo"):

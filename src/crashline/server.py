@@ -8,16 +8,21 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
 import socket
 import subprocess
 import time
 from pathlib import Path
 
+import psutil
 import requests
 
 HOST = "127.0.0.1"
 PR_SET_PDEATHSIG = 1
+PORT_ATTEMPTS = 3
+BIND_FAILED_RE = re.compile(r"couldn't bind HTTP server socket")
+SECRET_VARIABLES = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")  # never handed to llama-server (it is given -m)
 
 
 def _die_with_parent() -> None:
@@ -40,7 +45,7 @@ class ServerProcess:
     def __init__(self, command: list[str], log_path: Path, env: dict | None = None):
         self.base_command = list(command)
         self.log_path = Path(log_path)
-        self.env = env
+        self.env = {k: v for k, v in (env or os.environ).items() if k not in SECRET_VARIABLES}
         self.port: int | None = None
         self.proc: subprocess.Popen | None = None
         self.returncode: int | None = None
@@ -55,10 +60,10 @@ class ServerProcess:
     def url(self) -> str:
         return f"http://{HOST}:{self.port}"
 
-    def start(self) -> None:
+    def start(self, append: bool = False) -> None:
         self.port = free_port()
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.log_path, "wb") as log:
+        with open(self.log_path, "ab" if append else "wb") as log:  # a retry keeps the earlier attempt's lines
             self.proc = subprocess.Popen(
                 self.command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                 start_new_session=True, env=self.env, preexec_fn=_die_with_parent,
@@ -68,8 +73,17 @@ class ServerProcess:
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 
+    def _listening(self) -> bool:
+        """Whether our own process (not some other program) holds the port."""
+        try:
+            conns = psutil.Process(self.proc.pid).net_connections(kind="tcp")
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            return False
+        return any(c.status == psutil.CONN_LISTEN and c.laddr.port == self.port for c in conns)
+
     def wait_ready(self, timeout_s: float) -> str:
-        """Poll /health: "ready", "exited" (the process ended), or "timeout"."""
+        """Poll /health: "ready", "exited" (the process ended), or "timeout". A 200 counts only
+        while our process is the one listening on the port."""
         deadline = time.monotonic() + timeout_s
         session = requests.Session()
         while time.monotonic() < deadline:
@@ -77,13 +91,29 @@ class ServerProcess:
                 self.returncode = self.proc.returncode
                 return "exited"
             try:
-                if session.get(f"{self.url}/health", timeout=2).status_code == 200:
+                if session.get(f"{self.url}/health", timeout=2).status_code == 200 and self._listening():
                     self.ready_after_s = time.monotonic() - self.started_at
                     return "ready"
             except requests.RequestException:
                 pass
             time.sleep(0.1)
         return "timeout"
+
+    def start_ready(self, timeout_s: float, on_start=None, attempts: int = PORT_ATTEMPTS) -> str:
+        """Start and wait until ready; when another program took the port between choosing and
+        binding it, start again on another one (up to ``attempts`` times). ``on_start(self)`` is
+        called after each start."""
+        for attempt in range(attempts):
+            self.returncode = None
+            self.start(append=attempt > 0)
+            if on_start:
+                on_start(self)
+            state = self.wait_ready(timeout_s)
+            if state != "exited" or not BIND_FAILED_RE.search(self.log_text()) or attempt == attempts - 1:
+                return state
+            with open(self.log_path, "a") as log:
+                log.write(f"crashline: port {self.port} was taken by another program; starting again on another\n")
+        return state
 
     def stop(self, timeout_s: float = 30) -> int | None:
         """SIGINT, wait; then SIGKILL the whole process group. Returns the exit status."""
@@ -112,7 +142,6 @@ class ServerProcess:
             return ""
 
     def __enter__(self) -> "ServerProcess":
-        self.start()
         return self
 
     def __exit__(self, *exc) -> None:

