@@ -59,7 +59,7 @@ def kill_when(tmp_path, marker: str, count: int, sig: int, delay_s: float = 0.0)
 # The untimed warm-up request is the first "new prompt"; the workload's first request the second.
 @pytest.mark.parametrize("stage, marker, delay_s", [("prefill", "new prompt", 0.0), ("decode", "init sampler", 0.2)])
 def test_server_killed_during_prefill_or_decode(tmp_path, tiny_moe, server_provenance, stage, marker, delay_s):
-    workload = {"name": "w", "prompt_tokens": 3000 if stage == "prefill" else 16, "gen_tokens": 2000}
+    workload = {"name": "w", "prompt_tokens": 3000 if stage == "prefill" else 16, "gen_tokens": 5000}
     kill_when(tmp_path, marker, 2, signal.SIGKILL, delay_s)
     rec = run(tmp_path, tiny_moe, server_provenance, {"ctx": 8192}, [workload], reps=1)
     assert (rec["outcome"], rec["failure"], rec["phase"]) == ("crashed", "signal", "w")
@@ -76,8 +76,8 @@ def test_server_stopped_past_the_request_timeout(tmp_path, tiny_moe, server_prov
 
 def test_server_terminated_by_someone_else_is_a_crash(tmp_path, tiny_moe, server_provenance):
     kill_when(tmp_path, "new prompt", 2, signal.SIGTERM)
-    rec = run(tmp_path, tiny_moe, server_provenance, {}, [{"name": "w", "prompt_tokens": 64, "gen_tokens": 2000}],
-              reps=1)
+    rec = run(tmp_path, tiny_moe, server_provenance, {"ctx": 8192},
+              [{"name": "w", "prompt_tokens": 64, "gen_tokens": 6000}], reps=1)
     assert (rec["outcome"], rec["failure"], rec["phase"]) == ("crashed", "exited", "w")
     # llama-server shuts down cleanly on SIGTERM (exit status 0): only crashline knows it did not ask it to.
     assert "the server ended on its own during w (crashline did not stop it)" in rec["message"]
@@ -268,3 +268,73 @@ def test_a_model_file_changed_since_fetch_is_named_before_any_server_starts(tmp_
         run(tmp_path, model, server_provenance, {}, [{"name": "w", "prompt_tokens": 16, "gen_tokens": 4}],
             fetch=record)
     assert not (tmp_path / "measure.json").exists() and not servers_of(tmp_path)
+
+
+@pytest.fixture
+def full_disk(tmp_path):
+    """A 1 MiB tmpfs, filled up (root only; skipped where mounting is not allowed)."""
+    mount = tmp_path / "full"
+    mount.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mount)], capture_output=True).returncode:
+        pytest.skip("cannot mount a small tmpfs here (needs root)")
+    try:
+        with open(mount / "filler", "wb") as f:
+            with pytest.raises(OSError):
+                while True:
+                    f.write(b"\0" * 65536)
+                    f.flush()
+        yield mount
+    finally:
+        subprocess.run(["umount", str(mount)], check=True)
+
+
+def test_a_full_disk_loses_nothing_and_leaves_no_server(tmp_path, tiny_moe, server_provenance, full_disk):
+    from crashline import config as C, measure as M
+    from test_measure import SCHEMA
+
+    cfg = C.validate({"models": {"tiny": {"source": f"file:{tiny_moe}"}}, "configurations": [{"settings": {}}],
+                      "workloads": [{"name": "w", "prompt_tokens": 16, "gen_tokens": 4}]}, SCHEMA)
+    (item,) = C.expand(cfg)
+    with pytest.raises(OSError, match="No space left on device"):
+        M.measure(model_name="tiny", item=item, config=cfg, fetch_record=fetch_record(tiny_moe), manifest={},
+                  provenance=server_provenance, record_path=full_disk / "measure.json",
+                  log_path=tmp_path / "server.log", telemetry_path=tmp_path / "telemetry.parquet")
+    assert sorted(p.name for p in full_disk.iterdir()) == ["filler"]  # no record, whole or partial
+    assert not servers_of(tmp_path)
+    # Through the command line: one line naming the error, exit status 2.
+    env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
+    proc = subprocess.run([sys.executable, "-m", "crashline", "aggregate", "--configs", str(full_disk / "c.parquet"),
+                           "--measurements", str(full_disk / "m.parquet"), "--searches", str(full_disk / "s.parquet"),
+                           str(REPO / "tests" / "fixtures" / "h200-records" / "ncmoe12.json")],
+                          cwd=REPO, env=env, capture_output=True, text=True)
+    assert proc.returncode == 2 and "No space left on device" in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
+    assert sorted(p.name for p in full_disk.iterdir()) == ["filler"]
+
+
+def test_two_workflows_at_once(tmp_path, server_provenance):
+    """In one folder Snakemake's lock refuses the second; in two folders sharing the machine the second
+    one's server waits for the first one's to stop, and both end with complete records."""
+    first, second = tmp_path / "a", tmp_path / "b"
+    for work in (first, second):
+        work.mkdir()
+        copy_workflow(work)
+        (work / "slow.yaml").write_text(SLOW_CONFIG.replace("repetitions: 4", "repetitions: 12"))
+    a = _snakemake(first)
+    _wait_for_server(first)
+    same = subprocess.run([sys.executable, "-m", "snakemake", "--cores", "1", "report", "--configfile", "slow.yaml"],
+                          cwd=first, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(REPO / "src")})
+    # Refused before any job starts: the running job's outputs are incomplete, or the folder is locked.
+    said = same.stdout + same.stderr
+    assert same.returncode != 0 and ("cannot be locked" in said or "Incomplete files" in said), said[-2000:]
+    assert len([p for p in servers_of(first) if "_server-check" not in " ".join(p.cmdline())]) == 1
+    b = _snakemake(second)
+    out_a, _ = a.communicate(timeout=600)
+    out_b, _ = b.communicate(timeout=600)
+    assert a.returncode == 0 and b.returncode == 0, out_a[-3000:] + out_b[-3000:]
+    logs = (second / "results" / "logs").rglob("*.log")  # its check or its measurement waited
+    assert any("waits for the llama-server of pid" in log.read_text() for log in logs)
+    for work in (first, second):
+        (record,) = (work / "results" / "records").rglob("measure.json")
+        assert read_json(record)["outcome"] == "ok"
+    assert not servers_of(tmp_path)

@@ -160,3 +160,15 @@ def test_simultaneous_requests_on_parallel_slots(tmp_path, tiny_moe, server_prov
     assert both["decode_tps"]["n"] == 4 and both["aggregate_tps"]["n"] == 2 and both["ttft_s"]["n"] == 4
     assert rec["placement"]["n_parallel"] == 2
     assert rec["placement"]["n_ctx_slot"] in (1024, 2048)  # per slot: ctx / parallel, or ctx when unified
+
+
+def test_what_llama_cpp_really_used_is_read_back(tmp_path, tiny_moe, server_provenance):
+    # llama.cpp rounds each slot's context up to a multiple of 256 (-c 1000 -np 3 runs with 3 x 512) and
+    # clamps the batch to the context asked for.
+    rec = run(tmp_path, tiny_moe, server_provenance, {"ctx": 1000, "parallel": 3},
+              [{"name": "short", "prompt_tokens": 32, "gen_tokens": 4}], reps=1)
+    assert rec["outcome"] == "ok"
+    assert rec["settings_used"] == {"ctx": {"asked": 1000, "used": 1536}, "batch": {"asked": 2048, "used": 1000}}
+    from crashline.aggregate import _config_row
+
+    assert _config_row(rec)["settings_used"] == "ctx 1536 (asked 1000), batch 1000 (asked 2048)"

@@ -69,6 +69,8 @@ def _config_row(rec: dict) -> dict:
         "n_threads": placement.get("n_threads"),
         "n_parallel": placement.get("n_parallel"),
         "n_ctx_slot": placement.get("n_ctx_slot"),
+        "settings_used": ", ".join(f"{k} {v['used']} (asked {v['asked']})"
+                                   for k, v in (rec.get("settings_used") or {}).items()) or None,
         "n_threads_batch": placement.get("n_threads_batch"),
         "layers_offloaded": placement.get("layers_offloaded"),
         "buffers_mib": json.dumps(placement.get("buffers_mib") or {}),

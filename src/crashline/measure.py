@@ -116,6 +116,22 @@ def server_command(provenance: dict, model_path: str, item: dict, draft_path: st
     return settings_mod.command_line(provenance["binary"], model_path, runnable, lambda _name: draft_path), left_out
 
 
+# A setting and what llama.cpp's log says it ran with (read back: it may clamp or round what it is given).
+READ_BACK = {"ctx": "n_ctx", "batch": "n_batch", "ubatch": "n_ubatch", "parallel": "n_parallel",
+             "threads": "n_threads", "threads_batch": "n_threads_batch", "cache_type_k": "type_k",
+             "cache_type_v": "type_v"}
+
+
+def settings_used(resolved: dict, placement: dict) -> dict:
+    """The settings llama.cpp ran with where they differ from what was asked: {name: {asked, used}}."""
+    out = {}
+    for name, key in READ_BACK.items():
+        asked, used = resolved.get(name), placement.get(key)
+        if asked is not None and used is not None and str(asked) != str(used):
+            out[name] = {"asked": asked, "used": used}
+    return out
+
+
 def require_unchanged(model_name: str, fetch_record: dict) -> None:
     """The model file must be the one fetched and verified: truncated or replaced since, it is an error."""
     changed = check_unchanged(fetch_record)
@@ -260,6 +276,7 @@ def measure(*, model_name: str, item: dict, config: dict, fetch_record: dict, ma
     log = server.log_text()
     record["returncode"] = server.returncode
     record["placement"] = logparse.parse_log(log)
+    record["settings_used"] = settings_used(resolved, record["placement"])
     if failure is None:
         failure = logparse.classify(log, server.returncode, phase_hint="stop")
         bad = next((w for w in workloads if w["outcome"] != "ok"), None)

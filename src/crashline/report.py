@@ -256,6 +256,7 @@ def context(configs: pd.DataFrame, measurements: pd.DataFrame, provenance: dict,
             base = {
                 "config_id": cfg["config_id"],
                 "server_args": cfg["server_args"],
+                "used": cfg.get("settings_used"),
                 "recommended": (model, cfg["config_id"]) in winners,
                 "load_s": _num(cfg["load_s"], 1),
             }

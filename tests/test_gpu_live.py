@@ -1,0 +1,87 @@
+"""The GPU code, live: the ballast, the NVML/GPM sampler, budget_refused and load failures produced at a
+budget chosen to cause them. Skipped without an NVIDIA GPU; run on the GPU machine with
+`pytest -m gpu -v tests/test_gpu_live.py`."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from crashline import config as C, synthetic
+from crashline.ballast import Ballast, BudgetError
+from crashline.host import gpus
+from crashline.telemetry import Sampler
+from test_measure import SCHEMA, fetch_record
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not gpus()["present"], reason="needs an NVIDIA GPU (NVML)")]
+
+# About 1.8 GiB of Q4_0 experts and a 256K context: the weights alone exceed a 1 GiB budget, and at
+# 256K tokens the f16 KV cache (32 KiB per token) does not fit beside them in 3 GiB.
+MEDIUM = {"layers": 16, "n_embd": 2048, "n_head": 16, "n_head_kv": 4, "head_dim": 128, "n_expert": 32,
+          "n_expert_used": 4, "expert_ffn": 1024, "ffn": 1024, "vocab": 32000, "ctx": 262144, "quant": "Q4_0"}
+
+
+@pytest.fixture(scope="module")
+def medium_moe(tmp_path_factory):
+    path = tmp_path_factory.mktemp("models") / "medium-moe.gguf"
+    synthetic.write_moe_gguf(path, MEDIUM)
+    return path
+
+
+def _free_mib() -> int:
+    return gpus()["devices"][0]["memory_free_mib"]
+
+
+def test_the_ballast_leaves_the_budget_free_and_gives_it_back():
+    before = _free_mib()
+    with Ballast(8192) as ballast:
+        during = _free_mib()
+        assert abs(during - 8192) <= 64, ballast.info
+        assert abs(ballast.info["held_mib"] - (before - during)) <= 64
+    assert abs(_free_mib() - before) <= 64
+
+
+def test_a_budget_above_the_free_memory_is_refused():
+    with pytest.raises(BudgetError, match=r"vram_budget_mib = \d+ but GPU 0 has only \d+ MiB free"):
+        with Ballast(_free_mib() + 10_000):
+            pass
+
+
+def measure(tmp_path, model, provenance, settings, budget_mib=None, gen_tokens=64):
+    from crashline import measure as M
+
+    cfg = C.validate({"models": {"m": {"source": f"file:{model}"}}, "configurations": [{"settings": settings}],
+                      "workloads": [{"name": "short", "prompt_tokens": 128, "gen_tokens": gen_tokens}], "repetitions": 1,
+                      "budget": {"vram_budget_mib": budget_mib}}, SCHEMA)
+    (item,) = C.expand(cfg)
+    return M.measure(model_name="m", item=item, config=cfg, fetch_record=fetch_record(model), manifest={},
+                     provenance=provenance, record_path=tmp_path / "measure.json", log_path=tmp_path / "server.log")
+
+
+def test_the_sampler_sees_the_server_s_own_vram_and_gpm(tmp_path, medium_moe, server_provenance):
+    rec = measure(tmp_path, medium_moe, server_provenance, {"ctx": 4096}, gen_tokens=2048)  # seconds of decode
+    assert rec["outcome"] == "ok", rec["message"]
+    model_mib = sum(b["mib"] for b in rec["placement"]["buffers"] if b["device"].startswith("CUDA"))
+    memory = rec["memory"]
+    assert memory["per_phase"]["short"]["gpu_source"] == "process"
+    assert memory["peak_gpu_mib"] >= model_mib, (memory["peak_gpu_mib"], model_mib)
+    decode = rec["workloads"][0]["telemetry"]["decode"]
+    if memory["pcie_source"] == "GPM":
+        assert decode["gpm_sm_pct"] > 0 and decode["gpm_dram_bw_pct"] > 0, decode
+
+
+def test_budget_refused_live(tmp_path, medium_moe, server_provenance):
+    rec = measure(tmp_path, medium_moe, server_provenance, {"ctx": 4096}, budget_mib=_free_mib() + 10_000)
+    assert (rec["outcome"], rec["failure"], rec["phase"]) == ("budget_refused", "budget", "start")
+
+
+@pytest.mark.parametrize("budget_mib, settings, failure", [
+    (1024, {"ctx": 4096}, "weights"),  # the expert weights alone are larger than the budget
+    (3072, {"ctx": 262144}, "kv_cache"),  # weights fit; 8 GiB of KV do not
+])
+def test_load_failures_produced_live(tmp_path, medium_moe, server_provenance, budget_mib, settings, failure):
+    started = time.monotonic()
+    rec = measure(tmp_path, medium_moe, server_provenance, settings, budget_mib=budget_mib)
+    assert (rec["outcome"], rec["failure"], rec["phase"]) == ("load_failed", failure, "load"), rec["message"]
+    assert rec["ballast"]["budget_mib"] == budget_mib and time.monotonic() - started < 120
