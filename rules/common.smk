@@ -7,9 +7,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(workflow.basedir) / "src"))
 
 from crashline import config as crashline_config  # noqa: E402
+from crashline import jobs as crashline_jobs  # noqa: E402
 from crashline.atomic import write_json  # noqa: E402
 from crashline.paths import Layout  # noqa: E402
-from crashline.settings import canonical  # noqa: E402
 
 from snakemake.utils import update_config  # noqa: E402
 
@@ -69,7 +69,9 @@ def configuration(wildcards):
 def model_spec(wildcards):
     """What identifies a model's bytes: rerun fetch only when this changes."""
     model = CFG["models"][wildcards.model]
-    return json.dumps(model, sort_keys=True)
+    return json.dumps(
+        {k: model.get(k) for k in ("source", "sha256", "synthetic")}, sort_keys=True
+    )
 
 
 def measure_inputs(wildcards):
@@ -86,20 +88,17 @@ def measure_inputs(wildcards):
     return inputs
 
 
-def measure_params(wildcards):
-    """Everything a measurement depends on besides its inputs; a change reruns it."""
-    return json.dumps(
-        {
-            "settings": json.loads(canonical(configuration(wildcards)["settings"])),
-            "workloads": CFG["workloads"],
-            "repetitions": CFG["repetitions"],
-            "budget": CFG["budget"],
-            "server": {
-                k: CFG["server"][k] for k in ("startup_timeout_s", "request_timeout_s")
-            },
-        },
-        sort_keys=True,
-    )
+def job_spec(job):
+    """The rule's params: everything the job reads besides its input files (crashline.jobs); a change
+    reruns it, and the job reads exactly this."""
+
+    def spec(wildcards):
+        job_id = wildcards.gid if job == "search" else wildcards.cid
+        return crashline_jobs.as_param(
+            crashline_jobs.spec(job, CFG, wildcards.model, job_id)
+        )
+
+    return spec
 
 
 SEARCHES = crashline_config.expand_searches(CFG)
@@ -110,36 +109,6 @@ def all_records(wildcards):
     return [LAYOUT.record(c["model"], c["id"]) for c in CONFIGURATIONS] + [
         LAYOUT.search(g["model"], g["id"]) for g in SEARCHES
     ]
-
-
-def search_params(wildcards):
-    """What a search depends on besides its inputs; a change reruns it."""
-    group = next(
-        g
-        for g in SEARCHES
-        if g["model"] == wildcards.model and g["id"] == wildcards.gid
-    )
-    return json.dumps(
-        {
-            "group": group,
-            "workloads": CFG["workloads"],
-            "repetitions": CFG["repetitions"],
-            "budget": CFG["budget"],
-        },
-        sort_keys=True,
-    )
-
-
-def needle_params(wildcards):
-    """What a needle job depends on besides its inputs; a change reruns it."""
-    return json.dumps(
-        {
-            "settings": json.loads(canonical(configuration(wildcards)["settings"])),
-            "needle": CFG["needle"],
-            "prompt_style": CFG["models"][wildcards.model].get("prompt_style"),
-        },
-        sort_keys=True,
-    )
 
 
 def all_needle_records(wildcards):

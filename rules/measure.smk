@@ -17,10 +17,9 @@ rule measure:
     resources:
         server=1,
     params:
-        depends_on=measure_params,
-    shell:
-        "python -m crashline measure --model {wildcards.model:q} --id {wildcards.cid:q}"
-        " --out {output.record:q} --log {output.server_log:q} --telemetry {output.telemetry:q} > {log:q} 2>&1"
+        spec=job_spec("measure"),
+    script:
+        "../scripts/server_job.py"
 
 
 rule search:
@@ -30,7 +29,7 @@ rule search:
         warmup=LAYOUT.warmup("{model}"),
         server=LAYOUT.provenance(),
     output:
-        LAYOUT.search("{model}", "{gid}"),
+        summary=LAYOUT.search("{model}", "{gid}"),
     log:
         f"{RESULTS}/logs/search/{{model}}/{{gid}}.log",
     benchmark:
@@ -40,6 +39,6 @@ rule search:
     resources:
         server=1,
     params:
-        depends_on=search_params,
-    shell:
-        "python -m crashline search --model {wildcards.model:q} --id {wildcards.gid:q} --out {output:q} > {log:q} 2>&1"
+        spec=job_spec("search"),
+    script:
+        "../scripts/server_job.py"

@@ -18,10 +18,9 @@ rule needle:
     resources:
         server=1,
     params:
-        depends_on=needle_params,
-    shell:
-        "python -m crashline needle --model {wildcards.model:q} --id {wildcards.cid:q}"
-        " --out {output.record:q} --log {output.server_log:q} > {log:q} 2>&1"
+        spec=job_spec("needle"),
+    script:
+        "../scripts/server_job.py"
 
 
 rule needle_table:

@@ -40,7 +40,7 @@ def job_counts(output: str) -> dict[str, int]:
 def workflow(tmp_path_factory, server_provenance):
     """A copy of the workflow (Snakefile, rules, config, profile) run once on the default config."""
     work = tmp_path_factory.mktemp("workflow")
-    for name in ("Snakefile", "rules", "config", "profiles", "envs"):
+    for name in ("Snakefile", "rules", "scripts", "config", "profiles", "envs"):
         src = REPO / name
         (shutil.copytree if src.is_dir() else shutil.copy)(src, work / name)
     first = snakemake(work, "report")

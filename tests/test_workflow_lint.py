@@ -28,7 +28,7 @@ def test_lint_is_clean():
 
 def copy_workflow(dest):
     """A copy of the workflow, so that results of the checkout do not matter."""
-    for name in ("Snakefile", "rules", "config", "profiles", "envs"):
+    for name in ("Snakefile", "rules", "scripts", "config", "profiles", "envs"):
         (shutil.copytree if (REPO / name).is_dir() else shutil.copy)(REPO / name, dest / name)
 
 

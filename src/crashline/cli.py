@@ -81,47 +81,33 @@ def cmd_provision(args) -> int:
     return 0
 
 
-def _job(args) -> tuple[dict, Layout, dict]:
-    """The config, layout and the inputs one model x configuration job reads."""
+def _server_job(args) -> int:
+    """measure, needle and search: the spec given (the workflow's params) or built from the config,
+    the input records and outputs at the paths given or the layout's; one function runs the job."""
+    from . import jobs
+
     cfg, layout = _load(args)
-    item = config_mod.find(cfg, args.model, args.id)
-    draft = item["settings"].get("draft_model")
-    inputs = {
-        "model_name": args.model,
-        "item": item,
-        "config": cfg,
-        "fetch_record": read_json(layout.fetch(args.model)),
-        "manifest": read_json(layout.manifest(args.model)),
-        "provenance": read_json(layout.provenance()),
-        "draft_path": read_json(layout.fetch(draft))["files"][0]["path"] if draft else None,
-    }
-    return cfg, layout, inputs
-
-
-def cmd_measure(args) -> int:
-    from .measure import measure
-
-    _, layout, inputs = _job(args)
-    record = measure(
-        **inputs,
-        record_path=Path(args.out or layout.record(args.model, args.id)),
-        log_path=Path(args.log or layout.server_log(args.model, args.id)),
-        telemetry_path=Path(args.telemetry or layout.telemetry(args.model, args.id)),
-    )
-    print(f"{args.model} {args.id}: {record['outcome']}" + (f" ({record['phase']}: {record['message']})" if record["message"] else ""))
-    return 0
-
-
-def cmd_needle(args) -> int:
-    from .needle import run_needle
-
-    _, layout, inputs = _job(args)
-    record = run_needle(
-        **inputs,
-        record_path=Path(args.out or layout.needle_record(args.model, args.id)),
-        log_path=Path(args.log or layout.needle_server_log(args.model, args.id)),
-    )
-    print(f"{args.model} {args.id}: recall {record['recall']}")
+    if args.spec:
+        job_spec = json.loads(args.spec)
+        model, job_id = job_spec["model"], (job_spec.get("item") or job_spec.get("group"))["id"]
+    elif args.model and args.id:
+        model, job_id = args.model, args.id
+        job_spec = jobs.spec(args.verb, cfg, model, job_id)
+    else:
+        raise config_mod.ConfigError(f"{args.verb} needs --model and --id (see `plan`), or --spec")
+    draft = (job_spec.get("item") or {}).get("settings", {}).get("draft_model")
+    inputs = jobs.inputs(Path(args.fetch or layout.fetch(model)), Path(args.manifest or layout.manifest(model)),
+                         Path(args.server or layout.provenance()),
+                         Path(args.draft or layout.fetch(draft)) if draft else None)
+    if args.verb == "search":
+        outputs = {"summary": args.out or layout.search(model, job_id)}
+    elif args.verb == "needle":
+        outputs = {"record": args.out or layout.needle_record(model, job_id),
+                   "server_log": args.log or layout.needle_server_log(model, job_id)}
+    else:
+        outputs = {"record": args.out or layout.record(model, job_id), "server_log": args.log or
+                   layout.server_log(model, job_id), "telemetry": args.telemetry or layout.telemetry(model, job_id)}
+    print(jobs.run(job_spec, inputs, outputs))
     return 0
 
 
@@ -134,25 +120,15 @@ def cmd_needle_table(args) -> int:
     return 0
 
 
-def cmd_search(args) -> int:
-    from .search import run_search
-
-    cfg, layout = _load(args)
-    group = config_mod.find_search(cfg, args.model, args.id)
-    out = Path(args.out).parent if args.out else layout.search(args.model, args.id).parent
-    summary = run_search(model_name=args.model, group=group, config=cfg, fetch_record=read_json(layout.fetch(args.model)),
-                         manifest=read_json(layout.manifest(args.model)), provenance=read_json(layout.provenance()),
-                         out_dir=out)
-    print(f"{args.model} search {args.id}: boundary n_cpu_moe {summary['boundary']}, use "
-          f"{summary['recommended_n_cpu_moe']}, {summary['server_starts']} server starts")
-    return 0
-
-
 def records_from(paths: list[Path]) -> list[Path]:
-    """measure.json paths as they are; a search.json stands for the records of its probes."""
+    """measure.json paths as they are; a search.json stands for the records of its own probes (not
+    for older records left in its folder by a search under other workloads or another budget)."""
     out = []
     for p in map(Path, paths):
-        out += sorted((p.parent / "records").glob("*/measure.json")) if p.name == "search.json" else [p]
+        if p.name == "search.json":
+            out += [p.parent / "records" / cid / "measure.json" for cid in read_json(p).get("records", [])]
+        else:
+            out.append(p)
     return out
 
 
@@ -245,24 +221,21 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--out", required=True)
     s = verb("provision", cmd_provision, "find or build llama-server and record its provenance")
     s.add_argument("--out")
-    s = verb("measure", cmd_measure, "measure one model x configuration")
-    s.add_argument("--model", required=True)
-    s.add_argument("--id", required=True, help="configuration id (see `plan`)")
-    s.add_argument("--out")
-    s.add_argument("--log")
-    s.add_argument("--telemetry")
-    s = verb("needle", cmd_needle, "needle recall for one model x configuration")
-    s.add_argument("--model", required=True)
-    s.add_argument("--id", required=True)
-    s.add_argument("--out")
-    s.add_argument("--log")
+    for name, help_text in (("measure", "measure one model x configuration"),
+                            ("needle", "needle recall for one model x configuration"),
+                            ("search", "find the lowest surviving n_cpu_moe of one search group (see `plan`)")):
+        s = verb(name, _server_job, help_text)
+        s.add_argument("--model")
+        s.add_argument("--id", help="configuration or search group id (see `plan`)")
+        s.add_argument("--spec", help="the job's spec as JSON (what the workflow passes) instead of --model/--id")
+        for option in ("--fetch", "--manifest", "--server", "--draft"):
+            s.add_argument(option, help="input record (default: the results layout's)")
+        s.add_argument("--out")
+        s.add_argument("--log")
+        s.add_argument("--telemetry")
     s = verb("needle-table", cmd_needle_table, "needle records into results/tables/needle.parquet")
     s.add_argument("--out")
     s.add_argument("records", nargs="*")
-    s = verb("search", cmd_search, "find the lowest surviving n_cpu_moe of one search group (see `plan`)")
-    s.add_argument("--model", required=True)
-    s.add_argument("--id", required=True, help="search group id (see `plan`)")
-    s.add_argument("--out")
     s = verb("aggregate", cmd_aggregate, "turn records into Parquet tables")
     s.add_argument("--configs")
     s.add_argument("--measurements")

@@ -418,7 +418,7 @@ def expand_searches(config: dict) -> list[dict]:
                               f"[LOW, HIGH] and {lo} is above {hi}; write {[hi, lo]!r}")
         resolved = _resolve(i, given)
         for model in entry.get("models") or list(config["models"]):
-            gid = settings_mod.config_id(model, {**resolved, "n_cpu_moe": None, "search": [lo, hi]})
+            gid = settings_mod.config_id(model, {**resolved, "n_cpu_moe": None}, f"search n_cpu_moe {lo}..{hi}")
             out.setdefault((model, gid), {"model": model, "id": gid, "given": given, "range": [lo, hi]})
     return list(out.values())
 

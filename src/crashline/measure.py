@@ -16,6 +16,7 @@ from .ballast import Ballast, BudgetError
 from .provision import supported_flags
 from . import settings as settings_mod
 from .atomic import read_json, write_json
+from .jobs import key as job_key
 from .locks import server_lock
 from .server import ServerProcess
 from .sources import SourceError, check_unchanged
@@ -225,6 +226,7 @@ def measure(*, model_name: str, item: dict, config: dict, fetch_record: dict, ma
         "settings": resolved,
         "given": item["given"],
         "flags_left_out": left_out,
+        "job_key": job_key(config, provenance),
         "server": {k: provenance.get(k) for k in ("binary", "obtained", "sha256", "version", "backend", "source", "build_flags")},
         "host": host.describe(),
         "budget": config["budget"],

@@ -363,6 +363,7 @@ def provide(server_config: dict, cache_dir: Path, log=None) -> dict:
             info = describe(binary, f"built from {built['source']}")
             return {
                 **info,
+                "source": built["source"],
                 "source_sha256": built["source_sha256"],
                 "variant": variant,
                 "cpu_features": built.get("cpu_features"),

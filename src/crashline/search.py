@@ -22,6 +22,7 @@ from pathlib import Path
 from . import planner
 from . import settings as settings_mod
 from .atomic import read_json, write_json
+from .jobs import key as job_key
 from .measure import measure
 
 
@@ -48,17 +49,16 @@ def run_search(*, model_name: str, group: dict, config: dict, fetch_record: dict
     budget = config["budget"].get("vram_budget_mib")
     margin = config["budget"]["margin_mib"]
     base = group["given"]
-    measured: set[int] = set()
+    measured: dict[int, str] = {}  # n_cpu_moe -> the probe's configuration id
 
     def probe(n: int) -> dict:
-        measured.add(n)
         given = {**base, "n_cpu_moe": n}
         resolved = settings_mod.resolve(given)
-        cid = settings_mod.config_id(model_name, resolved)
+        cid = measured[n] = settings_mod.config_id(model_name, resolved)
         folder = out_dir / "records" / cid
         record_path = folder / "measure.json"
-        if record_path.exists():
-            return read_json(record_path)
+        if record_path.exists() and read_json(record_path).get("job_key") == job_key(config, provenance):
+            return read_json(record_path)  # measured by this search before, under the same workloads, budget, build
         return measure(model_name=model_name, item={"id": cid, "settings": resolved, "given": given}, config=config,
                        fetch_record=fetch_record, manifest=manifest, provenance=provenance, record_path=record_path,
                        log_path=folder / "server.log", telemetry_path=folder / "telemetry.parquet")
@@ -108,6 +108,7 @@ def run_search(*, model_name: str, group: dict, config: dict, fetch_record: dict
         "boundary": boundary,
         "recommended_n_cpu_moe": recommended,
         "server_starts": len(measured),
+        "records": sorted(measured.values()),
         "values": values,
     }
     write_json(out_dir / "search.json", summary)

@@ -182,10 +182,13 @@ def canonical(resolved: dict[str, Any]) -> str:
     return json.dumps(resolved, sort_keys=True, separators=(",", ":"))
 
 
-def config_id(model: str, resolved: dict[str, Any]) -> str:
-    """Short stable hash of the model name and the canonical resolved settings."""
-    digest = hashlib.sha256(f"{model}\n{canonical(resolved)}".encode()).hexdigest()
-    return digest[:10]
+def config_id(model: str, resolved: dict[str, Any], extra: str = "") -> str:
+    """Short stable hash of what runs: the model's name, the llama-server arguments the settings
+    become (host, port, paths and logging excluded) and crashline's own settings that are not flags
+    (page cache). A new setting whose default adds no argument changes no id."""
+    measurement = {name: resolved.get(name) for name, s in SETTINGS.items() if not s.server}
+    text = "\n".join([model, json.dumps(server_args(resolved)), canonical(measurement), extra])
+    return hashlib.sha256(text.encode()).hexdigest()[:10]
 
 
 def _flags(name: str, value: Any) -> list[str]:

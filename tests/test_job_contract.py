@@ -1,0 +1,110 @@
+"""The job contract: a job reruns exactly when what it reads changes (its spec is the rule's params),
+search probes are reused only under the same workloads, budget and build, and a configuration's id
+is what reaches the server."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+from conftest import REPO
+from crashline import config as C, jobs, settings as S
+from crashline.manifest import inspect_gguf
+from crashline.search import run_search
+from test_measure import SCHEMA, fetch_record
+from test_workflow_lint import copy_workflow
+
+
+def test_a_setting_whose_default_adds_no_argument_keeps_every_id(monkeypatch):
+    cfg = C.load(REPO / "config" / "config.yaml")
+    before = {(i["model"], i["id"]) for i in C.expand(cfg)}
+    monkeypatch.setitem(S.SETTINGS, "cache_ram", S.Setting("cache_ram", "--cache-ram", "int", None, "new, unset"))
+    after = {(i["model"], i["id"]) for i in C.expand(C.load(REPO / "config" / "config.yaml"))}
+    assert after == before
+    # ... while one that adds an argument by default is a different command, so a different id.
+    monkeypatch.setitem(S.SETTINGS, "cache_ram", S.Setting("cache_ram", "--cache-ram", "int", 0, "new, set"))
+    changed = {(i["model"], i["id"]) for i in C.expand(C.load(REPO / "config" / "config.yaml"))}
+    assert not changed & before
+
+
+def test_specs_hold_what_each_job_reads_and_nothing_else():
+    cfg = C.load(REPO / "config" / "config.yaml")
+    item = C.expand(cfg)[0]
+    measure, needle = (jobs.spec(j, cfg, item["model"], item["id"]) for j in ("measure", "needle"))
+    assert set(measure["config"]) == {"server", "workloads", "repetitions", "budget", "telemetry"}
+    assert set(needle["config"]) == {"models", "server", "budget", "needle"}
+    assert set(measure["config"]["server"]) == {"startup_timeout_s", "request_timeout_s", "stop_timeout_s"}
+    edited = {**cfg, "needle": {**cfg["needle"], "depths": [0.5]}}
+    assert jobs.spec("measure", edited, item["model"], item["id"]) == measure  # recall settings: measure kept
+    assert jobs.spec("needle", edited, item["model"], item["id"]) != needle
+
+
+def search_config(tiny_moe, workloads, budget=None):
+    return C.validate({"models": {"tiny": {"source": f"file:{tiny_moe}"}},
+                       "configurations": [{"settings": {"ctx": 2048}, "search": {"n_cpu_moe": [0, 2]}}],
+                       "workloads": workloads, "repetitions": 1, "budget": {"vram_budget_mib": budget}}, SCHEMA)
+
+
+def test_search_probes_are_measured_again_after_an_edit_of_the_workloads(tmp_path, tiny_moe, server_provenance):
+    out = tmp_path / "search"
+
+    def search(workloads):
+        cfg = search_config(tiny_moe, workloads)
+        spec = jobs.spec("search", cfg, "tiny", C.expand_searches(cfg)[0]["id"])
+        run_search(model_name="tiny", group=spec["group"], config=spec["config"], fetch_record=fetch_record(tiny_moe),
+                   manifest=inspect_gguf(tiny_moe), provenance=server_provenance, out_dir=out)
+        return {p.parent.name: p.stat().st_mtime_ns for p in (out / "records").glob("*/measure.json")}
+
+    short = [{"name": "short", "prompt_tokens": 16, "gen_tokens": 4}]
+    first = search(short)
+    assert first and search(short) == first  # same spec: the probes are reused, not measured again
+    longer = search([{"name": "short", "prompt_tokens": 16, "gen_tokens": 8}])
+    assert set(longer) == set(first) and all(longer[c] != first[c] for c in first)
+
+
+TINY = """
+models:
+  tiny:
+    source: synthetic:tiny-moe
+configurations:
+  - settings: {ubatch: 128}
+workloads:
+  - {name: short, prompt_tokens: 32, gen_tokens: 4}
+repetitions: 1
+"""
+
+
+def _snakemake(workdir, *args) -> str:
+    proc = subprocess.run([sys.executable, "-m", "snakemake", "--cores", "1", "report", "--configfile", "mine.yaml",
+                           *args], cwd=workdir, capture_output=True, text=True, timeout=900,
+                          env={**os.environ, "PYTHONPATH": str(REPO / "src")})
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+    return proc.stdout + proc.stderr
+
+
+def _planned(out: str) -> dict[str, int]:
+    return {m[1]: int(m[2]) for m in re.finditer(r"^(\w+)\s+(\d+)$", out.split("Job stats:", 1)[1], re.M)}
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("edit, reruns", [
+    ("budget:\n  vram_budget_mib: 4096\n", {"measure", "needle"}),  # recall is checked under the budget too
+    ("workloads:\n  - {name: short, prompt_tokens: 32, gen_tokens: 8}\n", {"measure"}),
+    ("needle:\n  depths: [0.5]\n", {"needle"}),
+    ("telemetry:\n  interval_s: 0.5\n", {"measure"}),
+    ("server:\n  stop_timeout_s: 20\n", {"measure", "needle"}),
+])
+def test_an_edit_reruns_exactly_the_jobs_that_read_it(tmp_path, server_provenance, edit, reruns):
+    copy_workflow(tmp_path)
+    (tmp_path / "mine.yaml").write_text(TINY)
+    _snakemake(tmp_path)
+    assert "Nothing to be done" in _snakemake(tmp_path, "-n")
+    key = edit.split(":", 1)[0]
+    text = TINY if key not in TINY else re.sub(rf"^{key}:.*?(?=^\w|\Z)", "", TINY, flags=re.M | re.S)
+    (tmp_path / "mine.yaml").write_text(text + edit)
+    planned = _planned(_snakemake(tmp_path, "-n"))
+    assert {job for job in ("measure", "needle", "search") if planned.get(job)} == reruns, planned
