@@ -19,7 +19,7 @@ rule measure:
     params:
         spec=job_spec("measure"),
     script:
-        "../scripts/server_job.py"
+        "../scripts/job.py"
 
 
 rule search:
@@ -41,4 +41,4 @@ rule search:
     params:
         spec=job_spec("search"),
     script:
-        "../scripts/server_job.py"
+        "../scripts/job.py"

@@ -12,8 +12,8 @@ rule fetch_model:
         "../envs/crashline.yaml"
     params:
         spec=model_spec,
-    shell:
-        "python -m crashline fetch --model {wildcards.model:q} --out {output:q} > {log:q} 2>&1"
+    script:
+        "../scripts/job.py"
 
 
 rule inspect_model:
@@ -27,8 +27,8 @@ rule inspect_model:
         f"{RESULTS}/benchmarks/inspect/{{model}}.tsv"
     conda:
         "../envs/crashline.yaml"
-    shell:
-        "python -m crashline inspect --fetch-record {input:q} --out {output:q} > {log:q} 2>&1"
+    script:
+        "../scripts/job.py"
 
 
 rule warmup:
@@ -42,5 +42,5 @@ rule warmup:
         f"{RESULTS}/benchmarks/warmup/{{model}}.tsv"
     conda:
         "../envs/crashline.yaml"
-    shell:
-        "python -m crashline warmup --fetch-record {input:q} --out {output:q} > {log:q} 2>&1"
+    script:
+        "../scripts/job.py"

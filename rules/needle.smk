@@ -20,7 +20,7 @@ rule needle:
     params:
         spec=job_spec("needle"),
     script:
-        "../scripts/server_job.py"
+        "../scripts/job.py"
 
 
 rule needle_table:
@@ -32,5 +32,5 @@ rule needle_table:
         f"{RESULTS}/logs/needle_table.log",
     conda:
         "../envs/crashline.yaml"
-    shell:
-        "python -m crashline needle-table --out {output:q} {input:q} > {log:q} 2>&1"
+    script:
+        "../scripts/job.py"

@@ -29,8 +29,8 @@ rule publish_claim:
     params:
         publish=json.dumps(CFG["publish"], sort_keys=True),
         out_dir=lambda wildcards: f"{PUBLISH}/{wildcards.claim}",
-    shell:
-        "python -m crashline publish --claim {wildcards.claim:q} --out-dir {params.out_dir:q} > {log:q} 2>&1"
+    script:
+        "../scripts/job.py"
 
 
 # Not part of the default target: `snakemake --cores 1 publish`.

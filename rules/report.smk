@@ -12,9 +12,8 @@ rule aggregate:
         f"{RESULTS}/logs/aggregate.log",
     conda:
         "../envs/crashline.yaml"
-    shell:
-        "python -m crashline aggregate --configs {output.configs:q}"
-        " --measurements {output.measurements:q} --searches {output.searches:q} {input:q} > {log:q} 2>&1"
+    script:
+        "../scripts/job.py"
 
 
 rule report:
@@ -34,5 +33,5 @@ rule report:
         "../envs/crashline.yaml"
     params:
         objective=json.dumps(CFG["objective"], sort_keys=True),
-    shell:
-        "python -m crashline report > {log:q} 2>&1"
+    script:
+        "../scripts/job.py"

@@ -12,5 +12,5 @@ rule provision_server:
         "../envs/llama-cpp.yaml"
     params:
         server=json.dumps({k: CFG["server"][k] for k in ("binary", "backend")}),
-    shell:
-        "python -m crashline provision --out {output:q} > {log:q} 2>&1"
+    script:
+        "../scripts/job.py"

@@ -149,9 +149,11 @@ def cmd_report(args) -> int:
     from .report import render
 
     cfg, layout = _load(args)
-    render(layout.configs_table(), layout.measurements_table(), layout.provenance(), cfg,
-           layout.report_md(), layout.report_html(), layout.searches_table(), layout.needle_table())
-    print(layout.report_md())
+    md = Path(args.md or layout.report_md())
+    render(Path(args.configs or layout.configs_table()), Path(args.measurements or layout.measurements_table()),
+           Path(args.server or layout.provenance()), cfg, md, Path(args.html or layout.report_html()),
+           Path(args.searches or layout.searches_table()), Path(args.needle or layout.needle_table()))
+    print(md)
     return 0
 
 
@@ -241,7 +243,9 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--measurements")
     s.add_argument("--searches")
     s.add_argument("records", nargs="*", help="measure.json and search.json files (default: all the config asks for)")
-    verb("report", cmd_report, "render results/report.md and results/report.html")
+    s = verb("report", cmd_report, "render results/report.md and results/report.html")
+    for option in ("--configs", "--measurements", "--searches", "--needle", "--server", "--md", "--html"):
+        s.add_argument(option, help="path (default: the results layout's)")
     s = verb("publish", cmd_publish, "write each claims file's correction section into a copy of the upstream file, "
              "with the diff; push a branch / open a pull request only if publish.* says so")
     s.add_argument("--claim", help="only this claims file (named by its file's stem)")

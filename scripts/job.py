@@ -1,0 +1,48 @@
+"""Snakemake `script:` entry of every job: the rule's input, output, params and log become the
+arguments of the same `python -m crashline VERB` a user runs without Snakemake.
+
+Each rule is one line below: which verb, and which of its paths go to which option. The server
+jobs (measure, search, needle) also get their spec (everything they read besides their inputs)
+from params, so the job reads exactly what Snakemake compares to decide a rerun.
+"""
+
+import os
+import sys
+
+from crashline.cli import main
+
+smk = snakemake  # noqa: F821 (given by Snakemake)
+SERVER_INPUTS = {"fetch": "--fetch", "manifest": "--manifest", "server": "--server", "draft": "--draft"}
+SERVER_OUTPUTS = {"record": "--out", "summary": "--out", "server_log": "--log", "telemetry": "--telemetry"}
+
+
+def options(named, flags: dict) -> list[str]:
+    return [arg for name, path in named.items() if name in flags for arg in (flags[name], path)]
+
+
+def server_job(s) -> list[str]:
+    return ["--spec", s.params.spec, *options(s.input, SERVER_INPUTS), *options(s.output, SERVER_OUTPUTS)]
+
+
+ARGV = {
+    "fetch_model": lambda s: ["fetch", "--model", s.wildcards.model, "--out", s.output[0]],
+    "inspect_model": lambda s: ["inspect", "--fetch-record", s.input[0], "--out", s.output[0]],
+    "warmup": lambda s: ["warmup", "--fetch-record", s.input[0], "--out", s.output[0]],
+    "provision_server": lambda s: ["provision", "--out", s.output[0]],
+    "measure": lambda s: ["measure", *server_job(s)],
+    "search": lambda s: ["search", *server_job(s)],
+    "needle": lambda s: ["needle", *server_job(s)],
+    "needle_table": lambda s: ["needle-table", "--out", s.output[0], *s.input],
+    "aggregate": lambda s: ["aggregate", "--configs", s.output.configs, "--measurements", s.output.measurements,
+                            "--searches", s.output.searches, *s.input],
+    "report": lambda s: ["report", "--configs", s.input.configs, "--measurements", s.input.measurements,
+                         "--searches", s.input.searches, "--needle", s.input.needle, "--server", s.input.server,
+                         "--md", s.output.md, "--html", s.output.html],
+    "publish_claim": lambda s: ["publish", "--claim", s.wildcards.claim, "--out-dir", s.params.out_dir,
+                                "--configs", s.input.configs, "--measurements", s.input.measurements],
+}
+
+log = os.open(smk.log[0], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)
+os.dup2(log, 1)
+os.dup2(log, 2)
+sys.exit(main(ARGV[smk.rule](smk)))
