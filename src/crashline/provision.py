@@ -264,7 +264,14 @@ def build(cache_dir: Path, backend: str, variant: str = "native", jobs: int | No
     marker = root / "build.json"
     with _lock(root.parent / f".{root.name}.lock"):
         if marker.exists() and binary.exists():
-            return read_json(marker)
+            # A build from before variants were recorded is the native one with nothing switched off (the
+            # folder name says so) and GGML_NATIVE at its default, ON: record it as such.
+            info = read_json(marker)
+            info.setdefault("variant", variant)
+            if variant == "native" and not info.get("cpu_features"):
+                info["cpu_features"] = plan["cpu"]
+            info["configure_flags"] += [f for f in plan["flags"] if f not in info["configure_flags"]]
+            return info
         cmake = shutil.which("cmake")
         if cmake is None:
             raise ProvisionError("building llama-server needs cmake (apt-get install cmake ninja-build, or set server.binary)")
