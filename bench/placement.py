@@ -91,20 +91,37 @@ class Runner:
         if path.exists():
             return read_json(path)
         self.starts += 1
-        rec = measure(model_name=MODEL, item={"id": cid, "settings": resolved, "given": given}, config=self.cfg,
-                      fetch_record=self.fetch, manifest=self.manifest, provenance=self.prov, record_path=path,
-                      log_path=self.layout.server_log(MODEL, cid))
+        rec = measure(
+            model_name=MODEL,
+            item={"id": cid, "settings": resolved, "given": given},
+            config=self.cfg,
+            fetch_record=self.fetch,
+            manifest=self.manifest,
+            provenance=self.prov,
+            record_path=path,
+            log_path=self.layout.server_log(MODEL, cid),
+        )
         mem = rec.get("memory") or {}
-        print(f"{settings} -> {rec['outcome']} {rec.get('phase') or ''} peak {mem.get('peak_gpu_mib')} MiB "
-              f"headroom {mem.get('headroom_mib')} MiB", flush=True)
+        print(
+            f"{settings} -> {rec['outcome']} {rec.get('phase') or ''} peak {mem.get('peak_gpu_mib')} MiB "
+            f"headroom {mem.get('headroom_mib')} MiB",
+            flush=True,
+        )
         return rec
 
 
 def phase_planner(args, run: Runner) -> dict:
     """The workflow's own search (crashline.search), over the whole n_cpu_moe range."""
     group = {"id": "bench", "given": dict(run.cfg["defaults"]), "range": [0, run.manifest["layers"]]}
-    summary = run_search(model_name=MODEL, group=group, config=run.cfg, fetch_record=run.fetch,
-                         manifest=run.manifest, provenance=run.prov, out_dir=Path(run.cfg["results_dir"]) / "search")
+    summary = run_search(
+        model_name=MODEL,
+        group=group,
+        config=run.cfg,
+        fetch_record=run.fetch,
+        manifest=run.manifest,
+        provenance=run.prov,
+        out_dir=Path(run.cfg["results_dir"]) / "search",
+    )
     run.starts = summary["server_starts"]
     return summary
 
@@ -120,7 +137,10 @@ def phase_grid(args, run: Runner) -> dict:
 
 def phase_fit(args, run: Runner) -> dict:
     rec = run(fit="on")
-    return {"outcome": rec["outcome"], "placement": {k: rec["placement"].get(k) for k in ("buffers_mib", "layers_offloaded")}}
+    return {
+        "outcome": rec["outcome"],
+        "placement": {k: rec["placement"].get(k) for k in ("buffers_mib", "layers_offloaded")},
+    }
 
 
 def phase_explicit(args, run: Runner) -> dict:
@@ -143,17 +163,29 @@ def phase_report(args) -> None:
     layout.provenance().parent.mkdir(parents=True, exist_ok=True)
     layout.provenance().write_text(provenance.read_text())
     write(list(records.values()), layout.configs_table(), layout.measurements_table())
-    render(layout.configs_table(), layout.measurements_table(), layout.provenance(), cfg,
-           layout.report_md(), layout.report_html())
+    render(
+        layout.configs_table(),
+        layout.measurements_table(),
+        layout.provenance(),
+        cfg,
+        layout.report_md(),
+        layout.report_html(),
+    )
     summaries = {p.stem: read_json(p) for p in out.glob("*/summary-*.json")}
     if "summary-planner" in summaries and "summary-grid" in summaries:
         p, g = summaries["summary-planner"], summaries["summary-grid"]
-        print(json.dumps({
-            "same_boundary": p["result"]["boundary"] == g["result"]["boundary"],
-            "planner_boundary": p["result"]["boundary"], "grid_boundary": g["result"]["boundary"],
-            "server_starts": f"{p['starts']} / {g['starts']} = {p['starts'] / g['starts']:.2f}",
-            "wall_s": f"{p['wall_s']:.0f} / {g['wall_s']:.0f} = {p['wall_s'] / g['wall_s']:.2f}",
-        }, indent=2))
+        print(
+            json.dumps(
+                {
+                    "same_boundary": p["result"]["boundary"] == g["result"]["boundary"],
+                    "planner_boundary": p["result"]["boundary"],
+                    "grid_boundary": g["result"]["boundary"],
+                    "server_starts": f"{p['starts']} / {g['starts']} = {p['starts'] / g['starts']:.2f}",
+                    "wall_s": f"{p['wall_s']:.0f} / {g['wall_s']:.0f} = {p['wall_s'] / g['wall_s']:.2f}",
+                },
+                indent=2,
+            )
+        )
     print(layout.report_md())
 
 

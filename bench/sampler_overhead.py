@@ -40,8 +40,10 @@ def _mean_ms(fn, calls: int) -> dict:
     wall, cpu = time.perf_counter(), time.thread_time()
     for _ in range(calls):
         fn()
-    return {"wall_ms": round((time.perf_counter() - wall) / calls * 1000, 3),
-            "cpu_ms": round((time.thread_time() - cpu) / calls * 1000, 3)}
+    return {
+        "wall_ms": round((time.perf_counter() - wall) / calls * 1000, 3),
+        "cpu_ms": round((time.thread_time() - cpu) / calls * 1000, 3),
+    }
 
 
 def sample_costs(pid: int, calls: int = 50) -> dict:
@@ -78,8 +80,9 @@ def sample_costs(pid: int, calls: int = 50) -> dict:
             "nvml pcie gen": lambda: nv.nvmlDeviceGetCurrPcieLinkGeneration(h),
             "nvml compute processes": lambda: nv.nvmlDeviceGetComputeRunningProcesses(h),
             "nvml GPM rates": nvml.gpm.rates if nvml.gpm else lambda: None,
-            "nvml pcie throughput, one direction (without GPM)":
-                lambda: nv.nvmlDeviceGetPcieThroughput(h, nv.NVML_PCIE_UTIL_RX_BYTES),
+            "nvml pcie throughput, one direction (without GPM)": lambda: nv.nvmlDeviceGetPcieThroughput(
+                h, nv.NVML_PCIE_UTIL_RX_BYTES
+            ),
             "nvml whole row": nvml.row,
         }
         queries.update({name: _mean_ms(fn, calls) for name, fn in gpu.items()})
@@ -94,8 +97,9 @@ def bootstrap_median(values: list[float], draws: int = 5000, seed: int = 1) -> t
     return medians[int(0.025 * draws)], medians[int(0.975 * draws) - 1]
 
 
-def switched_request(url: str, prompt: list[int], gen: int, sampler: Sampler, segment_s: float,
-                     first_on: bool) -> tuple[list[dict], dict]:
+def switched_request(
+    url: str, prompt: list[int], gen: int, sampler: Sampler, segment_s: float, first_on: bool
+) -> tuple[list[dict], dict]:
     """One streamed request; from its first token on, the sampler flips every ``segment_s``.
     Returns the stretches (state, tokens, seconds) and the server's timings."""
     segments: list[dict] = []
@@ -120,21 +124,26 @@ def switched_request(url: str, prompt: list[int], gen: int, sampler: Sampler, se
 def neighbour_ratios(segments: list[dict]) -> list[float]:
     """Each inner "on" stretch's rate over the mean rate of the "off" stretches before and after it."""
     rates = [s["tokens"] / s["seconds"] for s in segments]
-    return [rates[i] / ((rates[i - 1] + rates[i + 1]) / 2)
-            for i in range(1, len(segments) - 1) if segments[i]["on"]]
+    return [rates[i] / ((rates[i - 1] + rates[i + 1]) / 2) for i in range(1, len(segments) - 1) if segments[i]["on"]]
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", help="the GGUF to serve (without it: only the cost of each query, on a sleeping process)")
+    ap.add_argument(
+        "--model", help="the GGUF to serve (without it: only the cost of each query, on a sleeping process)"
+    )
     ap.add_argument("--requests", type=int, default=4)
     ap.add_argument("--prompt", type=int, default=128)
     ap.add_argument("--gen", type=int, default=1536)
     ap.add_argument("--segment", type=float, default=2.0, help="seconds between switching the sampler on and off")
     schema = load_schema()
     default_interval = schema["properties"]["telemetry"]["properties"]["interval_s"]["default"]
-    ap.add_argument("--interval", type=float, default=default_interval,
-                    help=f"the sampler's interval (default: the configured default, {default_interval} s)")
+    ap.add_argument(
+        "--interval",
+        type=float,
+        default=default_interval,
+        help=f"the sampler's interval (default: the configured default, {default_interval} s)",
+    )
     ap.add_argument("--cache", default=str(Path.home() / ".cache" / "crashline"))
     ap.add_argument("--frame-out", help="write the sampled time series here (Parquet)")
     ap.add_argument("--out")
@@ -149,8 +158,10 @@ def main() -> None:
         return
     binary = provision.provide({"binary": None, "backend": "auto"}, Path(args.cache))["binary"]
     per_request = []
-    with tempfile.TemporaryDirectory() as tmp, \
-            ServerProcess([binary, "-m", args.model, *args.server_args], Path(tmp) / "server.log") as server:
+    with (
+        tempfile.TemporaryDirectory() as tmp,
+        ServerProcess([binary, "-m", args.model, *args.server_args], Path(tmp) / "server.log") as server,
+    ):
         if server.start_ready(600) != "ready":
             raise SystemExit(f"server did not start:\n{server.log_text()[-3000:]}")
         client = Client(server.url, 600)
@@ -161,31 +172,50 @@ def main() -> None:
         with sampler:  # the sampler's own thread, paused between stretches; entering lists the children
             sampler.pause()
             for i in range(args.requests):
-                segments, timings = switched_request(server.url, prompts.prompt(args.prompt, i + 1), args.gen,
-                                                     sampler, args.segment, first_on=bool(i % 2))
+                segments, timings = switched_request(
+                    server.url,
+                    prompts.prompt(args.prompt, i + 1),
+                    args.gen,
+                    sampler,
+                    args.segment,
+                    first_on=bool(i % 2),
+                )
                 ratios = neighbour_ratios(segments)
-                per_request.append({"segments": segments, "ratios": ratios,
-                                    "server_decode_tps": timings["decode_tps"]})
-                print(f"request {i + 1}: {len(segments)} stretches, ratios "
-                      + " ".join(f"{r:.3f}" for r in ratios), file=sys.stderr, flush=True)
+                per_request.append({"segments": segments, "ratios": ratios, "server_decode_tps": timings["decode_tps"]})
+                print(
+                    f"request {i + 1}: {len(segments)} stretches, ratios " + " ".join(f"{r:.3f}" for r in ratios),
+                    file=sys.stderr,
+                    flush=True,
+                )
         sampler.close()
     if args.frame_out:
         write_frame(sampler.frame(), Path(args.frame_out))
     ratios = [r for req in per_request for r in req["ratios"]]
     low, high = bootstrap_median(ratios)
-    rate = {on: sum(s["tokens"] for q in per_request for s in q["segments"] if s["on"] == on)
-            / sum(s["seconds"] for q in per_request for s in q["segments"] if s["on"] == on) for on in (True, False)}
+    rate = {
+        on: sum(s["tokens"] for q in per_request for s in q["segments"] if s["on"] == on)
+        / sum(s["seconds"] for q in per_request for s in q["segments"] if s["on"] == on)
+        for on in (True, False)
+    }
     cost = sampler.cost()
     result = {
-        "server_args": args.server_args, "prompt_tokens": args.prompt, "gen_tokens": args.gen,
-        "requests": args.requests, "segment_s": args.segment, "interval_s": args.interval,
-        "tokens_per_s_on": rate[True], "tokens_per_s_off": rate[False],
-        "ratio_median": statistics.median(ratios), "ratio_ci95": [low, high], "n_ratios": len(ratios),
+        "server_args": args.server_args,
+        "prompt_tokens": args.prompt,
+        "gen_tokens": args.gen,
+        "requests": args.requests,
+        "segment_s": args.segment,
+        "interval_s": args.interval,
+        "tokens_per_s_on": rate[True],
+        "tokens_per_s_off": rate[False],
+        "ratio_median": statistics.median(ratios),
+        "ratio_ci95": [low, high],
+        "n_ratios": len(ratios),
         "within_1pct": low >= 0.99 and high <= 1.01,
         "samples_during_run": cost["samples"],
         "sampler_cpu_ms_per_sample": cost["cpu_ms_per_sample"],
         "sampler_wall_ms_per_sample": cost["wall_ms_per_sample"],
-        "sample_costs_ms": costs_ms, "per_request": per_request,
+        "sample_costs_ms": costs_ms,
+        "per_request": per_request,
     }
     print(json.dumps({k: v for k, v in result.items() if k != "per_request"}, indent=2))
     if args.out:

@@ -25,8 +25,13 @@ WRITE = textwrap.dedent("""
 
 @pytest.mark.parametrize(("umask", "mode"), [(0o022, 0o644), (0o077, 0o600), (0o002, 0o664)])
 def test_outputs_get_the_mode_the_umask_gives(tmp_path, umask, mode):
-    proc = subprocess.run([sys.executable, "-c", WRITE, oct(umask)[2:], str(tmp_path)], capture_output=True, text=True,
-                          env={"PYTHONPATH": str(REPO / "src"), "PATH": "/usr/bin:/bin"}, timeout=60)
+    proc = subprocess.run(
+        [sys.executable, "-c", WRITE, oct(umask)[2:], str(tmp_path)],
+        capture_output=True,
+        text=True,
+        env={"PYTHONPATH": str(REPO / "src"), "PATH": "/usr/bin:/bin"},
+        timeout=60,
+    )
     assert proc.returncode == 0, proc.stderr
     for name in ("record.json", "table.txt"):
         assert (tmp_path / name).stat().st_mode & 0o777 == mode, name

@@ -21,12 +21,19 @@ def test_bytes_per_token_split_by_n_cpu_moe():
     layers = QWEN["layers"]
     expert = QWEN["per_layer"][0]["expert_bytes"]
     active = 8 / 128
-    all_gpu = bottleneck.bytes_per_token({**QWEN, "n_expert": 128, "n_expert_used": 8}, resolve({"ctx": 32768}), 0, True)
+    all_gpu = bottleneck.bytes_per_token(
+        {**QWEN, "n_expert": 128, "n_expert_used": 8}, resolve({"ctx": 32768}), 0, True
+    )
     assert all_gpu["cpu"] == 0
-    split = bottleneck.bytes_per_token({**QWEN, "n_expert": 128, "n_expert_used": 8},
-                                       resolve({"ctx": 32768, "n_cpu_moe": 28}), 0, True)
+    split = bottleneck.bytes_per_token(
+        {**QWEN, "n_expert": 128, "n_expert_used": 8}, resolve({"ctx": 32768, "n_cpu_moe": 28}), 0, True
+    )
     assert split["cpu"] == pytest.approx(28 * expert * active)
     assert split["gpu"] + split["cpu"] == pytest.approx(all_gpu["gpu"])
+    experts_on_cpu = bottleneck.bytes_per_token(
+        {**QWEN, "n_expert": 128, "n_expert_used": 8}, resolve({"ctx": 32768, "n_cpu_moe": layers}), 0, True
+    )
+    assert experts_on_cpu["cpu"] == pytest.approx(layers * expert * active)  # every layer's experts, nothing else
     cpu_only = bottleneck.bytes_per_token({**QWEN, "n_expert": 128, "n_expert_used": 8}, resolve({}), 0, False)
     assert cpu_only["gpu"] == 0 and cpu_only["cpu"] == pytest.approx(all_gpu["gpu"])
     # The KV cache read per token grows with depth: 96 KiB per token of context for this shape.
@@ -42,9 +49,19 @@ def test_bound_is_serial_time_over_both_devices():
 
 
 def decode(**kw):
-    base = {"pcie_rx_kbs": 1_000_000, "pcie_tx_kbs": 50_000, "pcie_gen": 5, "pcie_width": 16, "gpu_mem_pct": 14,
-            "gpu_sm_pct": 50, "server_cpu_cores": 8.0, "majflt_per_s": 0, "swap_in_bytes_per_s": 0,
-            "swap_out_bytes_per_s": 0, "disk_read_bytes_per_s": 0}
+    base = {
+        "pcie_rx_kbs": 1_000_000,
+        "pcie_tx_kbs": 50_000,
+        "pcie_gen": 5,
+        "pcie_width": 16,
+        "gpu_mem_pct": 14,
+        "gpu_sm_pct": 50,
+        "server_cpu_cores": 8.0,
+        "majflt_per_s": 0,
+        "swap_in_bytes_per_s": 0,
+        "swap_out_bytes_per_s": 0,
+        "disk_read_bytes_per_s": 0,
+    }
     return {**base, **kw}
 
 
@@ -60,5 +77,7 @@ def test_saturated_and_paging_verdicts():
     assert bottleneck.table(decode(server_cpu_cores=15.5), 50.0, 16, True)["verdict"].startswith("limited by CPU")
     assert bottleneck.table(decode(majflt_per_s=300), 50.0, 16, True)["verdict"].startswith("waiting on storage")
     cpu_only = bottleneck.table(decode(server_cpu_cores=1.95), 20.0, 2, gpu=False)
-    assert [r["suspect"] for r in cpu_only["rows"]][0].startswith("CPU") and cpu_only["verdict"].startswith("limited by CPU")
+    assert [r["suspect"] for r in cpu_only["rows"]][0].startswith("CPU") and cpu_only["verdict"].startswith(
+        "limited by CPU"
+    )
     assert bottleneck.table(None, None, 2, False)["rows"] == []

@@ -22,9 +22,19 @@ def tables():
             continue  # the full-GPU run is another card size: another environment
         verdict = logparse.classify((LOGS / run["file"]).read_text(), EXIT[run["outcome"]])
         cid = run["file"]
-        configs.append({"model": "qwen3moe-30b-a3b", "environment": "H200 at 11761 MiB", "config_id": cid,
-                        "s_n_cpu_moe": run["--n-cpu-moe"], "s_ubatch": run["-ub"], "s_ctx": run["-c"],
-                        "outcome": verdict["outcome"], "headroom_mib": None, "peak_pct_of_limit": None})
+        configs.append(
+            {
+                "model": "qwen3moe-30b-a3b",
+                "environment": "H200 at 11761 MiB",
+                "config_id": cid,
+                "s_n_cpu_moe": run["--n-cpu-moe"],
+                "s_ubatch": run["-ub"],
+                "s_ctx": run["-c"],
+                "outcome": verdict["outcome"],
+                "headroom_mib": None,
+                "peak_pct_of_limit": None,
+            }
+        )
         if verdict["outcome"] == "ok":
             for workload in ("short", "deep"):
                 measurements.append({"config_id": cid, "workload": workload, "workload_outcome": "ok"})
@@ -39,11 +49,17 @@ def test_crash_line_from_real_runs():
     # 12, 24, 25 fail to load (weights, KV, compute); 26 loads and dies at warm-up; 28 survives.
     assert (line["loads_from"], line["short_from"], line["survives_from"]) == (26, 28, 28)
     assert line["monotonic"]
-    assert "loads from n_cpu_moe 26" in line["sentence"] and "survives every workload from n_cpu_moe 28" in line["sentence"]
+    assert (
+        "loads from n_cpu_moe 26" in line["sentence"]
+        and "survives every workload from n_cpu_moe 28" in line["sentence"]
+    )
 
 
 def test_headroom_below_margin_is_risky():
     configs, measurements = tables()
     configs.loc[configs["outcome"] == "ok", ["headroom_mib", "peak_pct_of_limit"]] = [300.0, 97.4]
     (line,) = crash_lines(configs, measurements, "short", margin_mib=1024)
-    assert line["risky"] and "peak 97.4% of the VRAM limit, headroom 300 MiB, less than the margin: risky" in line["sentence"]
+    assert (
+        line["risky"]
+        and "peak 97.4% of the VRAM limit, headroom 300 MiB, less than the margin: risky" in line["sentence"]
+    )

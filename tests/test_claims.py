@@ -14,7 +14,8 @@ import pytest
 import yaml
 
 from crashline.config import load_schema
-from crashline import aggregate, claims as K, config as C, settings as S
+from crashline import aggregate, claims_compare as KC, claims_load as K, config as C, settings as S
+from crashline.present import correction as KP
 
 from conftest import FIXTURES, REPO
 
@@ -23,12 +24,15 @@ MIXED = FIXTURES / "claims" / "mixed.yaml"
 
 
 def run_config() -> dict:
-    return C.validate({
-        "models": {"m": {"source": "file:/x.gguf"}},
-        "defaults": {"threads": 2},
-        "configurations": [{"grid": {"ubatch": [128, 512]}}, {"settings": {"parallel": 4, "ctx": 16384}}],
-        "workloads": [{"name": "short", "prompt_tokens": 128, "gen_tokens": 16}],
-    }, SCHEMA)
+    return C.validate(
+        {
+            "models": {"m": {"source": "file:/x.gguf"}},
+            "defaults": {"threads": 2},
+            "configurations": [{"grid": {"ubatch": [128, 512]}}, {"settings": {"parallel": 4, "ctx": 16384}}],
+            "workloads": [{"name": "short", "prompt_tokens": 128, "gen_tokens": 16}],
+        },
+        SCHEMA,
+    )
 
 
 @pytest.fixture
@@ -54,8 +58,10 @@ def write_claims(tmp_path: Path, mutate) -> Path:
         (lambda c: c["rows"][1].update(claimed={}), "key rows.1.claimed = {}"),
         (lambda c: c["workload"].update(prompt_tokens=0), "key workload.prompt_tokens = 0"),
         (lambda c: c.update(model="nope"), "key model = 'nope': no such model"),
-        (lambda c: c["rows"][0]["stated"].update(ubatchsize=64),
-         "key rows.0.stated.ubatchsize = 64: unknown server setting(s) 'ubatchsize'; did you mean 'ubatch'?"),
+        (
+            lambda c: c["rows"][0]["stated"].update(ubatchsize=64),
+            "key rows.0.stated.ubatchsize = 64: unknown server setting(s) 'ubatchsize'; did you mean 'ubatch'?",
+        ),
         (lambda c: c["rows"][0]["stated"].update(ubatch=-1), "key rows.0.stated.ubatch = -1"),
         (lambda c: c["rows"][2]["stated"].update(flash_attn="maybe"), "key rows.2.stated.flash_attn = 'maybe'"),
         (lambda c: c["defaults"].update(cache_type_k="q3"), "key defaults.cache_type_k = 'q3'"),
@@ -139,7 +145,7 @@ def test_example_claims_match_the_default_sweep():
 
 
 def test_comparability_names_ubatch_parallel_and_assumed_values(mixed):
-    flags = {(f["a"], f["b"]): f for f in K.comparability(mixed["rows"])}
+    flags = {(f["a"], f["b"]): f for f in KC.comparability(mixed["rows"])}
     assert set(flags) == {("ub 512", "ub 128"), ("ub 512", "np 4, 4 users"), ("ub 128", "np 4, 4 users")}
     assert flags[("ub 512", "ub 128")]["settings"] == ["ubatch"]
     assert flags[("ub 512", "ub 128")]["text"] == "ubatch (-ub) 512 vs 128"
@@ -150,17 +156,17 @@ def test_comparability_names_ubatch_parallel_and_assumed_values(mixed):
     assert "build b5000 vs b5100" in np4["text"] and "requests at once 1 vs 4" in np4["text"]
     assert flags[("ub 128", "np 4, 4 users")]["settings"][:2] == ["ubatch", "parallel"]
     assert "ubatch (-ub) 128 vs 512 (assumed)" in flags[("ub 128", "np 4, 4 users")]["text"]
-    per_row = K.row_flags(mixed["rows"])
+    per_row = KC.row_flags(mixed["rows"])
     assert per_row["ub 512"] == ["ub 128 (ubatch)", "np 4, 4 users (parallel, ctx, build, requests at once)"]
     # the same check on claim_configurations items
-    assert [f["settings"] for f in K.comparability(K.claim_configurations([mixed]))][0] == ["ubatch"]
+    assert [f["settings"] for f in KC.comparability(K.claim_configurations([mixed]))][0] == ["ubatch"]
 
 
 def test_comparability_of_identical_rows_and_unverifiable_settings(mixed):
     same = [copy.deepcopy(mixed["rows"][0]), copy.deepcopy(mixed["rows"][0])]
     same[1]["label"] = "again"
-    assert K.comparability(same) == []
-    silent = {u["setting"]: u for u in K.unverifiable(mixed["rows"])}
+    assert KC.comparability(same) == []
+    silent = {u["setting"]: u for u in KC.unverifiable(mixed["rows"])}
     assert silent["threads"]["all"] and silent["threads"]["assumed_values"] == ["2"]
     assert silent["parallel"]["rows"] == ["ub 512", "ub 128"]
     assert "build" not in silent  # every row has one (the file's or its own)
@@ -182,24 +188,51 @@ def tables_for(claim: dict, real_tables, stats: dict, failed: dict | None = None
     config_row, meas_row = real_tables
     configs, measurements = [], []
     for r in claim["rows"]:
-        base = {"model": claim["model"], "config_id": r["id"], "server_version": "0.6.0-dev (build 0)",
-                "server_sha256": "ab" * 32, "cpu_model": "Test CPU", "gpu": "no GPU", "repetitions": 3,
-                **{f"s_{k}": v for k, v in r["resolved"].items()}}
+        base = {
+            "model": claim["model"],
+            "config_id": r["id"],
+            "server_version": "0.6.0-dev (build 0)",
+            "server_sha256": "ab" * 32,
+            "cpu_model": "Test CPU",
+            "gpu": "no GPU",
+            "repetitions": 3,
+            **{f"s_{k}": v for k, v in r["resolved"].items()},
+        }
         if failed and r["index"] in failed:
-            configs.append({**config_row, **base, "outcome": failed[r["index"]][0], "phase": failed[r["index"]][1],
-                            "message": "out of memory"})
+            configs.append(
+                {
+                    **config_row,
+                    **base,
+                    "outcome": failed[r["index"]][0],
+                    "phase": failed[r["index"]][1],
+                    "message": "out of memory",
+                }
+            )
             continue
         configs.append({**config_row, **base, "outcome": "ok", "phase": None, "message": None})
         for (index, conc), values in stats.items():
             if index != r["index"]:
                 continue
-            row = {**meas_row, **base, "workload": f"w{conc}", "prompt_tokens": r["workload"]["prompt_tokens"],
-                   "gen_tokens": r["workload"]["gen_tokens"], "concurrency": conc, "workload_outcome": "ok",
-                   "workload_message": None}
+            row = {
+                **meas_row,
+                **base,
+                "workload": f"w{conc}",
+                "prompt_tokens": r["workload"]["prompt_tokens"],
+                "gen_tokens": r["workload"]["gen_tokens"],
+                "concurrency": conc,
+                "workload_outcome": "ok",
+                "workload_message": None,
+            }
             for metric in ("prefill_tps", "decode_tps", "aggregate_tps"):
                 lo, med, hi = values.get(metric, (None, None, None))
-                row.update({f"{metric}_min": lo, f"{metric}_median": med, f"{metric}_max": hi,
-                            f"{metric}_n": 3 if med else None})
+                row.update(
+                    {
+                        f"{metric}_min": lo,
+                        f"{metric}_median": med,
+                        f"{metric}_max": hi,
+                        f"{metric}_n": 3 if med else None,
+                    }
+                )
             measurements.append(row)
     return pd.DataFrame(configs), pd.DataFrame(measurements)
 
@@ -216,10 +249,16 @@ STATS = {
 def test_correction_table_claimed_against_measured(mixed, real_tables):
     configs, measurements = tables_for(mixed, real_tables, STATS)
     assert set(real_tables[1]) <= set(measurements.columns)  # the real table's shape (and every setting)
-    table = K.correction_table([mixed], configs, measurements)
+    table = KC.correction_table([mixed], configs, measurements)
     by = {(t["label"], t["metric"]): t for t in table}
-    assert list(by) == [("ub 512", "prefill_tps"), ("ub 512", "decode_tps"), ("ub 128", "prefill_tps"),
-                        ("ub 128", "decode_tps"), ("np 4, 4 users", "prefill_tps"), ("np 4, 4 users", "aggregate_tps")]
+    assert list(by) == [
+        ("ub 512", "prefill_tps"),
+        ("ub 512", "decode_tps"),
+        ("ub 128", "prefill_tps"),
+        ("ub 128", "decode_tps"),
+        ("np 4, 4 users", "prefill_tps"),
+        ("np 4, 4 users", "aggregate_tps"),
+    ]
     pre = by[("ub 512", "prefill_tps")]
     assert pre["median"] == 600.0 and pre["n"] == 3 and pre["diff_pct"] == pytest.approx(-40.0)
     assert pre["measured_text"] == "600.0 [580.0–640.0] n=3" and pre["diff_text"] == "-40.0%"
@@ -234,7 +273,7 @@ def test_correction_table_claimed_against_measured(mixed, real_tables):
 
 def test_aggregate_claim_compares_with_the_aggregate_at_its_concurrency(mixed, real_tables):
     configs, measurements = tables_for(mixed, real_tables, STATS)
-    by = {(t["label"], t["metric"]): t for t in K.correction_table([mixed], configs, measurements)}
+    by = {(t["label"], t["metric"]): t for t in KC.correction_table([mixed], configs, measurements)}
     agg = by[("np 4, 4 users", "aggregate_tps")]
     # 4 requests at once, all of them together: never the per-request decode, never the 1-request run
     assert agg["median"] == 120.0 and agg["diff_pct"] == pytest.approx(-20.0)
@@ -244,20 +283,24 @@ def test_aggregate_claim_compares_with_the_aggregate_at_its_concurrency(mixed, r
 
 
 def test_correction_table_says_why_a_row_has_no_measurement(mixed, real_tables):
-    configs, measurements = tables_for(mixed, real_tables, {k: v for k, v in STATS.items() if k != (2, 4)},
-                                       failed={0: ("oom", "warmup")})
-    by = {(t["label"], t["metric"]): t for t in K.correction_table([mixed], configs, measurements)}
+    configs, measurements = tables_for(
+        mixed, real_tables, {k: v for k, v in STATS.items() if k != (2, 4)}, failed={0: ("oom", "warmup")}
+    )
+    by = {(t["label"], t["metric"]): t for t in KC.correction_table([mixed], configs, measurements)}
     assert by[("ub 512", "prefill_tps")]["measured_text"] == "oom at warmup: out of memory"
     assert by[("ub 512", "prefill_tps")]["median"] is None and by[("ub 512", "prefill_tps")]["diff_text"] == "–"
-    assert "no workload of 512 prompt / 64 generated tokens at 4 request(s)" in by[("np 4, 4 users", "aggregate_tps")]["measured_text"]
-    empty = K.correction_table([mixed], configs.iloc[0:0], measurements.iloc[0:0])
+    assert (
+        "no workload of 512 prompt / 64 generated tokens at 4 request(s)"
+        in by[("np 4, 4 users", "aggregate_tps")]["measured_text"]
+    )
+    empty = KC.correction_table([mixed], configs.iloc[0:0], measurements.iloc[0:0])
     assert all(t["measured_text"].startswith("not measured: no record") for t in empty)
 
 
 def test_section_markdown_and_html(mixed, real_tables):
     configs, measurements = tables_for(mixed, real_tables, STATS)
-    md = K.section(mixed, configs, measurements)
-    assert md.startswith(K.START_MARKER + "\n### Re-measured: Test table") and md.rstrip().endswith(K.END_MARKER)
+    md = KP.section(mixed, configs, measurements)
+    assert md.startswith(KP.START_MARKER + "\n### Re-measured: Test table") and md.rstrip().endswith(KP.END_MARKER)
     prose = " ".join(md.split())
     assert "prompt cache off" in prose and "median of n" in prose and "ran 3 times" in prose
     assert "The source measured on a test machine" in prose
@@ -273,7 +316,7 @@ def test_section_markdown_and_html(mixed, real_tables):
             width = line.count(" | ")
         if line.startswith("| ub ") or line.startswith("| np "):
             assert line.count(" | ") in (width, 4)
-    html = K.section(mixed, configs, measurements, fmt="html")
+    html = KP.section(mixed, configs, measurements, fmt="html")
     assert html.startswith('<section class="correction"') and "<table>" in html and "{{" not in html
     assert "&lt;!-- crashline:correction:start --&gt;" in html  # the Markdown to send, escaped
 
@@ -282,29 +325,38 @@ def test_section_escapes_labels(mixed, real_tables):
     claim = copy.deepcopy(mixed)
     claim["rows"][0]["label"] = "<b>ub|512</b>"
     configs, measurements = tables_for(claim, real_tables, STATS)
-    md = K.section(claim, configs, measurements)
+    md = KP.section(claim, configs, measurements)
     assert "| <b>ub\\|512</b> | pp512 tg64 |" in md  # a pipe in a label does not split the cell
-    html = K.section(claim, configs, measurements, fmt="html")
+    html = KP.section(claim, configs, measurements, fmt="html")
     assert "<td>&lt;b&gt;ub|512&lt;/b&gt;</td>" in html and "<b>ub|512</b>" not in html
 
 
 def test_changes_between_rows_and_untrustworthy_numbers(mixed, real_tables):
     configs, measurements = tables_for(mixed, real_tables, STATS)
     measurements.loc[measurements["config_id"] == mixed["rows"][1]["id"], "cpu_other_cores"] = 1.2
-    table = K.correction_table([mixed], configs, measurements)
+    table = KC.correction_table([mixed], configs, measurements)
     by = {(t["label"], t["metric"]): t for t in table}
     assert by[("ub 512", "decode_tps")]["warnings"] == {"spread_pct": pytest.approx(7 / 52 * 100)}
     assert by[("ub 512", "decode_tps")]["measured_text"].endswith(" ⚠")
     assert by[("ub 128", "prefill_tps")]["warnings"] == {"other_cores": 1.2}
     assert by[("ub 512", "prefill_tps")]["warnings"] == {}
-    pairs = {(p["a"], p["b"]): p for p in K.pair_changes(table, K.comparability(mixed["rows"]))}
+    pairs = {(p["a"], p["b"]): p for p in KC.pair_changes(table, KC.comparability(mixed["rows"]))}
     ub = {c["metric"]: c for c in pairs[("ub 512", "ub 128")]["changes"]}
     # the table: ub 128 decodes 10% faster; measured under the same build: 17% faster, ranges apart
     assert ub["decode_tps"]["claimed_pct"] == pytest.approx(10.0)
-    assert ub["decode_tps"]["measured_pct"] == pytest.approx(61 / 52 * 100 - 100) and ub["decode_tps"]["overlap"] is False
-    assert [c["metric"] for c in pairs[("ub 512", "np 4, 4 users")]["changes"]] == ["prefill_tps"]  # shared metrics only
-    md = " ".join(K.section(mixed, configs, measurements).split())
-    assert "- ub 512 vs ub 128: ubatch (-ub) 512 vs 128. From the first to the second, the table says prefill t/s " \
-           "per request -20.0%, decode t/s per request +10.0%; measured here, with one build on one machine: -48.3%, +17.3%." in md
-    assert ("⚠ Repeat these before trusting them: the range is wider than 10% of the median for ub 512, decode (13%); "
-            "np 4, 4 users, aggregate (12%). Other processes used up to 1.2 CPU cores during 2 of the 6 measurements") in md
+    assert (
+        ub["decode_tps"]["measured_pct"] == pytest.approx(61 / 52 * 100 - 100) and ub["decode_tps"]["overlap"] is False
+    )
+    assert [c["metric"] for c in pairs[("ub 512", "np 4, 4 users")]["changes"]] == [
+        "prefill_tps"
+    ]  # shared metrics only
+    md = " ".join(KP.section(mixed, configs, measurements).split())
+    assert (
+        "- ub 512 vs ub 128: ubatch (-ub) 512 vs 128. From the first to the second, the table says prefill t/s "
+        "per request -20.0%, decode t/s per request +10.0%; measured here, with one build on one machine: "
+        "-48.3%, +17.3%." in md
+    )
+    assert (
+        "⚠ Repeat these before trusting them: the range is wider than 10% of the median for ub 512, decode (13%); "
+        "np 4, 4 users, aggregate (12%). Other processes used up to 1.2 CPU cores during 2 of the 6 measurements"
+    ) in md

@@ -18,8 +18,14 @@ from conftest import FIXTURES, REPO
 
 
 def crashline(*args, cwd=REPO):
-    return subprocess.run([sys.executable, "-m", "crashline", *args], cwd=cwd, capture_output=True, text=True,
-                          env={"PYTHONPATH": str(REPO / "src"), "PATH": "/usr/bin:/bin"}, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "crashline", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        env={"PYTHONPATH": str(REPO / "src"), "PATH": "/usr/bin:/bin"},
+        timeout=120,
+    )
 
 
 def test_parse_log_explains_a_crashed_server():
@@ -40,8 +46,10 @@ def test_plan_lists_every_configuration_with_its_arguments():
 
 def test_bad_config_is_a_clear_error(tmp_path):
     bad = tmp_path / "c.yaml"
-    bad.write_text("models: {m: {source: 'file:/x.gguf'}}\nconfigurations: [{settings: {n_cpu_mo: 3}}]\n"
-                   "workloads: [{name: s, prompt_tokens: 8, gen_tokens: 8}]\n")
+    bad.write_text(
+        "models: {m: {source: 'file:/x.gguf'}}\nconfigurations: [{settings: {n_cpu_mo: 3}}]\n"
+        "workloads: [{name: s, prompt_tokens: 8, gen_tokens: 8}]\n"
+    )
     proc = crashline("plan", "--config", str(bad))
     assert proc.returncode == 2
     assert "unknown server setting(s) 'n_cpu_mo'" in proc.stderr and "n_cpu_moe" in proc.stderr
@@ -51,8 +59,10 @@ def test_unknown_model_and_missing_file_are_clear_errors(tmp_path):
     proc = crashline("fetch", "--model", "nope")
     assert proc.returncode == 2 and "no model 'nope'" in proc.stderr
     cfg = tmp_path / "c.yaml"
-    cfg.write_text(f"results_dir: {tmp_path}/r\nmodels: {{m: {{source: 'file:{tmp_path}/missing.gguf'}}}}\n"
-                   "configurations: [{settings: {}}]\nworkloads: [{name: s, prompt_tokens: 8, gen_tokens: 8}]\n")
+    cfg.write_text(
+        f"results_dir: {tmp_path}/r\nmodels: {{m: {{source: 'file:{tmp_path}/missing.gguf'}}}}\n"
+        "configurations: [{settings: {}}]\nworkloads: [{name: s, prompt_tokens: 8, gen_tokens: 8}]\n"
+    )
     proc = crashline("fetch", "--config", str(cfg), "--model", "m")
     assert proc.returncode == 2 and "missing.gguf" in proc.stderr
     assert not (tmp_path / "r" / "models" / "m" / "fetch.json").exists()
@@ -71,9 +81,14 @@ def test_every_real_log_is_a_server_log(log):
     assert is_server_log(log.read_text(errors="replace"))
 
 
-@pytest.mark.parametrize("text", ['error while handling argument "-lm": invalid value\n\nusage:\n',
-                                  "llama_model_loader: loaded meta data with 35 key-value pairs\n",
-                                  "build: 4798 (1782cdfe) with cc (GCC) 13.3.0 for x86_64-linux-gnu\n"])
+@pytest.mark.parametrize(
+    "text",
+    [
+        'error while handling argument "-lm": invalid value\n\nusage:\n',
+        "llama_model_loader: loaded meta data with 35 key-value pairs\n",
+        "build: 4798 (1782cdfe) with cc (GCC) 13.3.0 for x86_64-linux-gnu\n",
+    ],
+)
 def test_logs_without_timestamps_are_server_logs(text):
     assert is_server_log(text)
 
@@ -99,9 +114,15 @@ def test_a_reader_that_closes_the_pipe_early_ends_it_quietly(tmp_path, big):
     read, write = os.pipe()
     os.close(read)
     with open(write, "wb") as out:
-        proc = subprocess.run([sys.executable, "-m", "crashline", "parse-log", str(log)], cwd=REPO, stdout=out,
-                              stderr=subprocess.PIPE, text=True,
-                              env={"PYTHONPATH": str(REPO / "src"), "PATH": "/usr/bin:/bin"}, timeout=120)
+        proc = subprocess.run(
+            [sys.executable, "-m", "crashline", "parse-log", str(log)],
+            cwd=REPO,
+            stdout=out,
+            stderr=subprocess.PIPE,
+            text=True,
+            env={"PYTHONPATH": str(REPO / "src"), "PATH": "/usr/bin:/bin"},
+            timeout=120,
+        )
     assert proc.returncode == 128 + signal.SIGPIPE and proc.stderr == ""
 
 
@@ -122,13 +143,21 @@ def _catches_sigterm(pid: int) -> bool:
     return bool(int(caught.split()[1], 16) & (1 << (signal.SIGTERM - 1)))
 
 
-@pytest.mark.parametrize(("sig", "status", "shown"), [(signal.SIGTERM, 128 + signal.SIGTERM, ""),
-                                                      (signal.SIGINT, -signal.SIGINT, "KeyboardInterrupt")])
+@pytest.mark.parametrize(
+    ("sig", "status", "shown"),
+    [(signal.SIGTERM, 128 + signal.SIGTERM, ""), (signal.SIGINT, -signal.SIGINT, "KeyboardInterrupt")],
+)
 def test_sigterm_and_ctrl_c_still_unwind_the_verb(sig, status, shown):
     """Not turned into an error line: SIGTERM exits 143 as before, Ctrl-C ends as Python's KeyboardInterrupt."""
-    proc = subprocess.Popen([sys.executable, "-m", "crashline", "parse-log", "/dev/stdin"], cwd=REPO,
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={"PYTHONPATH": str(REPO / "src"), "PATH": "/usr/bin:/bin"})
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "crashline", "parse-log", "/dev/stdin"],
+        cwd=REPO,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={"PYTHONPATH": str(REPO / "src"), "PATH": "/usr/bin:/bin"},
+    )
     deadline = time.monotonic() + 60
     while not _catches_sigterm(proc.pid) and time.monotonic() < deadline:  # blocked reading stdin by then
         time.sleep(0.05)

@@ -100,12 +100,33 @@ def test_expand_deduplicates_and_editing_one_changes_one_id():
 
 
 def test_server_args_cover_every_setting():
-    r = S.resolve({"n_cpu_moe": 26, "ubatch": 1024, "ctx": 32768, "cache_type_k": "q8_0", "flash_attn": True,
-                   "threads": 8, "override_tensor": "exps=CPU", "kv_unified": False, "extra_args": "--no-warmup"})
+    r = S.resolve(
+        {
+            "n_cpu_moe": 26,
+            "ubatch": 1024,
+            "ctx": 32768,
+            "cache_type_k": "q8_0",
+            "flash_attn": True,
+            "threads": 8,
+            "override_tensor": "exps=CPU",
+            "kv_unified": False,
+            "extra_args": "--no-warmup",
+        }
+    )
     args = S.server_args(r)
     joined = " ".join(args)
-    for expected in ["--n-cpu-moe 26", "-ub 1024", "-c 32768", "-ctk q8_0", "-fa on", "-t 8", "-ot exps=CPU",
-                     "-no-kvu", "--fit off", "-cb"]:
+    for expected in [
+        "--n-cpu-moe 26",
+        "-ub 1024",
+        "-c 32768",
+        "-ctk q8_0",
+        "-fa on",
+        "-t 8",
+        "-ot exps=CPU",
+        "-no-kvu",
+        "--fit off",
+        "-cb",
+    ]:
         assert expected in joined
     assert args[-1] == "--no-warmup"
 
@@ -119,16 +140,24 @@ def test_flags_an_older_build_lacks_are_left_out_unless_asked_for():
     args = S.server_args(kept)
     assert "-lm" not in args and "--fit" not in args and "-ub 128" in " ".join(args)
     given = {"load_mode": "mmap"}
-    with pytest.raises(S.SettingsError, match=r"setting load_mode = 'mmap' needs llama-server's -lm flag, "
-                                              r"which this build \(b5000\) does not have"):
+    with pytest.raises(
+        S.SettingsError,
+        match=r"setting load_mode = 'mmap' needs llama-server's -lm flag, "
+        r"which this build \(b5000\) does not have",
+    ):
         S.for_binary(S.resolve(given), given, old, "b5000")
     assert S.for_binary(S.resolve(given), given, None, "unknown")[1] == {}  # flags unknown: pass all
 
 
 def test_check_flags_covers_configurations_and_searches():
-    cfg = C.validate({"models": {"m": {"source": "synthetic:tiny-moe"}},
-                      "configurations": [{"search": {"n_cpu_moe": [0, 4]}}],
-                      "workloads": [{"name": "w", "prompt_tokens": 8, "gen_tokens": 8}]}, SCHEMA)
+    cfg = C.validate(
+        {
+            "models": {"m": {"source": "synthetic:tiny-moe"}},
+            "configurations": [{"search": {"n_cpu_moe": [0, 4]}}],
+            "workloads": [{"name": "w", "prompt_tokens": 8, "gen_tokens": 8}],
+        },
+        SCHEMA,
+    )
     flags = set(S.server_args(S.resolve({"n_cpu_moe": 1}))) | {"-nocb"}
     C.check_flags(cfg, {f for f in flags if f.startswith("-")}, "new")
     with pytest.raises(S.SettingsError, match="n_cpu_moe = 4 needs llama-server's --n-cpu-moe flag"):
@@ -143,7 +172,7 @@ def test_fit_on_leaves_placement_to_llama_cpp():
 
 
 def test_claims_add_their_configurations_and_workloads_once():
-    from crashline import claims as K
+    from crashline import claims_load as K
 
     from conftest import FIXTURES
 

@@ -40,6 +40,7 @@ def servers_of(tmp_path) -> list[psutil.Process]:
 
 def kill_when(tmp_path, marker: str, count: int, sig: int, delay_s: float = 0.0) -> threading.Thread:
     """Send ``sig`` to the test's llama-server once its log shows ``marker`` ``count`` times."""
+
     def watch():
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
@@ -69,23 +70,41 @@ def test_server_killed_during_prefill_or_decode(tmp_path, tiny_moe, server_prove
 def test_server_stopped_past_the_request_timeout(tmp_path, tiny_moe, server_provenance):
     kill_when(tmp_path, "new prompt", 2, signal.SIGSTOP)
     started = time.monotonic()
-    rec = run(tmp_path, tiny_moe, server_provenance, {"ctx": 8192}, [{"name": "w", "prompt_tokens": 64, "gen_tokens": 6000}],
-              reps=1, request_timeout_s=3)
+    rec = run(
+        tmp_path,
+        tiny_moe,
+        server_provenance,
+        {"ctx": 8192},
+        [{"name": "w", "prompt_tokens": 64, "gen_tokens": 6000}],
+        reps=1,
+        request_timeout_s=3,
+    )
     assert (rec["outcome"], rec["phase"]) == ("timeout", "w") and time.monotonic() - started < 60
 
 
 def test_server_terminated_by_someone_else_is_a_crash(tmp_path, tiny_moe, server_provenance):
     kill_when(tmp_path, "new prompt", 2, signal.SIGTERM)
-    rec = run(tmp_path, tiny_moe, server_provenance, {"ctx": 8192},
-              [{"name": "w", "prompt_tokens": 64, "gen_tokens": 6000}], reps=1)
+    rec = run(
+        tmp_path,
+        tiny_moe,
+        server_provenance,
+        {"ctx": 8192},
+        [{"name": "w", "prompt_tokens": 64, "gen_tokens": 6000}],
+        reps=1,
+    )
     assert (rec["outcome"], rec["failure"], rec["phase"]) == ("crashed", "exited", "w")
     # llama-server shuts down cleanly on SIGTERM (exit status 0): only crashline knows it did not ask it to.
     assert "the server ended on its own during w (crashline did not stop it)" in rec["message"]
 
 
 def test_a_server_that_exits_without_serving_is_not_ok(tmp_path, tiny_moe, server_provenance):
-    rec = run(tmp_path, tiny_moe, server_provenance, {"extra_args": ["--version"]},
-              [{"name": "w", "prompt_tokens": 16, "gen_tokens": 4}])
+    rec = run(
+        tmp_path,
+        tiny_moe,
+        server_provenance,
+        {"extra_args": ["--version"]},
+        [{"name": "w", "prompt_tokens": 16, "gen_tokens": 4}],
+    )
     assert (rec["outcome"], rec["failure"], rec["phase"]) == ("load_failed", "exited", "load")
     assert rec["message"].startswith("exit status 0") and rec["workloads"] == []
 
@@ -109,8 +128,9 @@ def test_a_port_taken_between_choosing_and_binding_is_retried(tmp_path, tiny_moe
     real_free_port = server_mod.free_port
     monkeypatch.setattr(server_mod, "free_port", lambda: next(picks, None) or real_free_port())
     try:
-        rec = run(tmp_path, tiny_moe, server_provenance, {}, [{"name": "w", "prompt_tokens": 16, "gen_tokens": 4}],
-                  reps=1)
+        rec = run(
+            tmp_path, tiny_moe, server_provenance, {}, [{"name": "w", "prompt_tokens": 16, "gen_tokens": 4}], reps=1
+        )
     finally:
         squatter.shutdown()
     assert rec["outcome"] == "ok", rec["message"]
@@ -124,14 +144,28 @@ def test_a_budget_without_a_gpu_is_refused_with_every_output_written(tmp_path, t
     from test_measure import SCHEMA
     from crashline import config as C, measure as M
 
-    cfg = C.validate({"models": {"tiny": {"source": f"file:{tiny_moe}"}}, "configurations": [{"settings": {}}],
-                      "workloads": [{"name": "w", "prompt_tokens": 16, "gen_tokens": 4}],
-                      "budget": {"vram_budget_mib": 8192}}, SCHEMA)
+    cfg = C.validate(
+        {
+            "models": {"tiny": {"source": f"file:{tiny_moe}"}},
+            "configurations": [{"settings": {}}],
+            "workloads": [{"name": "w", "prompt_tokens": 16, "gen_tokens": 4}],
+            "budget": {"vram_budget_mib": 8192},
+        },
+        SCHEMA,
+    )
     (item,) = C.expand(cfg)
     fetch = fetch_record(tiny_moe)
-    rec = M.measure(model_name="tiny", item=item, config=cfg, fetch_record=fetch, manifest={},
-                    provenance=server_provenance, record_path=tmp_path / "measure.json",
-                    log_path=tmp_path / "server.log", telemetry_path=tmp_path / "telemetry.parquet")
+    rec = M.measure(
+        model_name="tiny",
+        item=item,
+        config=cfg,
+        fetch_record=fetch,
+        manifest={},
+        provenance=server_provenance,
+        record_path=tmp_path / "measure.json",
+        log_path=tmp_path / "server.log",
+        telemetry_path=tmp_path / "telemetry.parquet",
+    )
     assert (rec["outcome"], rec["phase"]) == ("budget_refused", "start") and "NVIDIA GPU" in rec["message"]
     # Snakemake deletes a job's outputs when one is missing: every declared output must exist.
     assert "no llama-server started" in (tmp_path / "server.log").read_text()
@@ -139,11 +173,12 @@ def test_a_budget_without_a_gpu_is_refused_with_every_output_written(tmp_path, t
 
 
 def test_the_server_lock_makes_a_second_run_wait(tmp_path):
-    script = ("import sys, time; from crashline import locks\n"
-              "with locks.server_lock('holder', sys.argv[1]):\n    print('held', flush=True); time.sleep(3)\n")
+    script = (
+        "import sys, time; from crashline import locks\n"
+        "with locks.server_lock('holder', sys.argv[1]):\n    print('held', flush=True); time.sleep(3)\n"
+    )
     env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
-    holder = subprocess.Popen([sys.executable, "-c", script, str(tmp_path)], stdout=subprocess.PIPE, text=True,
-                              env=env)
+    holder = subprocess.Popen([sys.executable, "-c", script, str(tmp_path)], stdout=subprocess.PIPE, text=True, env=env)
     assert holder.stdout.readline().strip() == "held"
     started = time.monotonic()
     with locks.server_lock("second", tmp_path):
@@ -151,8 +186,7 @@ def test_the_server_lock_makes_a_second_run_wait(tmp_path):
     holder.wait(30)
     assert waited > 1.5, "the second run started its server while the first held the lock"
     # The holder dying (SIGKILL) releases the lock at once.
-    holder = subprocess.Popen([sys.executable, "-c", script, str(tmp_path)], stdout=subprocess.PIPE, text=True,
-                              env=env)
+    holder = subprocess.Popen([sys.executable, "-c", script, str(tmp_path)], stdout=subprocess.PIPE, text=True, env=env)
     assert holder.stdout.readline().strip() == "held"
     holder.kill()
     holder.wait(30)
@@ -176,9 +210,15 @@ repetitions: 4
 
 
 def _snakemake(workdir, *args) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "snakemake", "--cores", "1", "report", "--configfile", "slow.yaml",
-                             *args], cwd=workdir, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env={**os.environ, "PYTHONPATH": str(REPO / "src")}, start_new_session=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", "snakemake", "--cores", "1", "report", "--configfile", "slow.yaml", *args],
+        cwd=workdir,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(REPO / "src")},
+        start_new_session=True,
+    )
 
 
 def _wait_for_server(workdir, within_s=300) -> psutil.Process:
@@ -238,8 +278,13 @@ def test_workflow_interrupted_mid_measurement_leaves_nothing_and_reruns(tmp_path
     records = tmp_path / "results" / "records"
     assert not list(records.rglob("measure.json")) and not list(records.rglob("*.part"))
     if how == "sigkill":
-        subprocess.run([sys.executable, "-m", "snakemake", "--unlock", "--configfile", "slow.yaml"], cwd=tmp_path,
-                       check=True, capture_output=True, env={**os.environ, "PYTHONPATH": str(REPO / "src")})
+        subprocess.run(
+            [sys.executable, "-m", "snakemake", "--unlock", "--configfile", "slow.yaml"],
+            cwd=tmp_path,
+            check=True,
+            capture_output=True,
+            env={**os.environ, "PYTHONPATH": str(REPO / "src")},
+        )
     out = _rerun(tmp_path)
     assert "rule measure:" in out
     (record,) = records.rglob("measure.json")
@@ -263,10 +308,12 @@ def test_a_model_file_changed_since_fetch_is_named_before_any_server_starts(tmp_
     record = fetch_record(model)
     with open(model, "r+b") as f:
         f.truncate(model.stat().st_size // 2)  # truncated between fetch and measure
-    with pytest.raises(SourceError, match=r"copy.gguf has \d+ bytes instead of the \d+ recorded since the fetch.*"
-                                          r"--forcerun fetch_model"):
-        run(tmp_path, model, server_provenance, {}, [{"name": "w", "prompt_tokens": 16, "gen_tokens": 4}],
-            fetch=record)
+    with pytest.raises(
+        SourceError,
+        match=r"copy.gguf has \d+ bytes instead of the \d+ recorded since the fetch.*"
+        r"--forcerun fetch_model",
+    ):
+        run(tmp_path, model, server_provenance, {}, [{"name": "w", "prompt_tokens": 16, "gen_tokens": 4}], fetch=record)
     assert not (tmp_path / "measure.json").exists() and not servers_of(tmp_path)
 
 
@@ -292,21 +339,50 @@ def test_a_full_disk_loses_nothing_and_leaves_no_server(tmp_path, tiny_moe, serv
     from crashline import config as C, measure as M
     from test_measure import SCHEMA
 
-    cfg = C.validate({"models": {"tiny": {"source": f"file:{tiny_moe}"}}, "configurations": [{"settings": {}}],
-                      "workloads": [{"name": "w", "prompt_tokens": 16, "gen_tokens": 4}]}, SCHEMA)
+    cfg = C.validate(
+        {
+            "models": {"tiny": {"source": f"file:{tiny_moe}"}},
+            "configurations": [{"settings": {}}],
+            "workloads": [{"name": "w", "prompt_tokens": 16, "gen_tokens": 4}],
+        },
+        SCHEMA,
+    )
     (item,) = C.expand(cfg)
     with pytest.raises(OSError, match="No space left on device"):
-        M.measure(model_name="tiny", item=item, config=cfg, fetch_record=fetch_record(tiny_moe), manifest={},
-                  provenance=server_provenance, record_path=full_disk / "measure.json",
-                  log_path=tmp_path / "server.log", telemetry_path=tmp_path / "telemetry.parquet")
+        M.measure(
+            model_name="tiny",
+            item=item,
+            config=cfg,
+            fetch_record=fetch_record(tiny_moe),
+            manifest={},
+            provenance=server_provenance,
+            record_path=full_disk / "measure.json",
+            log_path=tmp_path / "server.log",
+            telemetry_path=tmp_path / "telemetry.parquet",
+        )
     assert sorted(p.name for p in full_disk.iterdir()) == ["filler"]  # no record, whole or partial
     assert not servers_of(tmp_path)
     # Through the command line: one line naming the error, exit status 2.
     env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
-    proc = subprocess.run([sys.executable, "-m", "crashline", "aggregate", "--configs", str(full_disk / "c.parquet"),
-                           "--measurements", str(full_disk / "m.parquet"), "--searches", str(full_disk / "s.parquet"),
-                           str(REPO / "tests" / "fixtures" / "h200-records" / "ncmoe12.json")],
-                          cwd=REPO, env=env, capture_output=True, text=True)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "crashline",
+            "aggregate",
+            "--configs",
+            str(full_disk / "c.parquet"),
+            "--measurements",
+            str(full_disk / "m.parquet"),
+            "--searches",
+            str(full_disk / "s.parquet"),
+            str(REPO / "tests" / "fixtures" / "h200-records" / "ncmoe12.json"),
+        ],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
     assert proc.returncode == 2 and "No space left on device" in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1
     assert sorted(p.name for p in full_disk.iterdir()) == ["filler"]
@@ -322,8 +398,13 @@ def test_two_workflows_at_once(tmp_path, server_provenance):
         (work / "slow.yaml").write_text(SLOW_CONFIG.replace("repetitions: 4", "repetitions: 12"))
     a = _snakemake(first)
     _wait_for_server(first)
-    same = subprocess.run([sys.executable, "-m", "snakemake", "--cores", "1", "report", "--configfile", "slow.yaml"],
-                          cwd=first, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(REPO / "src")})
+    same = subprocess.run(
+        [sys.executable, "-m", "snakemake", "--cores", "1", "report", "--configfile", "slow.yaml"],
+        cwd=first,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(REPO / "src")},
+    )
     # Refused before any job starts: the running job's outputs are incomplete, or the folder is locked.
     said = same.stdout + same.stderr
     assert same.returncode != 0 and ("cannot be locked" in said or "Incomplete files" in said), said[-2000:]

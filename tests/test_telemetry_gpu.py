@@ -1,17 +1,28 @@
 """Telemetry and bottleneck verdicts from real H200 runs (bench/placement.py, synthetic
 Qwen3-30B-A3B shape): the saved time series are analysed again and must give the same picture.
 The ``gpm-`` runs come from the sampler with GPM (SM share, DRAM bandwidth, PCIe between samples);
-the others from the earlier sampler without it."""
+the others from the earlier sampler without it. Then the sampler itself, against a fake NVML board
+whose readings each test sets."""
 
 from __future__ import annotations
 
+import ctypes
+import os
 import shutil
+import signal
+import subprocess
+import sys
+import time
 
 import pandas as pd
+import psutil
+import pynvml
 import pytest
 
 from crashline import measure
 from crashline.atomic import read_json
+from crashline.measure import memory_summary
+from crashline.telemetry import Sampler, window_summary
 
 from conftest import FIXTURES
 
@@ -47,24 +58,20 @@ def test_all_on_gpu_decode_keeps_the_gpu_busy(tmp_path):
     assert w["decode_bound"]["cpu_bytes"] == 0 and w["decode_bound"]["gpu_gbs"] > 1000
 
 
-def test_cold_load_reads_the_disk_and_is_recorded_as_cold():
+def load_reads(name: str) -> tuple[float, float]:
+    """Bytes read from the disk, by the machine and by the server, over a run's load phase (window_summary)."""
+    frame = pd.read_parquet(DATA / f"{name}.parquet")
+    t = frame.loc[frame["phase"] == "load", "t"]
+    s = window_summary(frame, [(t.iloc[0], t.iloc[-1])])
+    return s["disk_read_bytes_per_s"] * s["seconds"], s["server_read_bytes_per_s"] * s["seconds"]
+
+
+def test_cold_load_reads_the_model_from_the_disk_and_warm_load_reads_nothing():
     warm, cold = read_json(DATA / "budget-b65d6887e2.json"), read_json(DATA / "budget-c9fccb9204.json")
-    assert warm["settings"]["page_cache"] == "warm" and cold["settings"]["page_cache"] == "cold"
-    assert cold["page_cache"]["verified"] and cold["page_cache_resident_at_start"] < 0.05
-    assert warm["page_cache_resident_at_start"] > 0.95
-    assert cold["load_s"] > 2 * warm["load_s"]
-    frame = pd.read_parquet(DATA / "budget-c9fccb9204.parquet")
-    load = frame[frame["phase"] == "load"]
-    assert load["disk_read_bytes"].iloc[-1] - load["disk_read_bytes"].iloc[0] > 8 * (1 << 30)  # most of 16 GiB
-
-
-def test_gpu_time_series_columns():
-    frame = pd.read_parquet(DATA / "full-d6a4a1a0cf.parquet")
-    for col in ("gpu_sm_pct", "gpu_mem_pct", "pcie_rx_kbs", "pcie_tx_kbs", "pcie_gen", "pcie_width", "power_w",
-                "energy_mj", "gpu_mib", "server_cpu_s", "server_majflt", "swap_in_bytes", "disk_read_bytes"):
-        assert frame[col].notna().any(), col
-    assert frame["energy_mj"].is_monotonic_increasing
-    assert frame["pcie_gen"].max() == pytest.approx(5)
+    assert (warm["settings"]["page_cache"], cold["settings"]["page_cache"]) == ("warm", "cold")
+    # The cold server itself read the whole 16 GiB GGUF (16,868,879,648 bytes, less its header) while it loaded.
+    assert load_reads("budget-c9fccb9204") == pytest.approx((16868548608, 16868548608), rel=1e-3)  # s rounded to ms
+    assert load_reads("budget-b65d6887e2") == (0, 0)
 
 
 def test_gpm_partly_offloaded_decode_leaves_dram_and_pcie_idle(tmp_path):
@@ -72,8 +79,9 @@ def test_gpm_partly_offloaded_decode_leaves_dram_and_pcie_idle(tmp_path):
     assert rec["memory"]["pcie_source"] == "GPM"
     w = deep(rec)
     rows = {r["suspect"].split(" (")[0]: r for r in w["bottleneck"]["rows"]}
-    assert "DRAM bandwidth used" in next(r["suspect"] for r in w["bottleneck"]["rows"]
-                                         if r["suspect"].startswith("GPU memory bandwidth"))
+    assert "DRAM bandwidth used" in next(
+        r["suspect"] for r in w["bottleneck"]["rows"] if r["suspect"].startswith("GPU memory bandwidth")
+    )
     assert rows["GPU memory bandwidth"]["fraction"] < 0.05 and rows["GPU SMs busy"]["fraction"] < 0.25
     assert rows["PCIe"]["verdict"] == "far from it" and rows["CPU"]["verdict"] == "saturated"
     assert w["bottleneck"]["verdict"] == "limited by CPU"
@@ -88,14 +96,311 @@ def test_gpm_all_on_gpu_decode_is_latency_bound(tmp_path):
     assert w["bottleneck"]["verdict"].startswith("limited by GPU latency")
 
 
-def test_gpm_time_series_has_rates_between_samples():
-    frame = pd.read_parquet(DATA / "gpm-full-d6a4a1a0cf.parquet")
-    # Every span of 0.1 s or more has its figures. This run predates skipping shorter spans: its two
-    # phase-boundary samples a few ms after a periodic one have 0% SMs and no DRAM figure.
-    spans = frame[frame["t"].diff() >= 0.1]
-    assert len(spans) > 30
-    for col in ("gpm_sm_pct", "gpm_occupancy_pct", "gpm_dram_bw_pct", "pcie_rx_kbs", "pcie_tx_kbs"):
-        assert spans[col].notna().all() and spans[col].min() >= 0, col
-    decode = frame[(frame["phase"] == "depth-16k") & (frame["gpu_sm_pct"] >= 99)]
-    assert decode["gpm_sm_pct"].min() > 50 and decode["gpm_dram_bw_pct"].max() < 30  # kernels run, DRAM idles
-    assert frame["gpm_dram_bw_pct"].max() <= 100 and "energy_mj" not in frame
+# --- the sampler against a fake NVML ----------------------------------------------------------------
+# The board is a stand-in whose readings each test sets; everything else is pynvml's own: its structures
+# (c_nvmlMemory_t, c_nvmlGpmMetricsGet_t, ...), constants and NVMLError, so the sampler's calls, their
+# return shapes and their errors are the real library's.
+
+MIB = 1 << 20
+GPM_IDS = {
+    "sm": pynvml.NVML_GPM_METRIC_SM_UTIL,
+    "occupancy": pynvml.NVML_GPM_METRIC_SM_OCCUPANCY,
+    "dram": pynvml.NVML_GPM_METRIC_DRAM_BW_UTIL,
+    "rx": pynvml.NVML_GPM_METRIC_PCIE_RX_PER_SEC,
+    "tx": pynvml.NVML_GPM_METRIC_PCIE_TX_PER_SEC,
+}
+NOT_SUPPORTED = pynvml.NVML_ERROR_NOT_SUPPORTED
+CLOCKS_MHZ = {pynvml.NVML_CLOCK_SM: 1980, pynvml.NVML_CLOCK_MEM: 2619}
+
+
+def _address(sample) -> int:
+    return ctypes.cast(sample, ctypes.c_void_p).value
+
+
+class FakeNvml:
+    """pynvml with one H200-like board. ``processes`` maps pid -> MiB (an int error code: the query fails);
+    a reading set to None is not supported. GPM figures come from ``spans`` (one dict per metrics query),
+    and like the H200 a span under 0.1 s gives 0% SMs busy and no DRAM figure."""
+
+    def __init__(self, gpm: bool):
+        self.handle = pynvml.c_nvmlDevice_t()
+        self.used_mib, self.processes = 1000, {}
+        self.util, self.power_mw = (37, 12), 250_000  # SM and memory-controller busy %, mW
+        self.pcie_kbs = {pynvml.NVML_PCIE_UTIL_RX_BYTES: 2000, pynvml.NVML_PCIE_UTIL_TX_BYTES: 300}
+        self.gpm, self.spans, self.span_pairs, self.shut, self.freed = gpm, [], [], False, 0
+        self._buffers, self._taken, self._count = [], {}, 0  # GPM sample buffers; address -> (sequence, time)
+
+    def __getattr__(self, name):  # pynvml's constants, structures and errors; no other function exists
+        if name.startswith(("NVML_", "NVMLError", "c_nvml")):
+            return getattr(pynvml, name)
+        raise AttributeError(name)
+
+    def _board(self, handle):
+        if handle is not self.handle:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+
+    def _reading(self, value):
+        if value is None:
+            raise pynvml.NVMLError(NOT_SUPPORTED)
+        return value
+
+    def nvmlInit(self):
+        self.shut = False
+
+    def nvmlShutdown(self):
+        self.shut = True
+
+    def nvmlDeviceGetCount(self):
+        return 1
+
+    def nvmlDeviceGetHandleByIndex(self, index):
+        if index != 0:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        return self.handle
+
+    def nvmlDeviceGetMemoryInfo(self, handle):
+        self._board(handle)
+        total = 143771 * MIB
+        return pynvml.c_nvmlMemory_t(total=total, free=total - self.used_mib * MIB, used=self.used_mib * MIB)
+
+    def nvmlDeviceGetComputeRunningProcesses(self, handle):
+        self._board(handle)
+        if isinstance(self.processes, int):
+            raise pynvml.NVMLError(self.processes)
+        return [
+            pynvml.nvmlFriendlyObject(
+                {
+                    "pid": pid,
+                    "usedGpuMemory": None if mib is None else mib * MIB,
+                    "gpuInstanceId": 0xFFFFFFFF,
+                    "computeInstanceId": 0xFFFFFFFF,
+                }
+            )
+            for pid, mib in self.processes.items()
+        ]
+
+    def nvmlDeviceGetUtilizationRates(self, handle):
+        self._board(handle)
+        gpu, memory = self._reading(self.util)
+        return pynvml.c_nvmlUtilization_t(gpu=gpu, memory=memory)
+
+    def nvmlDeviceGetPowerUsage(self, handle):
+        self._board(handle)
+        return self._reading(self.power_mw)
+
+    def nvmlDeviceGetPcieThroughput(self, handle, counter):
+        self._board(handle)
+        return self._reading(self.pcie_kbs[counter])
+
+    def nvmlDeviceGetCurrPcieLinkGeneration(self, handle):
+        return 5
+
+    def nvmlDeviceGetCurrPcieLinkWidth(self, handle):
+        return 16
+
+    def nvmlDeviceGetClockInfo(self, handle, clock):
+        return CLOCKS_MHZ[clock]
+
+    def nvmlDeviceGetMaxClockInfo(self, handle, clock):  # at full clocks, as under load
+        return CLOCKS_MHZ[clock]
+
+    def nvmlDeviceGetMemoryBusWidth(self, handle):
+        return 5120
+
+    def nvmlGpmQueryDeviceSupport(self, handle):
+        self._board(handle)
+        return pynvml.c_nvmlGpmSupport_t(version=pynvml.NVML_GPM_SUPPORT_VERSION, isSupportedDevice=int(self.gpm))
+
+    def nvmlGpmSampleAlloc(self):
+        self._buffers.append(ctypes.create_string_buffer(8))
+        return ctypes.cast(self._buffers[-1], pynvml.c_nvmlGpmSample_t)
+
+    def nvmlGpmSampleFree(self, sample):
+        self.freed += 1
+
+    def nvmlGpmSampleGet(self, handle, sample):
+        self._board(handle)
+        self._taken[_address(sample)], self._count = (self._count, time.monotonic()), self._count + 1
+        return sample
+
+    def nvmlGpmMetricsGet(self, get):
+        if get.version != pynvml.NVML_GPM_METRICS_GET_VERSION:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_ARGUMENT_VERSION_MISMATCH)
+        (n1, t1), (n2, t2) = self._taken[_address(get.sample1)], self._taken[_address(get.sample2)]
+        if n2 <= n1:  # the metrics are of the span from sample1 to sample2, a later sample
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        self.span_pairs.append((n1, n2))
+        figures = {**(self.spans.pop(0) if self.spans else {}), **({"sm": 0.0, "dram": None} if t2 - t1 < 0.1 else {})}
+        by_id = {GPM_IDS[k]: v for k, v in figures.items()}
+        for i in range(get.numMetrics):
+            metric = get.metrics[i]
+            value = by_id.get(metric.metricId)
+            metric.nvmlReturn = NOT_SUPPORTED if value is None else pynvml.NVML_SUCCESS
+            metric.value = value or 0.0
+        return get
+
+
+@pytest.fixture
+def board(monkeypatch):
+    """Makes a FakeNvml (with or without GPM) and installs it as ``pynvml`` for the sampler to import."""
+
+    def install(gpm: bool) -> FakeNvml:
+        fake = FakeNvml(gpm)
+        monkeypatch.setitem(sys.modules, "pynvml", fake)
+        return fake
+
+    return install
+
+
+@pytest.fixture
+def server_tree():
+    """A stand-in for llama-server: a process with a child, both real (the sampler reads their /proc)."""
+    proc = subprocess.Popen(["sh", "-c", "sleep 60 & wait"], start_new_session=True)
+    deadline = time.monotonic() + 10
+    while not psutil.Process(proc.pid).children() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    (child,) = psutil.Process(proc.pid).children()
+    yield proc.pid, child.pid
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+
+
+def sampled(server: int, steps) -> tuple[Sampler, pd.DataFrame, dict]:
+    """A sampler (no periodic samples: each ``step(sampler)`` takes what it needs) following ``server``."""
+    sampler = Sampler(interval_s=3600)
+    with sampler:
+        sampler.follow(server)
+        for step in steps:
+            step(sampler)
+    try:
+        return sampler, sampler.frame(), sampler.result()
+    finally:
+        sampler.close()
+
+
+def reading(nv: FakeNvml, then, **board):
+    """A step: set the board's readings, then ``then(sampler)`` (a sample, or the start of a phase)."""
+
+    def step(sampler):
+        for name, value in board.items():
+            setattr(nv, name, value)
+        then(sampler)
+
+    return step
+
+
+def periodic(sampler):
+    sampler._sample()  # what the sampler's thread does every interval_s
+
+
+ROW_COLUMNS = {
+    "t",
+    "phase",
+    "server_cpu_s",
+    "server_rss_mib",
+    "server_minflt",
+    "server_majflt",
+    "server_read_bytes",
+    "machine_busy_s",
+    "machine_steal_s",
+    "swap_in_bytes",
+    "swap_out_bytes",
+    "disk_read_bytes",
+    "gpu_sm_pct",
+    "gpu_mem_pct",
+    "pcie_rx_kbs",
+    "pcie_tx_kbs",
+    "pcie_gen",
+    "pcie_width",
+    "sm_clock_mhz",
+    "mem_clock_mhz",
+    "power_w",
+    "gpu_mib",
+}
+
+
+def test_nvml_rows_and_phase_peaks_count_the_servers_processes_only(board, server_tree):
+    nv = board(gpm=False)
+    server, child = server_tree
+    others = {os.getpid(): 5000, 1: None}  # other processes on the card (one the driver gives no figure for)
+    _, frame, result = sampled(
+        server,
+        [
+            reading(nv, periodic, processes={server: 700, child: 300, **others}),
+            reading(nv, lambda s: s.phase("short"), processes={server: 900, child: 300, **others}),
+            reading(nv, periodic, processes={server: 1100, child: 400, **others, 12345: 9000}),
+            reading(nv, lambda s: s.phase("stop"), processes={server: 600, **others}),
+        ],
+    )
+    assert set(frame.columns) == ROW_COLUMNS  # no GPM columns, and no energy (its query costs 3.5 ms)
+    assert frame["gpu_mib"].tolist() == [1000, 1200, 1500, 600]
+    assert frame["phase"].tolist() == ["load", "load", "short", "short"]
+    first = frame.iloc[0]
+    assert first[["gpu_sm_pct", "gpu_mem_pct", "pcie_rx_kbs", "pcie_tx_kbs"]].tolist() == [37, 12, 2000, 300]
+    assert first[["pcie_gen", "pcie_width", "sm_clock_mhz", "mem_clock_mhz"]].tolist() == [5, 16, 1980, 2619]
+    assert first["power_w"] == 250.0 and first["server_rss_mib"] > 0
+    phases = result["per_phase"]
+    assert (phases["load"]["gpu_mib"], phases["short"]["gpu_mib"]) == (1200, 1500)  # the peaks, not the last
+    assert {phases["load"]["gpu_source"], phases["short"]["gpu_source"]} == {"process"}
+    assert (result["gpu_present"], result["gpu_baseline_used_mib"], result["peak_gpu_mib"]) == (True, 1000, 1500)
+    assert result["pcie_source"] == "throughput samples" and nv.shut
+    assert result["gpu_memory_bandwidth_gbs"] == pytest.approx(3352.32)  # 2619 MHz x 2 x 5120 bits
+
+
+def limit_figures(summary: dict) -> tuple:
+    keys = ("vram_limit_mib", "vram_limit_is", "headroom_mib", "headroom_pct", "peak_pct_of_limit")
+    return tuple(summary[k] for k in keys)
+
+
+def test_memory_summary_of_the_sampled_peaks(board, server_tree):
+    nv = board(gpm=False)
+    server, _ = server_tree
+    _, _, result = sampled(server, [reading(nv, periodic, processes={server: 1500})])
+    card = {"gpu": {"devices": [{"memory_total_mib": 143771}]}}
+    summary = memory_summary(result, None, card)
+    assert summary["per_phase"]["load"]["gpu_mib"] == 1500 and summary["peak_gpu_mib"] == 1500
+    assert limit_figures(summary) == (143771, "card", 142271, 98.96, 1.04)
+    assert limit_figures(memory_summary(result, 12288, card)) == (12288, "budget", 10788, 87.79, 12.21)
+
+
+@pytest.mark.parametrize(
+    "processes",
+    [{}, {4_000_000: 3000}, NOT_SUPPORTED],
+    ids=["no process listed", "pids of another pid namespace", "query not supported"],
+)
+def test_vram_falls_back_to_the_device_delta_when_the_server_is_not_listed(board, server_tree, processes):
+    nv = board(gpm=False)  # 1000 MiB used when the sampler starts: the baseline
+    _, frame, result = sampled(
+        server_tree[0],
+        [
+            reading(nv, periodic, processes=processes, used_mib=2500),
+            reading(nv, lambda s: s.phase("short"), processes=processes, used_mib=4096),
+        ],
+    )
+    assert frame["gpu_mib"].tolist() == [1500, 3096]
+    load = result["per_phase"]["load"]
+    assert (load["gpu_mib"], load["gpu_source"]) == (3096, "device delta")
+
+
+GPM_COLUMNS = ["gpm_sm_pct", "gpm_occupancy_pct", "gpm_dram_bw_pct", "pcie_rx_kbs", "pcie_tx_kbs"]
+
+
+def test_gpm_figures_are_per_span_and_spans_under_a_tenth_of_a_second_are_skipped(board, server_tree):
+    nv = board(gpm=True)
+    nv.spans = [
+        {"sm": 42.0, "occupancy": 17.5, "dram": 63.0, "rx": 100.0, "tx": 10.0},
+        {"sm": 80.0, "occupancy": 30.0, "dram": None, "rx": 1.0, "tx": 2.0},
+    ]  # no DRAM figure this time
+    nv.power_mw = None  # a board without a power reading: absent, not zero
+    wait = [lambda s: time.sleep(0.15), periodic]
+    _, frame, result = sampled(server_tree[0], [*wait, periodic, *wait])  # 0.15 s, at once, 0.15 s later
+    assert frame[GPM_COLUMNS].iloc[0].tolist() == [42.0, 17.5, 63.0, 100 * MIB / 1000, 10 * MIB / 1000]
+    assert frame[GPM_COLUMNS].iloc[1].isna().all()  # skipped (the H200 said 0% SMs busy): none, not 0
+    third = frame[GPM_COLUMNS].iloc[2]
+    assert third.drop("gpm_dram_bw_pct").tolist() == [80.0, 30.0, 1 * MIB / 1000, 2 * MIB / 1000]
+    assert pd.isna(third["gpm_dram_bw_pct"])  # a metric NVML did not return is absent, not 0
+    assert nv.span_pairs == [(0, 1), (1, 2)]  # the skipped sample took no GPM sample: its span stayed open
+    assert frame["power_w"].isna().all() and (frame["gpu_sm_pct"] == 37).all()
+    assert result["pcie_source"] == "GPM" and nv.freed == 2 and nv.shut
+    decode = window_summary(frame, [(frame["t"].iloc[0], frame["t"].iloc[2])])
+    assert (decode["gpm_sm_pct"], decode["gpm_dram_bw_pct"], decode["samples"]) == (61.0, 63.0, 3)

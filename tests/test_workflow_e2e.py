@@ -22,7 +22,11 @@ def snakemake(workdir, *args, check=True):
     env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
     proc = subprocess.run(
         [sys.executable, "-m", "snakemake", "--cores", "1", *args],
-        cwd=workdir, env=env, capture_output=True, text=True, timeout=1800,
+        cwd=workdir,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=1800,
     )
     output = proc.stdout + proc.stderr
     if check and proc.returncode != 0:

@@ -38,17 +38,24 @@ int main(int argc, char **argv) {
 def test_every_server_killed_the_same_way_still_gives_a_report_that_blames_the_binary(tmp_path, server_binary):
     copy_workflow(tmp_path)
     (tmp_path / "fake.c").write_text(DIES_ON_REAL_MODELS_C)
-    subprocess.run(["cc", f'-DREAL_SERVER="{server_binary}"', "-o", str(tmp_path / "llama-server"),
-                    str(tmp_path / "fake.c")], check=True)
+    subprocess.run(
+        ["cc", f'-DREAL_SERVER="{server_binary}"', "-o", str(tmp_path / "llama-server"), str(tmp_path / "fake.c")],
+        check=True,
+    )
     (tmp_path / "broken.yaml").write_text(
         f"server: {{binary: {tmp_path / 'llama-server'}}}\n"
         "models:\n  tiny:\n    source: synthetic:tiny-moe\n"
         "configurations:\n  - grid: {ubatch: [128, 512]}\n"
         "workloads:\n  - {name: short, prompt_tokens: 64, gen_tokens: 8}\n"
     )
-    proc = subprocess.run([sys.executable, "-m", "snakemake", "--cores", "1", "report", "--configfile", "broken.yaml"],
-                          cwd=tmp_path, capture_output=True, text=True, timeout=900,
-                          env={**os.environ, "PYTHONPATH": str(REPO / "src")})
+    proc = subprocess.run(
+        [sys.executable, "-m", "snakemake", "--cores", "1", "report", "--configfile", "broken.yaml"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env={**os.environ, "PYTHONPATH": str(REPO / "src")},
+    )
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-5000:]
     configs = pd.read_parquet(tmp_path / "results" / "tables" / "configs.parquet")

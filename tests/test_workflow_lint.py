@@ -33,8 +33,14 @@ def copy_workflow(dest):
 
 
 def dry_run(workdir, *args):
-    proc = subprocess.run([sys.executable, "-m", "snakemake", "-n", "report", *args], cwd=workdir, capture_output=True,
-                          text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(REPO / "src")})
+    proc = subprocess.run(
+        [sys.executable, "-m", "snakemake", "-n", "report", *args],
+        cwd=workdir,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PYTHONPATH": str(REPO / "src")},
+    )
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out
     return out
@@ -43,8 +49,14 @@ def dry_run(workdir, *args):
 def test_dry_run_plans_one_measure_job_per_configuration(tmp_path):
     copy_workflow(tmp_path)
     out = dry_run(tmp_path)
-    plan = subprocess.run([sys.executable, "-m", "crashline", "plan", "--json"], cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO / "src")},
-                          capture_output=True, text=True, check=True)
+    plan = subprocess.run(
+        [sys.executable, "-m", "crashline", "plan", "--json"],
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO / "src")},
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     n_configs = len(json.loads(plan.stdout))
     assert ["measure", str(n_configs)] in [line.split() for line in out.splitlines()], out
 
@@ -59,11 +71,27 @@ def test_configfile_runs_that_file_alone_with_the_ids_plan_prints(tmp_path):
     )
     out = dry_run(tmp_path, "--configfile", "mine.yaml")
     counts = {m[1]: int(m[2]) for m in re.finditer(r"^(\w+)\s+(\d+)$", out.split("Job stats:", 1)[1], re.M)}
-    assert counts == {"fetch_model": 1, "provision_server": 1, "inspect_model": 1, "warmup": 1, "measure": 2,
-                      "needle": 2, "aggregate": 1, "needle_table": 1, "report": 1, "total": 11}, out
+    assert counts == {
+        "fetch_model": 1,
+        "provision_server": 1,
+        "inspect_model": 1,
+        "warmup": 1,
+        "measure": 2,
+        "needle": 2,
+        "aggregate": 1,
+        "needle_table": 1,
+        "report": 1,
+        "total": 11,
+    }, out
     assert "gemma3-270m" not in out and "tiny-moe" not in out.replace("synthetic:tiny-moe", "")
-    plan = subprocess.run([sys.executable, "-m", "crashline", "plan", "--json", "--config", "mine.yaml"], cwd=tmp_path,
-                          env={**os.environ, "PYTHONPATH": str(REPO / "src")}, capture_output=True, text=True, check=True)
+    plan = subprocess.run(
+        [sys.executable, "-m", "crashline", "plan", "--json", "--config", "mine.yaml"],
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(REPO / "src")},
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     ids = {item["id"] for item in json.loads(plan.stdout)}
     planned = set(re.findall(r"records/mine/([0-9a-f]{10})/measure\.json", out))
     assert len(ids) == 2 and planned == ids

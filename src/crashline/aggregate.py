@@ -2,25 +2,28 @@
 
 ``configs``: one row per model × configuration (outcome, failure phase, placement, memory).
 ``measurements``: one row per model × configuration × workload, every setting a column.
+``searches``: one row per n_cpu_moe search.
+
+Every table has the columns ``columns`` names, of the types it gives, with rows or without.
 """
 
 from __future__ import annotations
 
-import json
-from collections import defaultdict
 from pathlib import Path
 
 import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
 
+from . import columns as cols
 from . import host as host_mod
+from . import records
 from . import settings as settings_mod
-from .atomic import atomic_path, read_json
+from .atomic import atomic_path
 
 
 def _settings_columns(resolved: dict) -> dict:
-    return {
-        f"s_{k}": (" ".join(v) if isinstance(v, list) else v) for k, v in resolved.items()
-    }
+    return {cols.setting(k): (" ".join(v) if isinstance(v, list) else v) for k, v in resolved.items()}
 
 
 def _config_row(rec: dict) -> dict:
@@ -38,7 +41,7 @@ def _config_row(rec: dict) -> dict:
         "model_bytes": rec["model"].get("total_bytes"),
         **_settings_columns(rec["settings"]),
         "server_args": settings_mod.label(rec["settings"]),
-        "command": json.dumps(rec.get("command")),
+        "command_argv": rec.get("command"),
         "server_version": rec["server"].get("version"),
         "server_sha256": rec["server"].get("sha256"),
         "server_backend": rec["server"].get("backend"),
@@ -69,22 +72,25 @@ def _config_row(rec: dict) -> dict:
         "n_threads": placement.get("n_threads"),
         "n_parallel": placement.get("n_parallel"),
         "n_ctx_slot": placement.get("n_ctx_slot"),
-        "settings_used": ", ".join(f"{k} {v['used']} (asked {v['asked']})"
-                                   for k, v in (rec.get("settings_used") or {}).items()) or None,
+        "settings_used": ", ".join(
+            f"{k} {v['used']} (asked {v['asked']})" for k, v in (rec.get("settings_used") or {}).items()
+        )
+        or None,
         "n_threads_batch": placement.get("n_threads_batch"),
         "layers_offloaded": placement.get("layers_offloaded"),
-        "buffers_mib": json.dumps(placement.get("buffers_mib") or {}),
+        "buffers": placement.get("buffers") or [],
         "started_at": rec.get("started_at"),
     }
 
 
-def _stat_columns(prefix: str, s: dict | None) -> dict:
-    s = s or {}
-    return {f"{prefix}_{k}": s.get(k) for k in ("median", "min", "max", "n", "spread_pct")}
+def _stat_columns(w: dict) -> dict:
+    """Each statistic of each metric of a workload (None for a workload that failed)."""
+    return {cols.stat(metric, k): (w.get(metric) or {}).get(k) for metric in cols.METRICS for k in cols.STATS}
 
 
 def _workload_columns(w: dict, peak: dict) -> dict:
     """The columns a workload adds to its configuration's row in ``measurements``."""
+    rows = (w.get("bottleneck") or {}).get("rows") or []
     return {
         "workload": w["name"],
         "prompt_tokens": w["prompt_tokens"],
@@ -92,10 +98,7 @@ def _workload_columns(w: dict, peak: dict) -> dict:
         "concurrency": w.get("concurrency", 1),
         "workload_outcome": w["outcome"],
         "workload_message": w.get("message"),
-        **_stat_columns("prefill_tps", w.get("prefill_tps")),
-        **_stat_columns("decode_tps", w.get("decode_tps")),
-        **_stat_columns("aggregate_tps", w.get("aggregate_tps")),
-        **_stat_columns("ttft_s", w.get("ttft_s")),
+        **_stat_columns(w),
         "workload_peak_rss_mib": peak.get("rss_mib"),
         "workload_peak_gpu_mib": peak.get("gpu_mib"),
         "cpu_server_cores": peak.get("cpu_server_cores"),
@@ -103,64 +106,89 @@ def _workload_columns(w: dict, peak: dict) -> dict:
         "decode_bound_tps": (w.get("decode_bound") or {}).get("bound_tps"),
         "measured_over_bound": (w.get("decode_bound") or {}).get("measured_over_bound"),
         "bottleneck_verdict": (w.get("bottleneck") or {}).get("verdict"),
-        "bottleneck": json.dumps((w.get("bottleneck") or {}).get("rows") or []),
+        "bottleneck_rows": rows,
     }
 
 
-def _blank(**fields) -> defaultdict:
-    """A record (or part of one) with nothing in it: every field not given is None."""
-    return defaultdict(lambda: None, fields)
+def _column(values: list, kind: pa.DataType | None) -> pa.Array:
+    """One column of a table. A scalar is cast safely (2.5 is no int64); lists and structs are built as
+    their type; a column the registry does not name (a setting since removed) keeps its values' type."""
+    if kind is None:
+        return pa.array(values)
+    if pa.types.is_nested(kind):
+        return pa.array(values, type=kind)
+    return pa.array(values).cast(kind)
 
 
-# The rows built from these name every column of a table, for a table with no rows: readers select
-# columns by name, whether or not anything was measured or survived.
-BLANK_RECORD = _blank(model=_blank(), settings=dict.fromkeys(settings_mod.SETTINGS), server={}, host={"gpu": {}})
-BLANK_WORKLOAD = _blank()
-BLANK_SEARCH = _blank(settings={})
+def _table(rows: list[dict], types: dict[str, pa.DataType]) -> pa.Table:
+    """The rows as a table of the registry's columns and types (every column, with no rows too)."""
+    names = list(types) + [k for k in dict.fromkeys(k for row in rows for k in row) if k not in types]
+    return pa.table({name: _column([row.get(name) for row in rows], types.get(name)) for name in names})
 
 
-def _frame(rows: list[dict], columns: list[str]) -> pd.DataFrame:
-    """The rows as a table; with no rows, a table that still has every column."""
-    return pd.DataFrame(rows) if rows else pd.DataFrame(columns=columns)
-
-
-def tables(record_paths: list[Path]) -> tuple[pd.DataFrame, pd.DataFrame]:
+def arrow_tables(record_paths: list[Path]) -> tuple[pa.Table, pa.Table]:
+    """``configs`` and ``measurements`` from measure records."""
     configs, measurements = [], []
     for path in record_paths:
-        rec = read_json(path)
+        rec = records.load(path, "measure")
         row = _config_row(rec)
         configs.append(row)
         per_phase = (rec.get("memory") or {}).get("per_phase") or {}
-        measurements += [{**row, **_workload_columns(w, per_phase.get(w["name"], {}))}
-                         for w in rec.get("workloads", [])]
-    config_frame = _frame(configs, list(_config_row(BLANK_RECORD)))
-    return config_frame, _frame(measurements, [*config_frame.columns, *_workload_columns(BLANK_WORKLOAD, {})])
+        measurements += [
+            {**row, **_workload_columns(w, per_phase.get(w["name"], {}))} for w in rec.get("workloads", [])
+        ]
+    return _table(configs, cols.CONFIGS), _table(measurements, cols.MEASUREMENTS)
+
+
+def tables(record_paths: list[Path]) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """``configs`` and ``measurements`` as a reader of the Parquet files sees them."""
+    configs, measurements = arrow_tables(record_paths)
+    return configs.to_pandas(), measurements.to_pandas()
 
 
 def _search_row(s: dict) -> dict:
+    lo, hi = s["range"]
     return {
-        "model": s["model"], "group": s["group"], "settings": json.dumps(s["settings"]),
+        "model": s["model"],
+        "group": s["group"],
+        **_settings_columns(s["settings"]),
         "server_args": settings_mod.label({**s["settings"], "n_cpu_moe": None}),
-        "range": json.dumps(s["range"]), "limit_mib": s["limit_mib"], "margin_mib": s["margin_mib"],
-        "predicted_lowest": s["predicted_lowest"], "arithmetic": s["arithmetic"],
-        "full_residency": s["full_residency"], "boundary": s["boundary"],
-        "recommended_n_cpu_moe": s["recommended_n_cpu_moe"], "server_starts": s["server_starts"],
-        "probes": json.dumps(s["probes"]), "values": json.dumps(s["values"]),
+        "range_lo": lo,
+        "range_hi": hi,
+        "limit_mib": s["limit_mib"],
+        "margin_mib": s["margin_mib"],
+        "predicted_lowest": s["predicted_lowest"],
+        "arithmetic": s["arithmetic"],
+        "full_residency": s["full_residency"],
+        "boundary": s["boundary"],
+        "recommended_n_cpu_moe": s["recommended_n_cpu_moe"],
+        "server_starts": s["server_starts"],
+        "probe_rows": s["probes"],
+        "value_rows": s["values"],
     }
+
+
+def arrow_search_table(summary_paths: list[Path]) -> pa.Table:
+    return _table([_search_row(records.load(p, "search")) for p in summary_paths], cols.SEARCHES)
 
 
 def search_table(summary_paths: list[Path]) -> pd.DataFrame:
     """One row per n_cpu_moe search: what was predicted, probed, skipped, and where the line is."""
-    return _frame([_search_row(read_json(p)) for p in summary_paths], list(_search_row(BLANK_SEARCH)))
+    return arrow_search_table(summary_paths).to_pandas()
 
 
-def write(record_paths: list[Path], configs_path: Path, measurements_path: Path,
-          search_paths: list[Path] = (), searches_path: Path | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
-    configs, measurements = tables([Path(p) for p in record_paths])
+def write(
+    record_paths: list[Path],
+    configs_path: Path,
+    measurements_path: Path,
+    search_paths: list[Path] = (),
+    searches_path: Path | None = None,
+) -> tuple[pd.DataFrame, pd.DataFrame]:
+    configs, measurements = arrow_tables([Path(p) for p in record_paths])
     outputs = [(configs, configs_path), (measurements, measurements_path)]
     if searches_path is not None:
-        outputs.append((search_table([Path(p) for p in search_paths]), searches_path))
-    for frame, path in outputs:
+        outputs.append((arrow_search_table([Path(p) for p in search_paths]), searches_path))
+    for table, path in outputs:
         with atomic_path(path) as tmp:
-            frame.to_parquet(tmp, index=False)
-    return configs, measurements
+            pq.write_table(table, tmp)
+    return configs.to_pandas(), measurements.to_pandas()

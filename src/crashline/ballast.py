@@ -40,7 +40,7 @@ class Ballast:
         if rc != 0:
             raise BudgetError(f"{name} failed with CUDA driver error {rc}")
 
-    def __enter__(self) -> "Ballast":
+    def __enter__(self) -> Ballast:
         try:
             import pynvml
 

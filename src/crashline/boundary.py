@@ -5,7 +5,12 @@ from __future__ import annotations
 
 import pandas as pd
 
+from . import columns as cols
+from .records import Outcome
 from .settings import SETTINGS
+
+N_CPU_MOE = cols.setting("n_cpu_moe")
+DID_NOT_LOAD = (Outcome.LOAD_FAILED, Outcome.BUDGET_REFUSED)
 
 FLAG = {name: s.flag for name, s in SETTINGS.items()}
 
@@ -13,43 +18,43 @@ FLAG = {name: s.flag for name, s in SETTINGS.items()}
 def _label(key: dict, varying: list[str]) -> str:
     parts = []
     for name in varying:
-        value = key[f"s_{name}"]
+        value = key[cols.setting(name)]
         parts.append(f"{FLAG.get(name) or name} {value}")
     return ", ".join(parts) if parts else "all configurations"
 
 
 def _lowest(rows: pd.DataFrame, mask: pd.Series) -> int | None:
-    hits = rows.loc[mask, "s_n_cpu_moe"]
+    hits = rows.loc[mask, N_CPU_MOE]
     return int(hits.min()) if len(hits) else None
 
 
 def crash_lines(configs: pd.DataFrame, measurements: pd.DataFrame, short_workload: str, margin_mib: int) -> list[dict]:
     """One entry per (model, environment, other settings) with at least two n_cpu_moe values."""
-    if configs.empty or "s_n_cpu_moe" not in configs:
+    if configs.empty or N_CPU_MOE not in configs:
         return []
-    swept = configs[configs["s_n_cpu_moe"].notna()]
-    others = [c for c in swept.columns if c.startswith("s_") and c != "s_n_cpu_moe"]
-    varying = [c[2:] for c in others if swept[c].astype(str).nunique() > 1]
+    swept = configs[configs[N_CPU_MOE].notna()]
+    others = [c for c in swept.columns if c.startswith(cols.SETTING_PREFIX) and c != N_CPU_MOE]
+    varying = [c.removeprefix(cols.SETTING_PREFIX) for c in others if swept[c].astype(str).nunique() > 1]
     out = []
     for key_values, rows in swept.groupby(["model", "environment", *others], dropna=False, sort=True):
-        if rows["s_n_cpu_moe"].nunique() < 2:
+        if rows[N_CPU_MOE].nunique() < 2:
             continue
         key = dict(zip(["model", "environment", *others], key_values))
-        rows = rows.sort_values("s_n_cpu_moe")
+        rows = rows.sort_values(N_CPU_MOE)
         short_ok = measurements[
-            (measurements["workload"] == short_workload) & (measurements["workload_outcome"] == "ok")
+            (measurements["workload"] == short_workload) & (measurements["workload_outcome"] == Outcome.OK)
         ]["config_id"]
-        loads = _lowest(rows, ~rows["outcome"].isin(["load_failed", "budget_refused"]))
+        loads = _lowest(rows, ~rows["outcome"].isin(DID_NOT_LOAD))
         short = _lowest(rows, rows["config_id"].isin(short_ok))
-        survives = _lowest(rows, rows["outcome"] == "ok")
-        at = rows[rows["s_n_cpu_moe"] == survives].iloc[0] if survives is not None else None
-        survivors = rows[rows["outcome"] == "ok"]["s_n_cpu_moe"]
-        monotonic = survives is None or bool((rows[rows["s_n_cpu_moe"] >= survives]["outcome"] == "ok").all())
+        survives = _lowest(rows, rows["outcome"] == Outcome.OK)
+        at = rows[rows[N_CPU_MOE] == survives].iloc[0] if survives is not None else None
+        survivors = rows[rows["outcome"] == Outcome.OK][N_CPU_MOE]
+        monotonic = survives is None or bool((rows[rows[N_CPU_MOE] >= survives]["outcome"] == Outcome.OK).all())
         headroom = at["headroom_mib"] if at is not None else None
         entry = {
             "model": key["model"],
             "label": _label(key, varying),
-            "tested": [int(n) for n in rows["s_n_cpu_moe"]],
+            "tested": [int(n) for n in rows[N_CPU_MOE]],
             "loads_from": loads,
             "short_from": short,
             "survives_from": survives,

@@ -41,8 +41,11 @@ def cmd_fetch(args) -> int:
     model = cfg["models"][args.model]
     cache = config_mod.cache_dir(cfg)
     record = sources.fetch(
-        model["source"], cache / "models" / args.model, sha256=model.get("sha256"),
-        synthetic=model.get("synthetic"), cache_dir=cache,
+        model["source"],
+        cache / "models" / args.model,
+        sha256=model.get("sha256"),
+        synthetic=model.get("synthetic"),
+        cache_dir=cache,
     )
     write_json(args.out or layout.fetch(args.model), record)
     print(record["files"][0]["path"])
@@ -96,23 +99,31 @@ def _server_job(args) -> int:
     else:
         raise config_mod.ConfigError(f"{args.verb} needs --model and --id (see `plan`), or --spec")
     draft = (job_spec.get("item") or {}).get("settings", {}).get("draft_model")
-    inputs = jobs.inputs(Path(args.fetch or layout.fetch(model)), Path(args.manifest or layout.manifest(model)),
-                         Path(args.server or layout.provenance()),
-                         Path(args.draft or layout.fetch(draft)) if draft else None)
+    inputs = jobs.inputs(
+        Path(args.fetch or layout.fetch(model)),
+        Path(args.manifest or layout.manifest(model)),
+        Path(args.server or layout.provenance()),
+        Path(args.draft or layout.fetch(draft)) if draft else None,
+    )
     if args.verb == "search":
         outputs = {"summary": args.out or layout.search(model, job_id)}
     elif args.verb == "needle":
-        outputs = {"record": args.out or layout.needle_record(model, job_id),
-                   "server_log": args.log or layout.needle_server_log(model, job_id)}
+        outputs = {
+            "record": args.out or layout.needle_record(model, job_id),
+            "server_log": args.log or layout.needle_server_log(model, job_id),
+        }
     else:
-        outputs = {"record": args.out or layout.record(model, job_id), "server_log": args.log or
-                   layout.server_log(model, job_id), "telemetry": args.telemetry or layout.telemetry(model, job_id)}
+        outputs = {
+            "record": args.out or layout.record(model, job_id),
+            "server_log": args.log or layout.server_log(model, job_id),
+            "telemetry": args.telemetry or layout.telemetry(model, job_id),
+        }
     print(jobs.run(job_spec, inputs, outputs))
     return 0
 
 
 def cmd_needle_table(args) -> int:
-    from .needle import write_table
+    from .needle_table import write_table
 
     cfg, layout = _load(args)
     records = args.records or [layout.needle_record(i["model"], i["id"]) for i in config_mod.expand(cfg)]
@@ -123,10 +134,12 @@ def cmd_needle_table(args) -> int:
 def records_from(paths: list[Path]) -> list[Path]:
     """measure.json paths as they are; a search.json stands for the records of its own probes (not
     for older records left in its folder by a search under other workloads or another budget)."""
+    from . import records
+
     out = []
     for p in map(Path, paths):
         if p.name == "search.json":
-            out += [p.parent / "records" / cid / "measure.json" for cid in read_json(p).get("records", [])]
+            out += [p.parent / "records" / cid / "measure.json" for cid in records.load(p, "search")["records"]]
         else:
             out.append(p)
     return out
@@ -139,9 +152,13 @@ def cmd_aggregate(args) -> int:
     outputs = [layout.record(i["model"], i["id"]) for i in config_mod.expand(cfg)]
     outputs += [layout.search(g["model"], g["id"]) for g in config_mod.expand_searches(cfg)]
     given = [Path(p) for p in (args.records or outputs)]
-    write(records_from(given), Path(args.configs or layout.configs_table()),
-          Path(args.measurements or layout.measurements_table()),
-          [p for p in given if p.name == "search.json"], Path(args.searches or layout.searches_table()))
+    write(
+        records_from(given),
+        Path(args.configs or layout.configs_table()),
+        Path(args.measurements or layout.measurements_table()),
+        [p for p in given if p.name == "search.json"],
+        Path(args.searches or layout.searches_table()),
+    )
     return 0
 
 
@@ -150,9 +167,16 @@ def cmd_report(args) -> int:
 
     cfg, layout = _load(args)
     md = Path(args.md or layout.report_md())
-    render(Path(args.configs or layout.configs_table()), Path(args.measurements or layout.measurements_table()),
-           Path(args.server or layout.provenance()), cfg, md, Path(args.html or layout.report_html()),
-           Path(args.searches or layout.searches_table()), Path(args.needle or layout.needle_table()))
+    render(
+        Path(args.configs or layout.configs_table()),
+        Path(args.measurements or layout.measurements_table()),
+        Path(args.server or layout.provenance()),
+        cfg,
+        md,
+        Path(args.html or layout.report_html()),
+        Path(args.searches or layout.searches_table()),
+        Path(args.needle or layout.needle_table()),
+    )
     print(md)
     return 0
 
@@ -161,13 +185,23 @@ def cmd_publish(args) -> int:
     from .publish import run
 
     cfg, layout = _load(args)
-    records = run(cfg, Path(args.configs or layout.configs_table()), Path(args.measurements or layout.measurements_table()),
-                  layout.root / "publish", only=args.claim, out_dir=args.out_dir)
+    records = run(
+        cfg,
+        Path(args.configs or layout.configs_table()),
+        Path(args.measurements or layout.measurements_table()),
+        layout.root / "publish",
+        only=args.claim,
+        out_dir=args.out_dir,
+    )
     for r in records:
-        done = [f"pushed {r['push']['branch']} at {r['push']['commit'][:12]}" if r["push"] else None,
-                f"pull request {r['pull_request']['url']}" if r["pull_request"] else None]
-        print(f"{r['claim']}: {r['files']['readme']} {r['files']['diff']} "
-              f"({'dry run' if r['dry_run'] else ', '.join(d for d in done if d)})")
+        done = [
+            f"pushed {r['push']['branch']} at {r['push']['commit'][:12]}" if r["push"] else None,
+            f"pull request {r['pull_request']['url']}" if r["pull_request"] else None,
+        ]
+        print(
+            f"{r['claim']}: {r['files']['readme']} {r['files']['diff']} "
+            f"({'dry run' if r['dry_run'] else ', '.join(d for d in done if d)})"
+        )
     return 0
 
 
@@ -203,8 +237,11 @@ def parser() -> argparse.ArgumentParser:
     def verb(name, fn, help_text, config=True):
         s = sub.add_parser(name, help=help_text)
         if config:
-            s.add_argument("--config", default=os.environ.get("CRASHLINE_CONFIG", config_mod.DEFAULT_CONFIG),
-                           help=f"workflow config (default $CRASHLINE_CONFIG or {config_mod.DEFAULT_CONFIG})")
+            s.add_argument(
+                "--config",
+                default=os.environ.get("CRASHLINE_CONFIG", config_mod.DEFAULT_CONFIG),
+                help=f"workflow config (default $CRASHLINE_CONFIG or {config_mod.DEFAULT_CONFIG})",
+            )
         s.set_defaults(fn=fn)
         return s
 
@@ -223,9 +260,11 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--out", required=True)
     s = verb("provision", cmd_provision, "find or build llama-server and record its provenance")
     s.add_argument("--out")
-    for name, help_text in (("measure", "measure one model x configuration"),
-                            ("needle", "needle recall for one model x configuration"),
-                            ("search", "find the lowest surviving n_cpu_moe of one search group (see `plan`)")):
+    for name, help_text in (
+        ("measure", "measure one model x configuration"),
+        ("needle", "needle recall for one model x configuration"),
+        ("search", "find the lowest surviving n_cpu_moe of one search group (see `plan`)"),
+    ):
         s = verb(name, _server_job, help_text)
         s.add_argument("--model")
         s.add_argument("--id", help="configuration or search group id (see `plan`)")
@@ -246,14 +285,19 @@ def parser() -> argparse.ArgumentParser:
     s = verb("report", cmd_report, "render results/report.md and results/report.html")
     for option in ("--configs", "--measurements", "--searches", "--needle", "--server", "--md", "--html"):
         s.add_argument(option, help="path (default: the results layout's)")
-    s = verb("publish", cmd_publish, "write each claims file's correction section into a copy of the upstream file, "
-             "with the diff; push a branch / open a pull request only if publish.* says so")
+    s = verb(
+        "publish",
+        cmd_publish,
+        "write each claims file's correction section into a copy of the upstream file, "
+        "with the diff; push a branch / open a pull request only if publish.* says so",
+    )
     s.add_argument("--claim", help="only this claims file (named by its file's stem)")
     s.add_argument("--out-dir", help="where to write (default RESULTS/publish/NAME)")
     s.add_argument("--configs")
     s.add_argument("--measurements")
-    s = verb("reanalyse", cmd_reanalyse, "derive telemetry summaries and bottlenecks again from a saved record",
-             config=False)
+    s = verb(
+        "reanalyse", cmd_reanalyse, "derive telemetry summaries and bottlenecks again from a saved record", config=False
+    )
     s.add_argument("record")
     s.add_argument("--manifest", required=True)
     s.add_argument("--telemetry")
@@ -271,11 +315,20 @@ def _named_errors() -> tuple[type[Exception], ...]:
     from .logparse import NotServerLog
     from .provision import ProvisionError
     from .publish import PublishError
+    from .records import RecordError
     from .settings import SettingsError
     from .sources import SourceError
 
-    return (config_mod.ConfigError, SettingsError, ProvisionError, SourceError, PublishError, NotServerLog,
-            FileNotFoundError)
+    return (
+        config_mod.ConfigError,
+        SettingsError,
+        ProvisionError,
+        SourceError,
+        PublishError,
+        NotServerLog,
+        RecordError,
+        FileNotFoundError,
+    )
 
 
 def _stdout_gone() -> bool:

@@ -6,93 +6,26 @@ import copy
 import itertools
 import os
 from pathlib import Path
-from typing import Any
 
-import jsonschema
-import yaml
-
+from . import claims_load
 from . import settings as settings_mod
+from .configfile import (  # noqa: F401 - the config's own names: callers read them from here
+    DATA,
+    SCHEMA_NAME,
+    ConfigError,
+    check_setting,
+    fill_defaults,
+    load_schema,
+    read_yaml,
+    schema_errors,
+    short_repr,
+)
+from .needle_prompts import DEFAULTS as NEEDLE_DEFAULTS
+from .needle_prompts import needle_settings
+from .source_spec import SourceError, parse_source
+from .synthetic_shape import resolve_shape
 
-SCHEMA_NAME = "schema.yaml"
 DEFAULT_CONFIG = "config/config.yaml"  # the demo run, relative to the working directory
-DATA = Path(__file__).parent / "data"
-
-
-class ConfigError(ValueError):
-    """The configuration is invalid; the message names the key and the bad value."""
-
-
-def load_schema(name: str = SCHEMA_NAME) -> dict:
-    """A schema shipped inside the package (so a wheel has it too)."""
-    return yaml.safe_load((DATA / name).read_text())
-
-
-def _fill_defaults(schema: dict, instance: Any) -> Any:
-    """Fill ``default`` values from the schema into ``instance`` (objects and array items)."""
-    if isinstance(instance, dict):
-        for key, sub in schema.get("properties", {}).items():
-            if key not in instance and "default" in sub:
-                instance[key] = copy.deepcopy(sub["default"])
-            if key in instance:
-                instance[key] = _fill_defaults(sub, instance[key])
-        extra = schema.get("additionalProperties")
-        if isinstance(extra, dict):
-            for key in instance:
-                if key not in schema.get("properties", {}):
-                    instance[key] = _fill_defaults(extra, instance[key])
-    elif isinstance(instance, list) and isinstance(schema.get("items"), dict):
-        return [_fill_defaults(schema["items"], item) for item in instance]
-    return instance
-
-
-def _key_path(error: jsonschema.ValidationError) -> str:
-    parts = [str(p) for p in error.absolute_path]
-    return ".".join(parts) if parts else "(top level)"
-
-
-def _child(path: str, key: Any) -> str:
-    return str(key) if path == "(top level)" else f"{path}.{key}"
-
-
-def _short(value: Any, limit: int = 80) -> str:
-    """``repr(value)``, cut to ``limit`` characters (an unknown key may hold a whole mapping)."""
-    text = repr(value)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
-TYPE_WORDS = {"object": "a mapping (KEY: VALUE)", "array": "a list", "integer": "an integer", "number": "a number",
-              "string": "a string", "boolean": "true or false", "null": "null"}
-
-
-def _reason(e: jsonschema.ValidationError) -> str:
-    """What is wrong, in words: the type expected, the alternatives of a oneOf, the description of a pattern."""
-    if e.validator == "type":
-        types = [e.validator_value] if isinstance(e.validator_value, str) else e.validator_value
-        return "expected " + " or ".join(TYPE_WORDS.get(t, t) for t in types)
-    if e.validator in ("oneOf", "anyOf"):
-        said = [sub.get("description") for sub in e.validator_value]
-        return "expected " + " or ".join(said) if all(said) else "; or ".join(sub.message for sub in e.context)
-    if e.validator == "pattern" and "description" in e.schema:
-        return f"expected {e.schema['description']}"
-    return e.message
-
-
-def _error_lines(e: jsonschema.ValidationError, prefix: str) -> list[str]:
-    path = _key_path(e)
-    if e.validator == "additionalProperties" and e.validator_value is False:
-        known = list(e.schema.get("properties", {}))
-        return [f"{prefix} {_child(path, key)} = {_short(value)}: unknown key; {settings_mod.did_you_mean(key, known)}"
-                for key, value in e.instance.items() if key not in known]
-    if "propertyNames" in e.relative_schema_path:
-        return [f"{prefix} {path}: the name {e.instance!r} is not allowed; {_reason(e)}"]
-    return [f"{prefix} {path} = {_short(e.instance)}: {_reason(e)}"]
-
-
-def schema_errors(instance, schema: dict, prefix: str) -> list[str]:
-    """One line per schema violation, naming the key and the bad value (and a near miss of an unknown key)."""
-    validator = jsonschema.Draft202012Validator(schema)
-    errors = sorted(validator.iter_errors(instance), key=lambda e: [str(p) for p in e.absolute_path])
-    return [line for e in errors for line in _error_lines(e, prefix)]
 
 
 def validate(config: dict, schema: dict) -> dict:
@@ -102,7 +35,7 @@ def validate(config: dict, schema: dict) -> dict:
         raise ConfigError(lines[0])  # one problem, one line
     if lines:
         raise ConfigError("invalid configuration:\n  " + "\n  ".join(lines))
-    config = _fill_defaults(schema, copy.deepcopy(config))
+    config = fill_defaults(schema, copy.deepcopy(config))
     _check_models(config)
     _check_settings(config)
     _check_places(config)
@@ -113,10 +46,8 @@ def validate(config: dict, schema: dict) -> dict:
 
 def _add_claim_workloads(config: dict) -> dict:
     """Workloads the claims files need that the config lacks (none where the sweep's match them)."""
-    from . import claims as claims_mod
-
-    claims = claims_mod.load_claims(config.get("claims") or [], config)
-    config["workloads"] = config["workloads"] + claims_mod.claim_workloads(claims, config["workloads"])
+    claims = claims_load.load_claims(config.get("claims") or [], config)
+    config["workloads"] = config["workloads"] + claims_load.claim_workloads(claims, config["workloads"])
     return config
 
 
@@ -124,9 +55,7 @@ def _add_claim_workloads(config: dict) -> dict:
 
 
 def _check_models(config: dict) -> None:
-    """Every source parses (sources.parse_source) and every synthetic shape resolves."""
-    from .sources import SourceError, parse_source
-
+    """Every source parses (source_spec.parse_source) and every synthetic shape resolves."""
     for name, model in config["models"].items():
         source = model["source"]
         try:
@@ -140,10 +69,10 @@ def _check_models(config: dict) -> None:
 
 def _check_shape(where: str, kind: str, shape: dict) -> None:
     if kind != "synthetic":
-        raise ConfigError(f"config key {where}.synthetic: only synthetic: sources take a shape; "
-                          f"remove it or make {where}.source synthetic:NAME")
-    from .synthetic import resolve_shape
-
+        raise ConfigError(
+            f"config key {where}.synthetic: only synthetic: sources take a shape; "
+            f"remove it or make {where}.source synthetic:NAME"
+        )
     options = dict(shape)
     seed = options.pop("seed", 0)  # as sources.fetch: the seed is not part of the shape
     if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
@@ -154,7 +83,8 @@ def _check_shape(where: str, kind: str, shape: dict) -> None:
         key = getattr(exc, "key", None)
         if key is None:
             raise ConfigError(f"config key {where}.synthetic: {exc}") from None
-        raise ConfigError(f"config key {where}.synthetic.{key} = {_short(options.get(key))}: {exc.reason}") from None
+        value = short_repr(options.get(key))
+        raise ConfigError(f"config key {where}.synthetic.{key} = {value}: {exc.reason}") from None
 
 
 def _written_settings(config: dict):
@@ -171,17 +101,6 @@ def _written_settings(config: dict):
                 yield f"configurations.{i}.grid.{name}.{j}", name, value
 
 
-def check_setting(key: str, name: str, value: Any, models) -> None:
-    """A known setting with a value of its kind, a draft_model among ``models``; SettingsError "KEY = VALUE: why"."""
-    try:
-        settings_mod.check_value(name, value)
-    except settings_mod.SettingsError as exc:
-        raise settings_mod.SettingsError(f"{key} = {_short(value)}: {exc.reason}", exc.reason) from None
-    if name == "draft_model" and value is not None and value not in models:
-        reason = f"no such model; models are {', '.join(sorted(models))}"
-        raise settings_mod.SettingsError(f"{key} = {value!r}: {reason}", reason)
-
-
 def _check_settings(config: dict) -> None:
     """Every setting where it is written: defaults, configurations.N.settings, configurations.N.grid."""
     try:
@@ -193,8 +112,10 @@ def _check_settings(config: dict) -> None:
     for i, entry in enumerate(config["configurations"]):
         for name in entry.get("models", []):
             if name not in known:
-                raise ConfigError(f"config key configurations.{i}.models: unknown model {name!r}; "
-                                  f"{settings_mod.did_you_mean(name, sorted(known), 'models')}")
+                raise ConfigError(
+                    f"config key configurations.{i}.models: unknown model {name!r}; "
+                    f"{settings_mod.did_you_mean(name, sorted(known), 'models')}"
+                )
 
 
 PSEUDO_FILESYSTEMS = ("/proc", "/sys", "/dev")
@@ -233,8 +154,10 @@ def _check_places(config: dict) -> None:
     Spaces and shell characters in paths are fine: paths never pass through a shell unquoted."""
     why = _unwritable(Path(config["results_dir"]))
     if why:
-        raise ConfigError(f"config key results_dir = {config['results_dir']!r}: cannot write there: {why}; "
-                          "choose a folder this user can write")
+        raise ConfigError(
+            f"config key results_dir = {config['results_dir']!r}: cannot write there: {why}; "
+            "choose a folder this user can write"
+        )
     binary = config["server"].get("binary")
     why = _server_binary_problem(binary) if binary else None
     if why:
@@ -249,12 +172,15 @@ def _check_references(config: dict) -> None:
     names = [w["name"] for w in config["workloads"]]
     dupes = sorted({n for n in names if names.count(n) > 1})
     if dupes:
-        raise ConfigError(f"config key workloads: duplicate workload name(s) {', '.join(dupes)}; "
-                          "each workload needs its own name")
+        raise ConfigError(
+            f"config key workloads: duplicate workload name(s) {', '.join(dupes)}; each workload needs its own name"
+        )
     objective = config["objective"].get("workload")
     if objective is not None and objective not in names:
-        raise ConfigError(f"config key objective.workload = {objective!r}: no such workload; "
-                          f"{settings_mod.did_you_mean(objective, names, 'workloads')}")
+        raise ConfigError(
+            f"config key objective.workload = {objective!r}: no such workload; "
+            f"{settings_mod.did_you_mean(objective, names, 'workloads')}"
+        )
     entries = list(_resolved_entries(config))  # every combination resolves (ubatch <= batch, fit alone)
     expand_searches(config)  # every search range is LOW <= HIGH
     _check_concurrency(config["workloads"], entries)
@@ -271,10 +197,8 @@ def _resolved_entries(config: dict):
 
 
 def _from_claims(workload: dict) -> bool:
-    """A workload a claims file added (named as claims.claim_workloads names them): it runs as published."""
-    from .claims import workload_name
-
-    return workload["name"] == workload_name(workload)
+    """A workload a claims file added (named as claims_load.claim_workloads names them): it runs as published."""
+    return workload["name"] == claims_load.workload_name(workload)
 
 
 def _check_concurrency(workloads: list[dict], entries: list[tuple[int, dict]]) -> None:
@@ -298,16 +222,17 @@ def _check_needle(config: dict) -> None:
 
     A length that one configuration's context per slot cannot hold is that configuration's measured failure,
     as a workload longer than its context is; one that no configuration can hold is a mistake."""
-    from .needle import DEFAULTS, needle_settings
-
     try:
         ns = needle_settings(config)  # fractions in (0, 1], token counts >= 64, required among the lengths
     except ValueError as exc:
         raise ConfigError(f"config key needle: {exc}") from None
-    if ns["lengths"] == DEFAULTS["lengths"]:
+    if ns["lengths"] == NEEDLE_DEFAULTS["lengths"]:
         return
-    slots = [(s["ctx"] // (s["parallel"] or 1), s["ctx"], s["parallel"])
-             for s in (item["settings"] for item in expand(config)) if s["ctx"]]
+    slots = [
+        (s["ctx"] // (s["parallel"] or 1), s["ctx"], s["parallel"])
+        for s in (item["settings"] for item in expand(config))
+        if s["ctx"]
+    ]
     if not slots:
         return
     largest, ctx, parallel = max(slots)
@@ -321,65 +246,14 @@ def _check_needle(config: dict) -> None:
             )
 
 
-class _DuplicateKeyError(yaml.MarkedYAMLError):
-    """A key written twice in one mapping (PyYAML would keep the last one silently)."""
-
-
-class _UniqueKeyLoader(yaml.SafeLoader):
-    """PyYAML's safe loader, except that a key written twice in one mapping is an error."""
-
-    def construct_mapping(self, node, deep=False):
-        first = {}
-        for key_node, _ in node.value:
-            if key_node.tag == "tag:yaml.org,2002:merge":
-                continue  # `<<: *anchor` merges; keys written after it override on purpose
-            key = self.construct_object(key_node, deep=True)
-            try:
-                seen = key in first
-            except TypeError:
-                continue  # an unhashable key: the constructor below says so
-            if seen:
-                raise _DuplicateKeyError(problem=f"duplicate key {key!r} (first at line {first[key].line + 1}); "
-                                                 "a key may appear once in a mapping", problem_mark=key_node.start_mark)
-            first[key] = key_node.start_mark
-        return super().construct_mapping(node, deep)
-
-
-def _yaml_problem(exc: yaml.YAMLError) -> str:
-    """A parser error on one line: where, what, and where the construct it broke began."""
-    mark, problem = getattr(exc, "problem_mark", None), getattr(exc, "problem", None)
-    if mark is None or not problem:
-        return " ".join(str(exc).split())
-    text = f"line {mark.line + 1}, column {mark.column + 1}: {problem}"
-    context, start = getattr(exc, "context", None), getattr(exc, "context_mark", None)
-    if context and start is not None and start.line != mark.line:
-        text += f" ({context} at line {start.line + 1})"
-    return text
-
-
-def read_yaml(path: Path, what: str, error: type[ConfigError] = ConfigError) -> Any:
-    """A YAML file's content; a missing, unreadable or malformed file, or a key written twice in one
-    mapping, raises ``error`` naming ``what``, the path and the line."""
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise error(f"{what} not found: {path}") from None
-    except UnicodeDecodeError as exc:
-        raise error(f"{what} {path} is not UTF-8 text (byte {exc.start}: {exc.reason})") from None
-    except OSError as exc:
-        raise error(f"{what} {path} cannot be read: {exc.strerror or exc}") from None
-    try:
-        return yaml.load(text, Loader=_UniqueKeyLoader)
-    except yaml.YAMLError as exc:
-        raise error(f"{what} {path} is not valid YAML: {_yaml_problem(exc)}") from None
-
-
 def load(path: str | os.PathLike) -> dict:
     path = Path(path)
     raw = read_yaml(path, "configuration file")
     if not isinstance(raw, dict):
-        raise ConfigError(f"configuration file {path} must hold a mapping of keys (models, configurations, "
-                          f"workloads, ...), got {type(raw).__name__}")
+        raise ConfigError(
+            f"configuration file {path} must hold a mapping of keys (models, configurations, "
+            f"workloads, ...), got {type(raw).__name__}"
+        )
     return validate(raw, load_schema())
 
 
@@ -414,8 +288,10 @@ def expand_searches(config: dict) -> list[dict]:
         given = {k: v for k, v in given.items() if k != "n_cpu_moe"}
         lo, hi = entry["search"]["n_cpu_moe"]
         if lo > hi:
-            raise ConfigError(f"config key configurations.{i}.search.n_cpu_moe = {[lo, hi]!r}: the range is "
-                              f"[LOW, HIGH] and {lo} is above {hi}; write {[hi, lo]!r}")
+            raise ConfigError(
+                f"config key configurations.{i}.search.n_cpu_moe = {[lo, hi]!r}: the range is "
+                f"[LOW, HIGH] and {lo} is above {hi}; write {[hi, lo]!r}"
+            )
         resolved = _resolve(i, given)
         for model in entry.get("models") or list(config["models"]):
             gid = settings_mod.config_id(model, {**resolved, "n_cpu_moe": None}, f"search n_cpu_moe {lo}..{hi}")
@@ -431,17 +307,15 @@ def expand(config: dict) -> list[dict]:
     come last, one configuration each: a row identical to a sweep configuration has its id, and
     is measured once, by the same job.
     """
-    from . import claims as claims_mod
-
     seen: dict[tuple[str, str], dict] = {}
     for i, entry, given in _combinations(config, searches=False):
         resolved = _resolve(i, given)
         for model in entry.get("models") or list(config["models"]):
             cid = settings_mod.config_id(model, resolved)
             seen.setdefault((model, cid), {"model": model, "id": cid, "settings": resolved, "given": given})
-    for item in claims_mod.claim_configurations(claims_mod.load_claims(config.get("claims") or [], config)):
-        seen.setdefault((item["model"], item["id"]),
-                        {"model": item["model"], "id": item["id"], "settings": item["resolved"], "given": item["settings"]})
+    for item in claims_load.claim_configurations(claims_load.load_claims(config.get("claims") or [], config)):
+        entry = {"model": item["model"], "id": item["id"], "settings": item["resolved"], "given": item["settings"]}
+        seen.setdefault((item["model"], item["id"]), entry)
     return list(seen.values())
 
 
@@ -474,8 +348,10 @@ def plan_lines(config: dict) -> list[str]:
         lo, hi = group["range"]
         lines.append(f"{group['model']:<20} {group['id']}  search --n-cpu-moe {lo}..{hi} with {group['given']}")
     models = sorted({i["model"] for i in items} | {g["model"] for g in searches})
-    lines.append(f"{len(models)} model(s) ({', '.join(models)}), {len(items)} configuration(s), "
-                 f"{len(searches)} search(es), workloads {', '.join(w['name'] for w in config['workloads'])}")
+    lines.append(
+        f"{len(models)} model(s) ({', '.join(models)}), {len(items)} configuration(s), "
+        f"{len(searches)} search(es), workloads {', '.join(w['name'] for w in config['workloads'])}"
+    )
     return lines
 
 

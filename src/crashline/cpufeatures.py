@@ -59,8 +59,9 @@ def _accepted(compiler: str, flags: tuple[str, ...]) -> list[str]:
     """The flags this compiler knows (older GCCs lack the newer AMX switches)."""
     out = []
     for flag in flags:
-        proc = subprocess.run([compiler, flag, "-x", "c", "-c", "-o", "/dev/null", "-"], input="int x;\n",
-                              capture_output=True, text=True)
+        proc = subprocess.run(
+            [compiler, flag, "-x", "c", "-c", "-o", "/dev/null", "-"], input="int x;\n", capture_output=True, text=True
+        )
         if proc.returncode == 0:
             out.append(flag)
     return out
@@ -73,8 +74,9 @@ def probe() -> dict:
         return {}
     with tempfile.TemporaryDirectory(prefix="crashline-cpu-") as tmp:
         exe = Path(tmp) / "probe"
-        build = subprocess.run([compiler, "-O0", "-x", "c", "-o", str(exe), "-"], input=PROBE_C,
-                               capture_output=True, text=True)
+        build = subprocess.run(
+            [compiler, "-O0", "-x", "c", "-o", str(exe), "-"], input=PROBE_C, capture_output=True, text=True
+        )
         if build.returncode != 0:
             return {"error": f"the CPU probe did not compile: {build.stderr.strip()[-300:]}"}
         run = subprocess.run([str(exe)], capture_output=True, text=True, timeout=30)
@@ -87,10 +89,14 @@ def usable(raw: dict) -> dict:
     """What CPUID advertises and what processes may use, for AVX-512 and AMX."""
     xcr0 = raw["xcr0"] if raw.get("osxsave") else 0
     return {
-        "avx512": {"advertised": bool(raw["cpuid7_ebx"] & CPUID7_EBX_AVX512F),
-                   "enabled": xcr0 & XCR0_AVX512 == XCR0_AVX512},
-        "amx": {"advertised": bool(raw["cpuid7_edx"] & CPUID7_EDX_AMX),
-                "enabled": xcr0 & XCR0_AMX == XCR0_AMX and raw["amx_permission"] == 0},
+        "avx512": {
+            "advertised": bool(raw["cpuid7_ebx"] & CPUID7_EBX_AVX512F),
+            "enabled": xcr0 & XCR0_AVX512 == XCR0_AVX512,
+        },
+        "amx": {
+            "advertised": bool(raw["cpuid7_edx"] & CPUID7_EDX_AMX),
+            "enabled": xcr0 & XCR0_AMX == XCR0_AMX and raw["amx_permission"] == 0,
+        },
     }
 
 

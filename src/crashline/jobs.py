@@ -9,7 +9,6 @@ drift apart.
 
 from __future__ import annotations
 
-import hashlib
 import json
 from pathlib import Path
 
@@ -25,29 +24,50 @@ def _server(config: dict) -> dict:
 
 def measure_spec(config: dict, model: str, cid: str) -> dict:
     """What a measurement reads: the configuration, the workloads and how they are run."""
-    return {"job": "measure", "model": model, "item": config_mod.find(config, model, cid),
-            "config": _measurement_config(config)}
+    return {
+        "job": "measure",
+        "model": model,
+        "item": config_mod.find(config, model, cid),
+        "config": _measurement_config(config),
+    }
 
 
 def search_spec(config: dict, model: str, gid: str) -> dict:
     """What a search reads: the group (settings and range) and what each probe reads."""
-    return {"job": "search", "model": model, "group": config_mod.find_search(config, model, gid),
-            "config": _measurement_config(config)}
+    return {
+        "job": "search",
+        "model": model,
+        "group": config_mod.find_search(config, model, gid),
+        "config": _measurement_config(config),
+    }
 
 
 def needle_spec(config: dict, model: str, cid: str) -> dict:
     """What a recall check reads: the configuration, the model's source and prompt style, the needle
     grid and the budget it is checked under."""
-    from .needle import needle_settings
+    from .needle_prompts import needle_settings
 
-    return {"job": "needle", "model": model, "item": config_mod.find(config, model, cid),
-            "config": {"models": {model: config["models"][model]}, "server": _server(config),
-                       "budget": config["budget"], "needle": needle_settings(config)}}
+    return {
+        "job": "needle",
+        "model": model,
+        "item": config_mod.find(config, model, cid),
+        "config": {
+            "models": {model: config["models"][model]},
+            "server": _server(config),
+            "budget": config["budget"],
+            "needle": needle_settings(config),
+        },
+    }
 
 
 def _measurement_config(config: dict) -> dict:
-    return {"server": _server(config), "workloads": config["workloads"], "repetitions": config["repetitions"],
-            "budget": config["budget"], "telemetry": config["telemetry"]}
+    return {
+        "server": _server(config),
+        "workloads": config["workloads"],
+        "repetitions": config["repetitions"],
+        "budget": config["budget"],
+        "telemetry": config["telemetry"],
+    }
 
 
 SPECS = {"measure": measure_spec, "search": search_spec, "needle": needle_spec}
@@ -60,14 +80,6 @@ def spec(job: str, config: dict, model: str, job_id: str) -> dict:
 def as_param(job_spec: dict) -> str:
     """The spec as the rule's params value: canonical JSON, so equal specs are equal strings."""
     return json.dumps(job_spec, sort_keys=True, separators=(",", ":"))
-
-
-def key(job_config: dict, provenance: dict) -> str:
-    """What a measurement's result depends on besides its settings: the workloads, repetitions,
-    budget, limits and telemetry, and the llama-server build. A record is reused (by a search) only
-    under the same key."""
-    text = as_param({"config": job_config, "server_sha256": provenance.get("sha256")})
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def inputs(fetch: Path, manifest: Path, provenance: Path, draft_fetch: Path | None = None) -> dict:
@@ -87,21 +99,41 @@ def run(job_spec: dict, inputs: dict, outputs: dict) -> str:
     if job_spec["job"] == "measure":
         from .measure import measure
 
-        rec = measure(model_name=model, item=job_spec["item"], config=job_spec["config"], **inputs,
-                      record_path=Path(outputs["record"]), log_path=Path(outputs["server_log"]),
-                      telemetry_path=Path(outputs["telemetry"]))
+        rec = measure(
+            model_name=model,
+            item=job_spec["item"],
+            config=job_spec["config"],
+            **inputs,
+            record_path=Path(outputs["record"]),
+            log_path=Path(outputs["server_log"]),
+            telemetry_path=Path(outputs["telemetry"]),
+        )
         return f"{model} {rec['config_id']}: {rec['outcome']}" + (
-            f" ({rec['phase']}: {rec['message']})" if rec["message"] else "")
+            f" ({rec['phase']}: {rec['message']})" if rec["message"] else ""
+        )
     if job_spec["job"] == "needle":
-        from .needle import run_needle
+        from .needle_job import run_needle
 
-        rec = run_needle(model_name=model, item=job_spec["item"], config=job_spec["config"], **inputs,
-                         record_path=Path(outputs["record"]), log_path=Path(outputs["server_log"]))
+        rec = run_needle(
+            model_name=model,
+            item=job_spec["item"],
+            config=job_spec["config"],
+            **inputs,
+            record_path=Path(outputs["record"]),
+            log_path=Path(outputs["server_log"]),
+        )
         return f"{model} {job_spec['item']['id']}: recall {rec['recall']}"
     from .search import run_search
 
     inputs = {k: v for k, v in inputs.items() if k != "draft_path"}
-    summary = run_search(model_name=model, group=job_spec["group"], config=job_spec["config"], **inputs,
-                         out_dir=Path(outputs["summary"]).parent)
-    return (f"{model} search {job_spec['group']['id']}: boundary n_cpu_moe {summary['boundary']}, use "
-            f"{summary['recommended_n_cpu_moe']}, {summary['server_starts']} server starts")
+    summary = run_search(
+        model_name=model,
+        group=job_spec["group"],
+        config=job_spec["config"],
+        **inputs,
+        out_dir=Path(outputs["summary"]).parent,
+    )
+    return (
+        f"{model} search {job_spec['group']['id']}: boundary n_cpu_moe {summary['boundary']}, use "
+        f"{summary['recommended_n_cpu_moe']}, {summary['server_starts']} server starts"
+    )

@@ -32,12 +32,16 @@ def server_lock(what: str, lock_dir: Path | None = None):
         except BlockingIOError:
             f.seek(0)
             holder = f.read().strip() or "another process"
-            print(f"crashline: {what} waits for the llama-server of {holder} to stop (lock {path})",
-                  file=sys.stderr, flush=True)
+            print(
+                f"crashline: {what} waits for the llama-server of {holder} to stop (lock {path})",
+                file=sys.stderr,
+                flush=True,
+            )
             started = time.monotonic()
             fcntl.flock(f, fcntl.LOCK_EX)
-            print(f"crashline: {what} got the lock after {time.monotonic() - started:.0f} s", file=sys.stderr,
-                  flush=True)
+            print(
+                f"crashline: {what} got the lock after {time.monotonic() - started:.0f} s", file=sys.stderr, flush=True
+            )
         f.seek(0)
         f.truncate()
         f.write(f"pid {os.getpid()} ({what})\n")

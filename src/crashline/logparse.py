@@ -14,6 +14,8 @@ import re
 import signal
 from pathlib import Path
 
+from .records import Outcome
+
 TAIL_LINES = 40
 
 # "0.01.379.033 E " -- elapsed time and level letter, printed with -lv >= 1 timestamps.
@@ -113,9 +115,24 @@ def parse_context(lines: list[str]) -> dict:
     """Context, batch, thread and KV settings as printed; missing ones are None."""
     ctx: dict[str, str] = {}
     out: dict = dict.fromkeys(
-        ("layers_offloaded", "layers_total", "n_ctx", "n_ctx_seq", "n_ctx_slot", "n_batch", "n_ubatch",
-         "n_seq_max", "n_parallel", "flash_attn", "flash_attn_resolved", "n_threads", "n_threads_batch",
-         "type_k", "type_v", "build")
+        (
+            "layers_offloaded",
+            "layers_total",
+            "n_ctx",
+            "n_ctx_seq",
+            "n_ctx_slot",
+            "n_batch",
+            "n_ubatch",
+            "n_seq_max",
+            "n_parallel",
+            "flash_attn",
+            "flash_attn_resolved",
+            "n_threads",
+            "n_threads_batch",
+            "type_k",
+            "type_v",
+            "build",
+        )
     )
     for line in lines:
         if m := CONTEXT_PARAM_RE.search(line):
@@ -161,7 +178,7 @@ def parse_breakdown(lines: list[str]) -> list[dict]:
     """
     rows: list[dict] = []
     listening = _first(LISTENING_RE, lines)
-    for line in lines[len(lines) if listening is None else listening:]:
+    for line in lines[len(lines) if listening is None else listening :]:
         if BREAKDOWN_HEADER_RE.search(line):
             rows = []
             continue
@@ -180,8 +197,12 @@ def parse_breakdown(lines: list[str]) -> list[dict]:
 
 def _is_failure_line(line: str) -> bool:
     return bool(
-        KV_FAIL_RE.search(line) or COMPUTE_FAIL_RE.search(line) or WEIGHTS_FAIL_RE.search(line)
-        or ALLOC_FAIL_RE.search(line) or OOM_RE.search(line) or MODEL_FILE_RE.search(line)
+        KV_FAIL_RE.search(line)
+        or COMPUTE_FAIL_RE.search(line)
+        or WEIGHTS_FAIL_RE.search(line)
+        or ALLOC_FAIL_RE.search(line)
+        or OOM_RE.search(line)
+        or MODEL_FILE_RE.search(line)
     )
 
 
@@ -238,13 +259,13 @@ def _phase_at(index: int, ms: dict, phase_hint: str | None) -> str:
 def _with_alloc_detail(lines: list[str], index: int) -> str:
     """The failure line, plus the preceding 'allocating X MiB on device N ... failed' line if any."""
     message = _strip(lines[index])
-    for line in reversed(lines[max(0, index - 5):index]):
+    for line in reversed(lines[max(0, index - 5) : index]):
         if m := ALLOC_DETAIL_RE.search(line):
             return f"{message} ({m[0].strip()})"
     return message
 
 
-def _result(outcome: str, failure: str | None, phase: str | None, message: str | None) -> dict:
+def _result(outcome: Outcome, failure: str | None, phase: str | None, message: str | None) -> dict:
     return {"outcome": outcome, "failure": failure, "phase": phase, "message": message}
 
 
@@ -266,17 +287,17 @@ def _recognised_failure(lines: list[str], ms: dict, phase_hint: str | None) -> d
     for pattern, failure, stop in checks:
         i = _first(pattern, lines, 0, stop)
         if i is not None:
-            return _result("load_failed", failure, "load", _with_alloc_detail(lines, i))
+            return _result(Outcome.LOAD_FAILED, failure, "load", _with_alloc_detail(lines, i))
     i = _first(OOM_RE, lines)
     if i is not None:
         phase = _phase_at(i, ms, phase_hint)
         # out of memory while loading, but not in one of the buffers named above
-        outcome = "load_failed" if phase == "load" else "oom"
+        outcome = Outcome.LOAD_FAILED if phase == "load" else Outcome.OOM
         return _result(outcome, "oom", phase, _with_alloc_detail(lines, i))
     i = _first(MODEL_FILE_RE, lines, 0, ms["listening"])
     if i is not None:
         detail = _first(GENERIC_ERROR_RE, lines, 0, i + 1)  # the first error usually names the cause
-        return _result("load_failed", "model_file", "load", _strip(lines[detail if detail is not None else i]))
+        return _result(Outcome.LOAD_FAILED, "model_file", "load", _strip(lines[detail if detail is not None else i]))
     return None
 
 
@@ -303,37 +324,40 @@ def classify(text: str, returncode: int | None, *, phase_hint: str | None = None
         return found
     last_phase = _phase_at(len(lines), ms, phase_hint)
     if timed_out:
-        return _result("timeout", "timeout", phase_hint or last_phase, f"timed out during {phase_hint or last_phase}")
+        phase = phase_hint or last_phase
+        return _result(Outcome.TIMEOUT, "timeout", phase, f"timed out during {phase}")
     crash = _crash_line(lines)
     if returncode is None:
         return _classify_without_returncode(ms, crash, last_phase)
     if returncode in OK_RETURNCODES or (returncode < 0 and -returncode in OK_SIGNALS):
-        return _result("ok", None, None, None)
+        return _result(Outcome.OK, None, None, None)
     if returncode < 0:
         try:
             name = signal.Signals(-returncode).name
         except ValueError:
             name = f"signal {-returncode}"
         message = f"killed by {name}" + (f": {crash}" if crash else "")
-        return _result("crashed", "signal", last_phase, message)
+        return _result(Outcome.CRASHED, "signal", last_phase, message)
     if ms["listening"] is None:
         refused = _argument_error(lines)
         if refused and not crash:
-            return _result("load_failed", "arguments", "load", f"{refused} (exit status {returncode} before listening)")
-        return _result("load_failed", "unknown", "load", crash or f"exit status {returncode} before listening")
-    return _result("crashed", "exit_code", last_phase, crash or f"exit status {returncode}")
+            return _result(
+                Outcome.LOAD_FAILED, "arguments", "load", f"{refused} (exit status {returncode} before listening)"
+            )
+        return _result(Outcome.LOAD_FAILED, "unknown", "load", crash or f"exit status {returncode} before listening")
+    return _result(Outcome.CRASHED, "exit_code", last_phase, crash or f"exit status {returncode}")
 
 
 def _classify_without_returncode(ms: dict, crash: str | None, last_phase: str) -> dict:
     """Exit status unknown: judge by how far the log got and how it ends."""
     if crash:
-        return _result("crashed", "crash", last_phase, crash)
+        return _result(Outcome.CRASHED, "crash", last_phase, crash)
     if ms["listening"] is None:
-        return _result("load_failed", "unknown", "load", "log ends before the server was listening")
+        return _result(Outcome.LOAD_FAILED, "unknown", "load", "log ends before the server was listening")
     if ms["shutdown"] is not None:
-        return _result("ok", None, None, None)
+        return _result(Outcome.OK, None, None, None)
     # no shutdown lines: killed without a chance to log (SIGKILL, the OOM killer) or still running
-    return _result("crashed", "unknown", last_phase, f"log ends during {last_phase} without shutdown lines")
+    return _result(Outcome.CRASHED, "unknown", last_phase, f"log ends during {last_phase} without shutdown lines")
 
 
 # --- is this a llama-server log at all? ------------------------------------------------------------
@@ -345,8 +369,10 @@ SERVER_TAG_RE = re.compile(
     r"|system_info):\s|^build: \d+ \("
 )
 ARGUMENT_REFUSAL_RE = re.compile(r"^error(?: while handling argument |: invalid argument: )")
-NOT_A_LOG_REASON = ("none of its lines looks like llama.cpp's output (a timestamped log line, a function tag "
-                    "such as 'llama_model_loader:', or an argument error)")
+NOT_A_LOG_REASON = (
+    "none of its lines looks like llama.cpp's output (a timestamped log line, a function tag "
+    "such as 'llama_model_loader:', or an argument error)"
+)
 
 
 class NotServerLog(ValueError):

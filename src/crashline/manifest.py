@@ -60,7 +60,7 @@ class _Header:
     def string(self) -> str:
         n = self.unpack("Q")
         self.skip(n)
-        return bytes(self.data[self.pos - n:self.pos]).decode("utf-8", "replace")
+        return bytes(self.data[self.pos - n : self.pos]).decode("utf-8", "replace")
 
     def value(self, vtype: int) -> Any:
         """Read one metadata value; only scalars are returned (strings and arrays are skipped)."""
@@ -133,8 +133,10 @@ def required_size(path: Path) -> int:
             try:
                 return _data_end(h)
             except _Cut as cut:
-                raise ManifestError(f"{path} is cut short: it has {size} bytes but its GGUF header alone needs "
-                                    f"at least {cut.needed} bytes") from None
+                raise ManifestError(
+                    f"{path} is cut short: it has {size} bytes but its GGUF header alone needs "
+                    f"at least {cut.needed} bytes"
+                ) from None
             except (ValueError, struct.error) as e:
                 raise ManifestError(f"{path} has a GGUF header that cannot be read ({e})") from None
 
@@ -144,8 +146,9 @@ def check_complete(path: Path) -> None:
     path = Path(path)
     needed, size = required_size(path), path.stat().st_size
     if size < needed:
-        raise ManifestError(f"{path} is truncated: it has {size} bytes but its header says the tensor data "
-                            f"ends at {needed} bytes")
+        raise ManifestError(
+            f"{path} is truncated: it has {size} bytes but its header says the tensor data ends at {needed} bytes"
+        )
 
 
 def shard_paths(path: Path, count: int) -> list[Path]:
@@ -206,8 +209,9 @@ def _reader(path: Path) -> gguf.GGUFReader:
     except ManifestError as e:
         raise ManifestError(f"{e}; fetch the model again (crashline fetch)") from None
     except (ValueError, IndexError, KeyError, struct.error) as e:
-        raise ManifestError(f"{path} is not a readable GGUF ({type(e).__name__}: {e}); "
-                            "fetch the model again (crashline fetch)") from None
+        raise ManifestError(
+            f"{path} is not a readable GGUF ({type(e).__name__}: {e}); fetch the model again (crashline fetch)"
+        ) from None
 
 
 def inspect_gguf(path: Path) -> dict[str, Any]:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import contextlib
+import json
+import hashlib
 import datetime as dt
 import signal
 import subprocess
@@ -11,26 +13,25 @@ from pathlib import Path
 import pandas as pd
 import requests
 
-from . import bottleneck, host, logparse, pagecache
+from . import bottleneck, host, logparse, pagecache, records
 from .ballast import Ballast, BudgetError
 from .provision import supported_flags
 from . import settings as settings_mod
-from .atomic import read_json, write_json
-from .jobs import key as job_key
 from .locks import server_lock
+from .records import Outcome
 from .server import ServerProcess
 from .sources import SourceError, check_unchanged
 from .supervision import exit_with_workflow
 from .telemetry import Sampler, window_summary, write_frame
 from .workloads import Client, PromptSource, RequestFailed, check_run, concurrency, one_run, summarize, windows
 
-RECORD_SCHEMA = 1
 NO_SPEEDS = {"prefill_tps": None, "decode_tps": None, "ttft_s": None, "aggregate_tps": None}  # a workload that failed
+SERVER_FIELDS = ("binary", "obtained", "sha256", "version", "backend", "source", "build_flags")  # of provenance
 ENDING_S = 3  # how long a server that refused or dropped a request may take to die of it
 
 
 def _now() -> str:
-    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+    return dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
 
 
 def model_summary(name: str, fetch_record: dict, manifest: dict) -> dict:
@@ -73,8 +74,11 @@ def page_cache_state(fetch_record: dict, draft_path: str | None, wanted: str) ->
         remaining = {p: pagecache.evict(p) for p in paths}
     else:
         remaining = {p: pagecache.warm(p)["resident_after"] for p in paths}
-    return {"wanted": wanted, "resident": remaining, "verified": all(
-        (v < 0.05) if wanted == "cold" else (v > 0.95) for v in remaining.values())}
+    return {
+        "wanted": wanted,
+        "resident": remaining,
+        "verified": all((v < 0.05) if wanted == "cold" else (v > 0.95) for v in remaining.values()),
+    }
 
 
 def add_bottlenecks(workloads: list[dict], record: dict, manifest: dict, resolved: dict) -> None:
@@ -83,27 +87,32 @@ def add_bottlenecks(workloads: list[dict], record: dict, manifest: dict, resolve
     gpu = bool(memory.get("gpu_present"))
     for w in workloads:
         decode_tps = (w.get("decode_tps") or {}).get("median")
-        w["bottleneck"] = bottleneck.table((w.get("telemetry") or {}).get("decode"), decode_tps,
-                                           record["placement"].get("n_threads"), gpu)
+        w["bottleneck"] = bottleneck.table(
+            (w.get("telemetry") or {}).get("decode"), decode_tps, record["placement"].get("n_threads"), gpu
+        )
         if manifest.get("per_layer"):
-            bound = bottleneck.decode_bound(manifest, resolved, w["prompt_tokens"] + w["gen_tokens"] // 2,
-                                            memory.get("gpu_memory_bandwidth_gbs") if gpu else None,
-                                            record.get("cpu_memory_bandwidth_gbs"))
-            bound["measured_over_bound"] = (decode_tps / bound["bound_tps"]
-                                            if decode_tps and bound["bound_tps"] else None)
+            bound = bottleneck.decode_bound(
+                manifest,
+                resolved,
+                w["prompt_tokens"] + w["gen_tokens"] // 2,
+                memory.get("gpu_memory_bandwidth_gbs") if gpu else None,
+                record.get("cpu_memory_bandwidth_gbs"),
+            )
+            bound["measured_over_bound"] = (
+                decode_tps / bound["bound_tps"] if decode_tps and bound["bound_tps"] else None
+            )
             w["decode_bound"] = bound
 
 
 def reanalyse(record_path: Path, telemetry_path: Path, manifest: dict) -> dict:
     """Derive the telemetry summaries and bottleneck tables again from a record's saved time series,
     without measuring again (for records written before the analysis changed); rewrites the record."""
-    record = read_json(record_path)
+    record = records.load(record_path, "measure")
     frame = pd.read_parquet(telemetry_path)
     for w in record["workloads"]:
         w["telemetry"] = {k: window_summary(frame, v) for k, v in w.get("windows", {}).items()}
     add_bottlenecks(record["workloads"], record, manifest, record["settings"])
-    write_json(record_path, record)
-    return record
+    return records.write(record_path, "measure", record)
 
 
 def server_command(provenance: dict, model_path: str, item: dict, draft_path: str | None) -> tuple[list[str], dict]:
@@ -111,16 +120,26 @@ def server_command(provenance: dict, model_path: str, item: dict, draft_path: st
     flags left out (settings at their default that the build lacks)."""
     resolved = item["settings"]
     if resolved.get("draft_model") and not draft_path:
-        raise ValueError(f"configuration {item['id']} names draft model {resolved['draft_model']!r}; its file is needed")
-    runnable, left_out = settings_mod.for_binary(resolved, item["given"], supported_flags(provenance),
-                                                 provenance.get("version") or provenance["binary"])
+        raise ValueError(
+            f"configuration {item['id']} names draft model {resolved['draft_model']!r}; its file is needed"
+        )
+    runnable, left_out = settings_mod.for_binary(
+        resolved, item["given"], supported_flags(provenance), provenance.get("version") or provenance["binary"]
+    )
     return settings_mod.command_line(provenance["binary"], model_path, runnable, lambda _name: draft_path), left_out
 
 
 # A setting and what llama.cpp's log says it ran with (read back: it may clamp or round what it is given).
-READ_BACK = {"ctx": "n_ctx", "batch": "n_batch", "ubatch": "n_ubatch", "parallel": "n_parallel",
-             "threads": "n_threads", "threads_batch": "n_threads_batch", "cache_type_k": "type_k",
-             "cache_type_v": "type_v"}
+READ_BACK = {
+    "ctx": "n_ctx",
+    "batch": "n_batch",
+    "ubatch": "n_ubatch",
+    "parallel": "n_parallel",
+    "threads": "n_threads",
+    "threads_batch": "n_threads_batch",
+    "cache_type_k": "type_k",
+    "cache_type_v": "type_v",
+}
 
 
 def settings_used(resolved: dict, placement: dict) -> dict:
@@ -133,12 +152,21 @@ def settings_used(resolved: dict, placement: dict) -> dict:
     return out
 
 
+def job_key(job_config: dict, provenance: dict) -> str:
+    """What a measurement's result depends on besides its settings: the workloads, repetitions, budget,
+    limits and telemetry of its job config, and the llama-server build. A search reuses a probe record
+    only under the same key."""
+    text = json.dumps({"config": job_config, "server_sha256": provenance.get("sha256")}, sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
 def require_unchanged(model_name: str, fetch_record: dict) -> None:
     """The model file must be the one fetched and verified: truncated or replaced since, it is an error."""
     changed = check_unchanged(fetch_record)
     if changed:
-        raise SourceError(f"{changed} (delete results/models/{model_name}/fetch.json, or run snakemake with "
-                          "--forcerun fetch_model)")
+        raise SourceError(
+            f"{changed} (delete results/models/{model_name}/fetch.json, or run snakemake with --forcerun fetch_model)"
+        )
 
 
 def server_failure(server: ServerProcess, phase: str, timed_out: bool = False) -> dict:
@@ -152,12 +180,16 @@ def server_failure(server: ServerProcess, phase: str, timed_out: bool = False) -
         server.proc.wait(timeout=30)
         server.returncode = server.proc.returncode
     found = logparse.classify(server.log_text(), server.returncode, phase_hint=phase, timed_out=timed_out)
-    if found["outcome"] != "ok":
+    if found["outcome"] != Outcome.OK:
         return found
     code = server.returncode
     how = f"killed by {signal.Signals(-code).name}" if code < 0 else f"exit status {code}"
-    return {"outcome": "load_failed" if phase == "load" else "crashed", "failure": "exited", "phase": phase,
-            "message": f"{how}: the server ended on its own during {phase} (crashline did not stop it)"}
+    return {
+        "outcome": Outcome.LOAD_FAILED if phase == "load" else Outcome.CRASHED,
+        "failure": "exited",
+        "phase": phase,
+        "message": f"{how}: the server ended on its own during {phase} (crashline did not stop it)",
+    }
 
 
 def _ended(server: ServerProcess, within_s: float = ENDING_S) -> bool:
@@ -167,8 +199,14 @@ def _ended(server: ServerProcess, within_s: float = ENDING_S) -> bool:
     return not server.alive()
 
 
-def run_workloads(server: ServerProcess, sampler: Sampler, workloads: list[dict], repetitions: int,
-                  request_timeout_s: float, settings: dict) -> tuple[list[dict], dict | None]:
+def run_workloads(
+    server: ServerProcess,
+    sampler: Sampler,
+    workloads: list[dict],
+    repetitions: int,
+    request_timeout_s: float,
+    settings: dict,
+) -> tuple[list[dict], dict | None]:
     """Every workload R times. Returns per-workload results and the server-level failure, if any."""
     client = Client(server.url, request_timeout_s)
     sampler.phase("prepare")
@@ -180,14 +218,22 @@ def run_workloads(server: ServerProcess, sampler: Sampler, workloads: list[dict]
     for workload in workloads:
         sampler.phase(workload["name"])
         n_requests = concurrency(workload, settings)
-        result = {**workload, "concurrency": n_requests, "repetitions": repetitions, "runs": [], "outcome": "ok",
-                  "message": None, **NO_SPEEDS, "windows": {}}
+        result = {
+            **workload,
+            "concurrency": n_requests,
+            "repetitions": repetitions,
+            "runs": [],
+            "outcome": Outcome.OK,
+            "message": None,
+            **NO_SPEEDS,
+            "windows": {},
+        }
         results.append(result)
         for i in range(repetitions):
             try:
                 run = one_run(client, prompts, workload, i, n_requests)
             except requests.Timeout:
-                result.update(outcome="timeout", message=f"no answer within {request_timeout_s} s")
+                result.update(outcome=Outcome.TIMEOUT, message=f"no answer within {request_timeout_s} s")
                 return results, server_failure(server, workload["name"], timed_out=True)
             except (RequestFailed, requests.ConnectionError) as exc:
                 if _ended(server):
@@ -195,23 +241,33 @@ def run_workloads(server: ServerProcess, sampler: Sampler, workloads: list[dict]
                     result.update(outcome=failure["outcome"], message=failure["message"])
                     return results, failure
                 message = exc.message if isinstance(exc, RequestFailed) else str(exc)[:300]
-                outcome = "context_exceeded" if "context" in message.lower() else "request_failed"
+                outcome = Outcome.CONTEXT_EXCEEDED if "context" in message.lower() else Outcome.REQUEST_FAILED
                 result.update(outcome=outcome, message=message)
                 break
             result["runs"].append(run)
             problem = check_run(run, workload)
             if problem:
-                result.update(outcome="truncated", message=problem)
+                result.update(outcome=Outcome.TRUNCATED, message=problem)
                 break
-        if result["outcome"] == "ok":
+        if result["outcome"] == Outcome.OK:
             result.update(summarize(result["runs"]))
         result["windows"] = windows(result["runs"])
     return results, None
 
 
-def measure(*, model_name: str, item: dict, config: dict, fetch_record: dict, manifest: dict,
-            provenance: dict, record_path: Path, log_path: Path, draft_path: str | None = None,
-            telemetry_path: Path | None = None) -> dict:
+def measure(
+    *,
+    model_name: str,
+    item: dict,
+    config: dict,
+    fetch_record: dict,
+    manifest: dict,
+    provenance: dict,
+    record_path: Path,
+    log_path: Path,
+    draft_path: str | None = None,
+    telemetry_path: Path | None = None,
+) -> dict:
     """Start the server for one configuration, run the workloads, stop it, write the record."""
     server_cfg = config["server"]
     resolved = item["settings"]
@@ -219,15 +275,13 @@ def measure(*, model_name: str, item: dict, config: dict, fetch_record: dict, ma
     require_unchanged(model_name, fetch_record)
     command, left_out = server_command(provenance, model_path, item, draft_path)
     record = {
-        "schema": RECORD_SCHEMA,
-        "kind": "measure",
         "config_id": item["id"],
         "model": model_summary(model_name, fetch_record, manifest),
         "settings": resolved,
         "given": item["given"],
         "flags_left_out": left_out,
         "job_key": job_key(config, provenance),
-        "server": {k: provenance.get(k) for k in ("binary", "obtained", "sha256", "version", "backend", "source", "build_flags")},
+        "server": {k: provenance.get(k) for k in SERVER_FIELDS},
         "host": host.describe(),
         "budget": config["budget"],
         "repetitions": config["repetitions"],
@@ -243,8 +297,10 @@ def measure(*, model_name: str, item: dict, config: dict, fetch_record: dict, ma
     budget_mib = config["budget"].get("vram_budget_mib")
     exit_with_workflow()
     try:
-        with server_lock(f"measure {model_name} {item['id']}"), \
-                Ballast(budget_mib) if budget_mib else contextlib.nullcontext() as ballast:
+        with (
+            server_lock(f"measure {model_name} {item['id']}"),
+            Ballast(budget_mib) if budget_mib else contextlib.nullcontext() as ballast,
+        ):
             record["ballast"] = ballast.info if ballast else None
             sampler = Sampler(interval_s=config["telemetry"]["interval_s"])
             with sampler:
@@ -253,7 +309,11 @@ def measure(*, model_name: str, item: dict, config: dict, fetch_record: dict, ma
                 if state == "ready":
                     record["load_s"] = round(server.ready_after_s, 2)
                     workloads, failure = run_workloads(
-                        server, sampler, config["workloads"], config["repetitions"], server_cfg["request_timeout_s"],
+                        server,
+                        sampler,
+                        config["workloads"],
+                        config["repetitions"],
+                        server_cfg["request_timeout_s"],
                         resolved,
                     )
                 else:
@@ -261,11 +321,15 @@ def measure(*, model_name: str, item: dict, config: dict, fetch_record: dict, ma
                 sampler.phase("stop")
                 server.stop(server_cfg["stop_timeout_s"])
     except BudgetError as exc:
-        failure = {"outcome": "budget_refused", "failure": "budget", "phase": "start", "message": str(exc)}
+        failure = {"outcome": Outcome.BUDGET_REFUSED, "failure": "budget", "phase": "start", "message": str(exc)}
         log_path.write_text(f"crashline: no llama-server started: {exc}\n")
     except Exception as exc:  # a crashline fault still leaves a record and no server behind
-        failure = {"outcome": "error", "failure": "crashline", "phase": sampler.current if sampler else "start",
-                   "message": f"{type(exc).__name__}: {exc}"}
+        failure = {
+            "outcome": Outcome.ERROR,
+            "failure": "crashline",
+            "phase": sampler.current if sampler else "start",
+            "message": f"{type(exc).__name__}: {exc}",
+        }
     finally:
         server.stop(5)
     record["memory"] = memory_summary(sampler.result(), budget_mib, record["host"]) if sampler else None
@@ -281,18 +345,22 @@ def measure(*, model_name: str, item: dict, config: dict, fetch_record: dict, ma
     record["settings_used"] = settings_used(resolved, record["placement"])
     if failure is None:
         failure = logparse.classify(log, server.returncode, phase_hint="stop")
-        bad = next((w for w in workloads if w["outcome"] != "ok"), None)
-        if failure["outcome"] == "ok" and bad:
-            failure = {"outcome": bad["outcome"], "failure": bad["outcome"], "phase": bad["name"], "message": bad["message"]}
+        bad = next((w for w in workloads if w["outcome"] != Outcome.OK), None)
+        if failure["outcome"] == Outcome.OK and bad:
+            failure = {
+                "outcome": bad["outcome"],
+                "failure": bad["outcome"],
+                "phase": bad["name"],
+                "message": bad["message"],
+            }
     add_bottlenecks(workloads, record, manifest, resolved)
     record.update(
         outcome=failure["outcome"],
         failure=failure.get("failure"),
         phase=failure.get("phase"),
         message=failure.get("message"),
-        log_tail=record["placement"].get("tail") if failure["outcome"] != "ok" else None,
+        log_tail=record["placement"].get("tail") if failure["outcome"] != Outcome.OK else None,
         workloads=workloads,
         finished_at=_now(),
     )
-    write_json(record_path, record)
-    return record
+    return records.write(record_path, "measure", record)

@@ -12,12 +12,21 @@ Prediction, as a person would do it on paper:
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 MIB = 1 << 20
 # Bytes per element of each KV cache type (block formats: bytes per 32-element block / 32).
-CACHE_TYPE_BYTES = {"f32": 4.0, "f16": 2.0, "bf16": 2.0, "q8_0": 34 / 32, "q4_0": 18 / 32, "q4_1": 20 / 32,
-                    "iq4_nl": 18 / 32, "q5_0": 22 / 32, "q5_1": 24 / 32}
+CACHE_TYPE_BYTES = {
+    "f32": 4.0,
+    "f16": 2.0,
+    "bf16": 2.0,
+    "q8_0": 34 / 32,
+    "q4_0": 18 / 32,
+    "q4_1": 20 / 32,
+    "iq4_nl": 18 / 32,
+    "q5_0": 22 / 32,
+    "q5_1": 24 / 32,
+}
 
 
 def gpu_layers(manifest: dict, n_gpu_layers: int | None) -> list[int]:
@@ -64,7 +73,7 @@ class ComputeModel:
             return self.measured[ubatch]
         points = list(self.measured.items())
         if len(points) == 1:
-            (u0, c0), = points
+            ((u0, c0),) = points
             return c0 * ubatch / u0
         (u0, c0), (u1, c1) = points[0], points[-1]
         return c0 + (c1 - c0) * (ubatch - u0) / (u1 - u0)
@@ -74,8 +83,13 @@ def predict(manifest: dict, settings: dict, compute: ComputeModel, rest_mib: flo
     w = weights_mib(manifest, settings)
     kv = kv_mib(manifest, settings)
     c = compute(settings["ubatch"])
-    return {"weights_mib": round(w, 1), "kv_mib": round(kv, 1), "compute_mib": round(c, 1),
-            "rest_mib": round(rest_mib, 1), "total_mib": round(w + kv + c + rest_mib, 1)}
+    return {
+        "weights_mib": round(w, 1),
+        "kv_mib": round(kv, 1),
+        "compute_mib": round(c, 1),
+        "rest_mib": round(rest_mib, 1),
+        "total_mib": round(w + kv + c + rest_mib, 1),
+    }
 
 
 def arithmetic(prediction: dict, limit_mib: float, margin_mib: float) -> str:
@@ -88,13 +102,16 @@ def arithmetic(prediction: dict, limit_mib: float, margin_mib: float) -> str:
         verdict = f"fits, but with {limit_mib - total:,.0f} MiB to spare, less than the margin"
     else:
         verdict = f"does not fit: {total - limit_mib:,.0f} MiB more than the card"
-    return (f"weights {p['weights_mib']:,.0f} + KV {p['kv_mib']:,.0f} + compute {p['compute_mib']:,.0f} "
-            f"+ rest {p['rest_mib']:,.0f} = {total:,.0f} MiB against {limit_mib:,.0f} MiB "
-            f"(margin {margin_mib:,.0f}): {verdict}")
+    return (
+        f"weights {p['weights_mib']:,.0f} + KV {p['kv_mib']:,.0f} + compute {p['compute_mib']:,.0f} "
+        f"+ rest {p['rest_mib']:,.0f} = {total:,.0f} MiB against {limit_mib:,.0f} MiB "
+        f"(margin {margin_mib:,.0f}): {verdict}"
+    )
 
 
-def predicted_lowest(manifest: dict, settings: dict, compute: ComputeModel, rest_mib: float,
-                     limit_mib: float, margin_mib: float) -> int:
+def predicted_lowest(
+    manifest: dict, settings: dict, compute: ComputeModel, rest_mib: float, limit_mib: float, margin_mib: float
+) -> int:
     """The smallest n_cpu_moe predicted to fit with the margin (layers if none does)."""
     for n in range(manifest["layers"] + 1):
         if predict(manifest, {**settings, "n_cpu_moe": n}, compute, rest_mib)["total_mib"] + margin_mib <= limit_mib:
@@ -102,7 +119,9 @@ def predicted_lowest(manifest: dict, settings: dict, compute: ComputeModel, rest
     return manifest["layers"]
 
 
-def search_lowest(survives: Callable[[int], bool], start: int, lo: int, hi: int) -> tuple[int | None, list[tuple[int, bool]]]:
+def search_lowest(
+    survives: Callable[[int], bool], start: int, lo: int, hi: int
+) -> tuple[int | None, list[tuple[int, bool]]]:
     """The smallest n in [lo, hi] for which ``survives(n)``, assuming survival is monotonic in n.
 
     Starts at the prediction and gallops (steps 1, 2, 4, ...) toward the boundary until it is

@@ -85,15 +85,22 @@ def _help_flags(binary: Path) -> list[str]:
     except (OSError, subprocess.TimeoutExpired) as exc:
         raise ProvisionError(f"{binary} --help does not run: {exc}") from None
     text = proc.stdout + proc.stderr
-    flags = {f.rstrip(",") for line in text.splitlines() if (m := HELP_FLAGS_RE.match(line))
-             for f in m[1].split() if f.startswith("-")}
+    flags = {
+        f.rstrip(",")
+        for line in text.splitlines()
+        if (m := HELP_FLAGS_RE.match(line))
+        for f in m[1].split()
+        if f.startswith("-")
+    }
     missing = [f for f in REQUIRED_FLAGS if f not in flags]
     if "-fa" in flags and not FA_VALUE_RE.search(text):
         missing.append("-fa on|off|auto")
     if missing:
-        raise ProvisionError(f"{binary} lacks llama-server flag(s) crashline needs: {', '.join(missing)} "
-                             f"(its --help, exit {proc.returncode}); crashline supports llama.cpp {OLDEST_BUILD} "
-                             "or newer")
+        raise ProvisionError(
+            f"{binary} lacks llama-server flag(s) crashline needs: {', '.join(missing)} "
+            f"(its --help, exit {proc.returncode}); crashline supports llama.cpp {OLDEST_BUILD} "
+            "or newer"
+        )
     return sorted(flags)
 
 
@@ -180,7 +187,7 @@ def _extract(sdist: Path, src: Path) -> None:
         for m in tar.getmembers():
             if not m.name.startswith(top):
                 continue
-            rel = m.name[len(top):]
+            rel = m.name[len(top) :]
             top_level_file = "/" not in rel and m.isfile()
             if not rel or not (top_level_file or rel.split("/")[0] in SOURCE_DIRS):
                 continue
@@ -209,10 +216,24 @@ def _lock(path: Path):
         yield
 
 
-X86_PORTABLE = {"GGML_SSE42": "sse4_2", "GGML_AVX": "avx", "GGML_AVX2": "avx2", "GGML_FMA": "fma",
-                "GGML_F16C": "f16c", "GGML_BMI2": "bmi2"}
-X86_OFF_WHEN_PORTABLE = ("GGML_AVX_VNNI", "GGML_AVX512", "GGML_AVX512_VBMI", "GGML_AVX512_VNNI", "GGML_AVX512_BF16",
-                         "GGML_AMX_TILE", "GGML_AMX_INT8", "GGML_AMX_BF16")
+X86_PORTABLE = {
+    "GGML_SSE42": "sse4_2",
+    "GGML_AVX": "avx",
+    "GGML_AVX2": "avx2",
+    "GGML_FMA": "fma",
+    "GGML_F16C": "f16c",
+    "GGML_BMI2": "bmi2",
+}
+X86_OFF_WHEN_PORTABLE = (
+    "GGML_AVX_VNNI",
+    "GGML_AVX512",
+    "GGML_AVX512_VBMI",
+    "GGML_AVX512_VNNI",
+    "GGML_AVX512_BF16",
+    "GGML_AMX_TILE",
+    "GGML_AMX_INT8",
+    "GGML_AMX_BF16",
+)
 VARIANTS = ("native", "portable")
 
 
@@ -249,8 +270,9 @@ def source_tree(cache_dir: Path) -> Path:
             if not sdist.exists():
                 _download_sdist(sdist)
             elif (got := sha256_file(sdist)) != SDIST_SHA256:
-                raise ProvisionError(f"{sdist}: sha256 {got} does not match the pinned {SDIST_SHA256}; "
-                                     "delete it to download again")
+                raise ProvisionError(
+                    f"{sdist}: sha256 {got} does not match the pinned {SDIST_SHA256}; delete it to download again"
+                )
             _extract(sdist, src)
     return src
 
@@ -274,11 +296,18 @@ def build(cache_dir: Path, backend: str, variant: str = "native", jobs: int | No
             return info
         cmake = shutil.which("cmake")
         if cmake is None:
-            raise ProvisionError("building llama-server needs cmake (apt-get install cmake ninja-build, or set server.binary)")
+            raise ProvisionError(
+                "building llama-server needs cmake (apt-get install cmake ninja-build, or set server.binary)"
+            )
         src = source_tree(cache_dir)
         flags = [
-            "-DCMAKE_BUILD_TYPE=Release", "-DLLAMA_OPENSSL=OFF", "-DLLAMA_USE_PREBUILT_UI=OFF",
-            "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF", "-DLLAMA_CURL=OFF", *plan["flags"],
+            "-DCMAKE_BUILD_TYPE=Release",
+            "-DLLAMA_OPENSSL=OFF",
+            "-DLLAMA_USE_PREBUILT_UI=OFF",
+            "-DLLAMA_BUILD_TESTS=OFF",
+            "-DLLAMA_BUILD_EXAMPLES=OFF",
+            "-DLLAMA_CURL=OFF",
+            *plan["flags"],
         ]
         if backend == "cuda":
             arch = os.environ.get("CRASHLINE_CUDA_ARCHITECTURES", "native")
@@ -313,20 +342,27 @@ def build(cache_dir: Path, backend: str, variant: str = "native", jobs: int | No
 
 def _given_binary(server_config: dict) -> tuple[Path, str] | None:
     """A binary the user chose (server.binary, $LLAMA_SERVER) or one on PATH, with how it was found."""
-    for value, how in ((server_config.get("binary"), "configured (server.binary)"),
-                       (os.environ.get("LLAMA_SERVER"), "environment ($LLAMA_SERVER)")):
+    for value, how in (
+        (server_config.get("binary"), "configured (server.binary)"),
+        (os.environ.get("LLAMA_SERVER"), "environment ($LLAMA_SERVER)"),
+    ):
         if value:
             path = Path(value).expanduser()
             name = "server.binary" if how.startswith("configured") else "$LLAMA_SERVER"
             if path.is_dir():
-                raise ProvisionError(f"{name} = {value!r}: is a directory; give the llama-server executable itself "
-                                     f"(e.g. {path / 'build' / 'bin' / 'llama-server'})")
+                raise ProvisionError(
+                    f"{name} = {value!r}: is a directory; give the llama-server executable itself "
+                    f"(e.g. {path / 'build' / 'bin' / 'llama-server'})"
+                )
             if not path.is_file():
-                raise ProvisionError(f"{name} = {value!r}: no such file; fix the path, or remove it to use "
-                                     "llama-server on PATH or a build from the pinned sdist")
+                raise ProvisionError(
+                    f"{name} = {value!r}: no such file; fix the path, or remove it to use "
+                    "llama-server on PATH or a build from the pinned sdist"
+                )
             if not os.access(path, os.X_OK):
-                raise ProvisionError(f"{name} = {value!r}: not executable (mode {path.stat().st_mode & 0o777:o}); "
-                                     "chmod +x it")
+                raise ProvisionError(
+                    f"{name} = {value!r}: not executable (mode {path.stat().st_mode & 0o777:o}); chmod +x it"
+                )
             return path, how
     on_path = shutil.which("llama-server")
     return (Path(on_path), "PATH") if on_path else None
@@ -340,8 +376,11 @@ def _say(log, text: str) -> None:
 def _checked(binary: Path, cache_dir: Path, log) -> dict:
     _say(log, f"checking {binary}: one short request on a tiny synthetic MoE")
     result = servercheck.run_check(binary, cache_dir)
-    _say(log, f"check {'passed' if result['ok'] else 'FAILED'} in {result['seconds']} s"
-              + ("" if result["ok"] else f": {result['outcome']} during {result['phase']}: {result['message']}"))
+    _say(
+        log,
+        f"check {'passed' if result['ok'] else 'FAILED'} in {result['seconds']} s"
+        + ("" if result["ok"] else f": {result['outcome']} during {result['phase']}: {result['message']}"),
+    )
     return result
 
 
@@ -380,10 +419,15 @@ def provide(server_config: dict, cache_dir: Path, log=None) -> dict:
                 "check": result,
                 "failed_builds": failed,
             }
-        failed.append({"variant": variant, "binary": str(binary), "build_flags": built["configure_flags"],
-                       "check": result})
+        failed.append(
+            {"variant": variant, "binary": str(binary), "build_flags": built["configure_flags"], "check": result}
+        )
         if not result.get("signal"):
             break  # not an instruction this machine lacks: a portable build would fail the same way
         _say(log, f"the {variant} build was killed by {result['signal']}: trying the next CPU variant")
-    raise ProvisionError("no llama-server build passed the check:\n" + "\n".join(
-        f"- {f['variant']} build: " + servercheck.describe_failure(Path(f["binary"]), f["check"]) for f in failed))
+    raise ProvisionError(
+        "no llama-server build passed the check:\n"
+        + "\n".join(
+            f"- {f['variant']} build: " + servercheck.describe_failure(Path(f["binary"]), f["check"]) for f in failed
+        )
+    )

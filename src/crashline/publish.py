@@ -16,18 +16,18 @@ import re
 import subprocess
 import tempfile
 from pathlib import Path
-from typing import Mapping
+from collections.abc import Mapping
 
 from .atomic import atomic_path, write_json
+from .claims_load import load_claims
+from .present.markdown import CORRECTION_END as END_MARKER
+from .present.markdown import CORRECTION_START as START_MARKER
+from .present.markdown import headings
 from .server import SECRET_VARIABLES
 
-START_MARKER = "<!-- crashline:correction:start -->"
-END_MARKER = "<!-- crashline:correction:end -->"
 AUTHOR_NAME = "crashline"
 AUTHOR_EMAIL = "crashline@localhost"
 TOKEN_VARIABLES = SECRET_VARIABLES
-_HEADING = re.compile(r"^(#{1,6})\s+(.*?)\s*#*\s*$")
-_FENCE = re.compile(r"^\s*(```|~~~)")
 
 
 class PublishError(RuntimeError):
@@ -49,8 +49,10 @@ def repo_file(file: str) -> str:
     norm = posixpath.normpath(file or ".")
     top = norm.split("/")[0].lower()
     if norm == "." or posixpath.isabs(norm) or top in ("..", ".git"):
-        raise PublishError(f"source.file = {file!r} is not a file inside the repository: give a relative path "
-                           "that stays inside it (no leading '/', no '..' out of it, nothing under .git)")
+        raise PublishError(
+            f"source.file = {file!r} is not a file inside the repository: give a relative path "
+            "that stays inside it (no leading '/', no '..' out of it, nothing under .git)"
+        )
     return norm
 
 
@@ -78,29 +80,6 @@ def not_an_option(value: str | None, what: str) -> str | None:
     return value
 
 
-def headings(text: str) -> list[tuple[int, int, str]]:
-    """(line index, level, title) of every ATX heading outside code fences."""
-    out, fenced = [], False
-    for i, line in enumerate(text.splitlines()):
-        if _FENCE.match(line):
-            fenced = not fenced
-            continue
-        m = None if fenced else _HEADING.match(line)
-        if m:
-            out.append((i, len(m.group(1)), m.group(2)))
-    return out
-
-
-def anchor_level(text: str, anchor: str | None) -> int | None:
-    """The level of the heading ``anchor`` in ``text`` (None without an anchor or if it is absent)."""
-    if not anchor:
-        return None
-    for _, level, title in headings(text):
-        if title.strip().lower() == anchor.strip().lower():
-            return level
-    return None
-
-
 def render_upstream(readme_text: str, section: str, anchor: str | None = None) -> str:
     """The upstream text with ``section`` in it.
 
@@ -113,14 +92,17 @@ def render_upstream(readme_text: str, section: str, anchor: str | None = None) -
         raise PublishError("a correction section must start and end with the crashline:correction markers")
     start, end = readme_text.find(START_MARKER), readme_text.find(END_MARKER)
     if start >= 0 and end > start:
-        return readme_text[:start] + section + readme_text[end + len(END_MARKER):]
+        return readme_text[:start] + section + readme_text[end + len(END_MARKER) :]
     if start >= 0 or end >= 0:
-        raise PublishError("the upstream file has only one of the crashline:correction markers, or they are out "
-                           "of order: fix it by hand before publishing again")
+        raise PublishError(
+            "the upstream file has only one of the crashline:correction markers, or they are out "
+            "of order: fix it by hand before publishing again"
+        )
     lines = readme_text.splitlines(keepends=True)
     if anchor:
-        found = [(i, level) for i, level, title in headings(readme_text)
-                 if title.strip().lower() == anchor.strip().lower()]
+        found = [
+            (i, level) for i, level, title in headings(readme_text) if title.strip().lower() == anchor.strip().lower()
+        ]
         if not found:
             raise PublishError(f"source.anchor = {anchor!r}: no such heading in the upstream file")
         at, level = found[0]
@@ -135,9 +117,14 @@ def render_upstream(readme_text: str, section: str, anchor: str | None = None) -
 
 def unified_diff(old: str, new: str, path: str) -> str:
     """A unified diff of the upstream file, applicable with ``git apply`` / ``patch -p1``."""
-    return "".join(difflib.unified_diff(
-        old.splitlines(keepends=True), new.splitlines(keepends=True), fromfile=f"a/{path}", tofile=f"b/{path}",
-    ))
+    return "".join(
+        difflib.unified_diff(
+            old.splitlines(keepends=True),
+            new.splitlines(keepends=True),
+            fromfile=f"a/{path}",
+            tofile=f"b/{path}",
+        )
+    )
 
 
 def _write(path: Path, text: str) -> Path:
@@ -166,8 +153,10 @@ def _git(args: list[str], cwd: Path | None = None, check: bool = True) -> subpro
     env = {
         **os.environ,
         "GIT_TERMINAL_PROMPT": "0",  # never wait for a password on a terminal nobody watches
-        "GIT_AUTHOR_NAME": AUTHOR_NAME, "GIT_AUTHOR_EMAIL": AUTHOR_EMAIL,
-        "GIT_COMMITTER_NAME": AUTHOR_NAME, "GIT_COMMITTER_EMAIL": AUTHOR_EMAIL,
+        "GIT_AUTHOR_NAME": AUTHOR_NAME,
+        "GIT_AUTHOR_EMAIL": AUTHOR_EMAIL,
+        "GIT_COMMITTER_NAME": AUTHOR_NAME,
+        "GIT_COMMITTER_EMAIL": AUTHOR_EMAIL,
     }
     proc = subprocess.run(["git", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
     if check and proc.returncode != 0:
@@ -176,8 +165,15 @@ def _git(args: list[str], cwd: Path | None = None, check: bool = True) -> subpro
     return proc
 
 
-def push_branch(repo_url: str, branch: str, file_path_in_repo: str, new_text: str, message: str,
-                base_ref: str | None = None, base_text: str | None = None) -> str:
+def push_branch(
+    repo_url: str,
+    branch: str,
+    file_path_in_repo: str,
+    new_text: str,
+    message: str,
+    base_ref: str | None = None,
+    base_text: str | None = None,
+) -> str:
     """Commit ``new_text`` as ``file_path_in_repo`` on ``branch`` and push it to ``repo_url``.
 
     The repository is cloned into a temporary folder. A new branch starts at ``base_ref`` (the
@@ -199,8 +195,11 @@ def push_branch(repo_url: str, branch: str, file_path_in_repo: str, new_text: st
             _git(["checkout", "--quiet", "-B", branch, f"origin/{branch}"], cwd=work)
         else:
             start = base_ref or "HEAD"
-            found = [ref for ref in (start, f"origin/{start}") if not _git(
-                ["rev-parse", "--verify", "--quiet", f"{ref}^{{commit}}"], cwd=work, check=False).returncode]
+            found = [
+                ref
+                for ref in (start, f"origin/{start}")
+                if not _git(["rev-parse", "--verify", "--quiet", f"{ref}^{{commit}}"], cwd=work, check=False).returncode
+            ]
             if not found:
                 raise PublishError(redact(f"revision {start!r} is not in {repo_url}"))
             start = found[0]
@@ -231,8 +230,15 @@ def token_from(env: Mapping[str, str] | None = None) -> str | None:
     return next((env[k] for k in TOKEN_VARIABLES if env.get(k)), None)
 
 
-def open_hf_pr(repo_id: str, path_in_repo: str, new_text: str, token: str | None, title: str,
-               description: str = "", revision: str | None = None) -> str:
+def open_hf_pr(
+    repo_id: str,
+    path_in_repo: str,
+    new_text: str,
+    token: str | None,
+    title: str,
+    description: str = "",
+    revision: str | None = None,
+) -> str:
     """Open a pull request on the Hugging Face model repository ``repo_id`` that replaces
     ``path_in_repo`` by ``new_text``; returns its URL. Refuses without a token."""
     if not token:
@@ -245,9 +251,13 @@ def open_hf_pr(repo_id: str, path_in_repo: str, new_text: str, token: str | None
     parent = revision if revision and re.fullmatch(r"[0-9a-f]{40}", revision) else None
     try:
         info = HfApi(token=token).create_commit(
-            repo_id=repo_id, repo_type="model",
+            repo_id=repo_id,
+            repo_type="model",
             operations=[CommitOperationAdd(path_in_repo=path_in_repo, path_or_fileobj=new_text.encode())],
-            commit_message=title, commit_description=description, create_pr=True, parent_commit=parent,
+            commit_message=title,
+            commit_description=description,
+            create_pr=True,
+            parent_commit=parent,
         )
     except Exception as exc:  # any failure of the hub, reported without the token
         raise PublishError(redact(f"pull request on {repo_id} failed: {type(exc).__name__}: {exc}", token)) from None
@@ -257,8 +267,9 @@ def open_hf_pr(repo_id: str, path_in_repo: str, new_text: str, token: str | None
 # -- one claim, as the workflow's publish job runs it --------------------------------------------
 
 
-def publish(claim: dict, section: str, out_dir: str | os.PathLike, options: dict,
-            env: Mapping[str, str] | None = None) -> dict:
+def publish(
+    claim: dict, section: str, out_dir: str | os.PathLike, options: dict, env: Mapping[str, str] | None = None
+) -> dict:
     """Write the publication; push and open a pull request if ``options`` say so; write and
     return the record (``publish.json``) of what was done."""
     options = {"push": False, "open_pr": False, "branch": "crashline/correction", **(options or {})}
@@ -266,9 +277,11 @@ def publish(claim: dict, section: str, out_dir: str | os.PathLike, options: dict
     paths = write_publication(claim, section, out_dir)
     new_text = Path(paths["readme"]).read_text()
     title = f"Speed table: re-measured under the settings each row states ({claim['model']})"
-    message = (f"{title}\n\nThe correction section between the crashline:correction markers sets each published "
-               "number beside a re-measurement under the settings its row states, and names the rows that differ "
-               "in speed-relevant settings.")
+    message = (
+        f"{title}\n\nThe correction section between the crashline:correction markers sets each published "
+        "number beside a re-measurement under the settings its row states, and names the rows that differ "
+        "in speed-relevant settings."
+    )
     token = token_from(env)
     record = {
         "claim": claim["name"],
@@ -281,38 +294,58 @@ def publish(claim: dict, section: str, out_dir: str | os.PathLike, options: dict
     if options["push"]:
         if not source.get("git"):
             raise PublishError(f"publish.push is on, but claims file {claim['path']} gives no source.git to push to")
-        sha = push_branch(source["git"], options["branch"], source["file"], new_text, message,
-                          base_ref=source.get("revision"), base_text=local_copy(claim).read_text())
+        sha = push_branch(
+            source["git"],
+            options["branch"],
+            source["file"],
+            new_text,
+            message,
+            base_ref=source.get("revision"),
+            base_text=local_copy(claim).read_text(),
+        )
         record["push"] = {"remote": redact(source["git"]), "branch": options["branch"], "commit": sha}
     if options["open_pr"]:
         if not source.get("hf_repo"):
             raise PublishError(f"publish.open_pr is on, but claims file {claim['path']} gives no source.hf_repo")
-        url = open_hf_pr(source["hf_repo"], source["file"], new_text, token, title, message.split("\n\n", 1)[1],
-                         revision=source.get("revision"))
+        url = open_hf_pr(
+            source["hf_repo"],
+            source["file"],
+            new_text,
+            token,
+            title,
+            message.split("\n\n", 1)[1],
+            revision=source.get("revision"),
+        )
         record["pull_request"] = {"repo": source["hf_repo"], "url": url}
     write_json(Path(out_dir) / "publish.json", record)
     return record
 
 
-def run(config: dict, configs_path: str | os.PathLike, measurements_path: str | os.PathLike,
-        out_root: str | os.PathLike, only: str | None = None, out_dir: str | os.PathLike | None = None,
-        env: Mapping[str, str] | None = None) -> list[dict]:
+def run(
+    config: dict,
+    configs_path: str | os.PathLike,
+    measurements_path: str | os.PathLike,
+    out_root: str | os.PathLike,
+    only: str | None = None,
+    out_dir: str | os.PathLike | None = None,
+    env: Mapping[str, str] | None = None,
+) -> list[dict]:
     """The ``publish`` verb: every claims file of the config (or ``only`` that one) into
     ``out_root/<name>/`` (or ``out_dir`` for a single one)."""
     import pandas as pd
 
-    from . import claims as claims_mod
+    from .present import correction  # the section: pandas and the presentation, only when publishing
 
-    claims = claims_mod.load_claims(config.get("claims") or [], config)
+    claims = load_claims(config.get("claims") or [], config)
     if only is not None:
         claims = [c for c in claims if c["name"] == only]
         if not claims:
-            names = ", ".join(c["name"] for c in claims_mod.load_claims(config.get("claims") or [], config))
+            names = ", ".join(c["name"] for c in load_claims(config.get("claims") or [], config))
             raise PublishError(f"no claims file named {only!r} in the config; claims are: {names or 'none'}")
     configs, measurements = pd.read_parquet(configs_path), pd.read_parquet(measurements_path)
     records = []
     for claim in claims:
-        text = claims_mod.section(claim, configs, measurements)
+        text = correction.section(claim, configs, measurements)
         target = Path(out_dir) if out_dir is not None and len(claims) == 1 else Path(out_root) / claim["name"]
         records.append(publish(claim, text, target, config.get("publish") or {}, env))
     return records

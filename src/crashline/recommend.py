@@ -10,6 +10,8 @@ import re
 
 import pandas as pd
 
+from . import columns as cols
+from .records import Outcome
 from .settings import SETTINGS
 
 METRIC_LABEL = {"decode_tps": "decode", "prefill_tps": "prefill"}
@@ -19,12 +21,18 @@ def difference(row, reference) -> str:
     """The llama-server arguments in which ``row`` differs from ``reference`` (the winner)."""
     parts = []
     for col in row.index:
-        if col.startswith("s_") and str(row[col]) != str(reference[col]):
-            name = col[2:]
+        if col.startswith(cols.SETTING_PREFIX) and _shown(row[col]) != _shown(reference[col]):
+            name = col.removeprefix(cols.SETTING_PREFIX)
             flag = SETTINGS[name].flag or name
-            value = row[col]
-            parts.append(f"{flag} {int(value) if isinstance(value, float) and value.is_integer() else value}")
+            parts.append(f"{flag} {_shown(row[col])}" if _shown(row[col]) is not None else f"no {flag}")
     return " ".join(parts) or "same settings"
+
+
+def _shown(value):
+    """A setting's value as a label shows it: None for unset (None or NaN in a table), 999 not 999.0."""
+    if value is None or (isinstance(value, float) and pd.isna(value)):
+        return None
+    return int(value) if isinstance(value, float) and value.is_integer() else value
 
 
 def _natural(text: str) -> list:
@@ -37,7 +45,7 @@ def _too_tight(row, margin_mib: int) -> bool:
 
 
 def _cold(row) -> bool:
-    return row.get("s_page_cache") == "cold"
+    return row.get(cols.setting("page_cache")) == "cold"
 
 
 def failure_reason(outcome: str, phase: str | None, message: str | None) -> str:
@@ -49,8 +57,14 @@ def failure_reason(outcome: str, phase: str | None, message: str | None) -> str:
 COLD_NOT_RANKED = "measured from a cold page cache: compared with its warm twin under Cold versus warm, not ranked"
 
 
-def recommend(configs: pd.DataFrame, measurements: pd.DataFrame, metric: str, workload: str,
-              margin_mib: int = 0, recall_failures: dict | None = None) -> list[dict]:
+def recommend(
+    configs: pd.DataFrame,
+    measurements: pd.DataFrame,
+    metric: str,
+    workload: str,
+    margin_mib: int = 0,
+    recall_failures: dict | None = None,
+) -> list[dict]:
     """One entry per (model, environment): the winner and the verdict on every other configuration.
 
     A survivor whose VRAM headroom is below the margin is not eligible: it survived this run, but
@@ -66,15 +80,20 @@ def recommend(configs: pd.DataFrame, measurements: pd.DataFrame, metric: str, wo
             & (measurements["environment"] == env)
             & (measurements["workload"] == workload)
         ].set_index("config_id")
-        col = f"{metric}_median"
-        low, high = f"{metric}_min", f"{metric}_max"
-        survivors = group[(group["outcome"] == "ok") & ~group.apply(_too_tight, axis=1, margin_mib=margin_mib)
-                          & ~group["config_id"].map(lambda c: (model, c) in recall_failures)]
+        col, low, high = (cols.stat(metric, k) for k in ("median", "min", "max"))
+        survivors = group[
+            (group["outcome"] == Outcome.OK)
+            & ~group.apply(_too_tight, axis=1, margin_mib=margin_mib)
+            & ~group["config_id"].map(lambda c: (model, c) in recall_failures)
+        ]
         warm = survivors[[not _cold(row) for _, row in survivors.iterrows()]]
         rank_cold = warm.empty  # only cold runs survived: rank them among themselves
         ranked = sorted(
-            ((speeds.loc[cid, col], cid) for cid in (survivors if rank_cold else warm)["config_id"]
-             if cid in speeds.index),
+            (
+                (speeds.loc[cid, col], cid)
+                for cid in (survivors if rank_cold else warm)["config_id"]
+                if cid in speeds.index
+            ),
             reverse=True,
         )
         winner = ranked[0][1] if ranked else None
@@ -86,15 +105,29 @@ def recommend(configs: pd.DataFrame, measurements: pd.DataFrame, metric: str, wo
             if cid == winner:
                 continue
             label = difference(row, reference)
-            if row["outcome"] == "ok" and (model, cid) in recall_failures:
-                verdicts.append({"config_id": cid, "label": label, "failed": True, "reason": recall_failures[(model, cid)]})
-            elif row["outcome"] == "ok" and _too_tight(row, margin_mib):
-                verdicts.append({"config_id": cid, "label": label, "failed": True,
-                                 "reason": f"risky: survived with {row['headroom_mib']:.0f} MiB VRAM headroom, "
-                                           f"less than the {margin_mib} MiB margin"})
-            elif row["outcome"] != "ok":
-                verdicts.append({"config_id": cid, "label": label, "failed": True,
-                                 "reason": failure_reason(row["outcome"], row["phase"], row["message"])})
+            if row["outcome"] == Outcome.OK and (model, cid) in recall_failures:
+                verdicts.append(
+                    {"config_id": cid, "label": label, "failed": True, "reason": recall_failures[(model, cid)]}
+                )
+            elif row["outcome"] == Outcome.OK and _too_tight(row, margin_mib):
+                verdicts.append(
+                    {
+                        "config_id": cid,
+                        "label": label,
+                        "failed": True,
+                        "reason": f"risky: survived with {row['headroom_mib']:.0f} MiB VRAM headroom, "
+                        f"less than the {margin_mib} MiB margin",
+                    }
+                )
+            elif row["outcome"] != Outcome.OK:
+                verdicts.append(
+                    {
+                        "config_id": cid,
+                        "label": label,
+                        "failed": True,
+                        "reason": failure_reason(row["outcome"], row["phase"], row["message"]),
+                    }
+                )
             elif _cold(row) and not rank_cold:
                 verdicts.append({"config_id": cid, "label": label, "failed": False, "reason": COLD_NOT_RANKED})
             else:
@@ -104,15 +137,17 @@ def recommend(configs: pd.DataFrame, measurements: pd.DataFrame, metric: str, wo
                 if pct is not None and speeds.loc[cid, high] >= speeds.loc[winner, low]:
                     reason += ", within the spread of the repetitions: not a real difference yet"
                 verdicts.append({"config_id": cid, "label": label, "failed": False, "speed": speed, "reason": reason})
-        out.append({
-            "model": model,
-            "environment": env,
-            "metric": metric,
-            "metric_label": METRIC_LABEL[metric],
-            "workload": workload,
-            "winner": winner,
-            "winner_speed": best,
-            "winner_row": group[group["config_id"] == winner].iloc[0].to_dict() if winner else None,
-            "others": sorted(verdicts, key=lambda v: (v["failed"], -(v.get("speed") or 0), _natural(v["label"]))),
-        })
+        out.append(
+            {
+                "model": model,
+                "environment": env,
+                "metric": metric,
+                "metric_label": METRIC_LABEL[metric],
+                "workload": workload,
+                "winner": winner,
+                "winner_speed": best,
+                "winner_row": group[group["config_id"] == winner].iloc[0].to_dict() if winner else None,
+                "others": sorted(verdicts, key=lambda v: (v["failed"], -(v.get("speed") or 0), _natural(v["label"]))),
+            }
+        )
     return out

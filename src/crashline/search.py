@@ -19,16 +19,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from . import planner
+from . import planner, records
 from . import settings as settings_mod
-from .atomic import read_json, write_json
-from .jobs import key as job_key
-from .measure import measure
+from .measure import job_key, measure
+from .records import Outcome
 
 
 def _headroom_ok(rec: dict, margin_mib: int) -> bool:
     headroom = (rec.get("memory") or {}).get("headroom_mib")
-    return rec["outcome"] == "ok" and (headroom is None or headroom >= margin_mib)
+    return rec["outcome"] == Outcome.OK and (headroom is None or headroom >= margin_mib)
 
 
 def calibration(rec: dict, ubatch: int) -> tuple[planner.ComputeModel, float]:
@@ -41,8 +40,9 @@ def calibration(rec: dict, ubatch: int) -> tuple[planner.ComputeModel, float]:
     return planner.ComputeModel({ubatch: compute}), rest
 
 
-def run_search(*, model_name: str, group: dict, config: dict, fetch_record: dict, manifest: dict,
-               provenance: dict, out_dir: Path) -> dict:
+def run_search(
+    *, model_name: str, group: dict, config: dict, fetch_record: dict, manifest: dict, provenance: dict, out_dir: Path
+) -> dict:
     """Run the search for one group; records of every probe go under ``out_dir/records``."""
     lo, hi = group["range"]
     hi = min(hi, manifest["layers"])
@@ -57,11 +57,20 @@ def run_search(*, model_name: str, group: dict, config: dict, fetch_record: dict
         cid = measured[n] = settings_mod.config_id(model_name, resolved)
         folder = out_dir / "records" / cid
         record_path = folder / "measure.json"
-        if record_path.exists() and read_json(record_path).get("job_key") == job_key(config, provenance):
-            return read_json(record_path)  # measured by this search before, under the same workloads, budget, build
-        return measure(model_name=model_name, item={"id": cid, "settings": resolved, "given": given}, config=config,
-                       fetch_record=fetch_record, manifest=manifest, provenance=provenance, record_path=record_path,
-                       log_path=folder / "server.log", telemetry_path=folder / "telemetry.parquet")
+        earlier = records.load(record_path, "measure") if record_path.exists() else {}
+        if earlier.get("job_key") == job_key(config, provenance):
+            return earlier  # measured by this search before, under the same workloads, budget, build
+        return measure(
+            model_name=model_name,
+            item={"id": cid, "settings": resolved, "given": given},
+            config=config,
+            fetch_record=fetch_record,
+            manifest=manifest,
+            provenance=provenance,
+            record_path=record_path,
+            log_path=folder / "server.log",
+            telemetry_path=folder / "telemetry.parquet",
+        )
 
     calib = probe(hi)
     resolved = settings_mod.resolve({**base, "n_cpu_moe": hi})
@@ -72,7 +81,7 @@ def run_search(*, model_name: str, group: dict, config: dict, fetch_record: dict
         start = next((n for n in range(lo, hi + 1) if predictions[n]["total_mib"] <= limit), hi)
     else:
         start = lo  # no GPU limit known (CPU only): every value fits in VRAM terms
-    boundary, probes = planner.search_lowest(lambda n: probe(n)["outcome"] == "ok", start, lo, hi)
+    boundary, probes = planner.search_lowest(lambda n: probe(n)["outcome"] == Outcome.OK, start, lo, hi)
     recommended = None
     if boundary is not None:
         for n in range(boundary, hi + 1):
@@ -111,5 +120,4 @@ def run_search(*, model_name: str, group: dict, config: dict, fetch_record: dict
         "records": sorted(measured.values()),
         "values": values,
     }
-    write_json(out_dir / "search.json", summary)
-    return summary
+    return records.write(out_dir / "search.json", "search", summary)

@@ -65,8 +65,13 @@ class ServerProcess:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "ab" if append else "wb") as log:  # a retry keeps the earlier attempt's lines
             self.proc = subprocess.Popen(
-                self.command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                start_new_session=True, env=self.env, preexec_fn=_die_with_parent,
+                self.command,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                env=self.env,
+                preexec_fn=_die_with_parent,
             )
         self.started_at = time.monotonic()
 
@@ -141,7 +146,7 @@ class ServerProcess:
         except FileNotFoundError:
             return ""
 
-    def __enter__(self) -> "ServerProcess":
+    def __enter__(self) -> ServerProcess:
         return self
 
     def __exit__(self, *exc) -> None:

@@ -88,6 +88,8 @@ def run_check(binary: Path, cache_dir: Path) -> dict:
 def describe_failure(binary: Path, result: dict) -> str:
     """One paragraph: which binary, what the check did, how it died."""
     how = f"killed by {result['signal']}" if result.get("signal") else result["outcome"]
-    return (f"{binary} failed crashline's server check ({how} during {result['phase']}: {result['message']}). "
-            f"The check served {result['request']} on a tiny synthetic MoE with: "
-            f"{' '.join(result['command'])}\nlast lines of its log:\n{result['log_tail']}")
+    return (
+        f"{binary} failed crashline's server check ({how} during {result['phase']}: {result['message']}). "
+        f"The check served {result['request']} on a tiny synthetic MoE with: "
+        f"{' '.join(result['command'])}\nlast lines of its log:\n{result['log_tail']}"
+    )

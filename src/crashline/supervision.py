@@ -58,8 +58,12 @@ def exit_with_workflow(interval_s: float = 1.0) -> psutil.Process | None:
     def watch() -> None:
         while alive():
             time.sleep(interval_s)
-        print(f"crashline: the workflow (snakemake, pid {workflow.pid}) that started this job is gone: "
-              "stopping the server; no record is written", file=sys.stderr, flush=True)
+        print(
+            f"crashline: the workflow (snakemake, pid {workflow.pid}) that started this job is gone: "
+            "stopping the server; no record is written",
+            file=sys.stderr,
+            flush=True,
+        )
         os.kill(os.getpid(), signal.SIGTERM)
 
     threading.Thread(target=watch, daemon=True, name="crashline-workflow-watch").start()

@@ -16,57 +16,32 @@ give the embedding and output matrices a realistic size.
 
 from __future__ import annotations
 
-import difflib
 import os
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
+from collections.abc import Iterator
 
 import gguf
 import numpy as np
 
 from crashline.atomic import atomic_path
+from crashline.synthetic_shape import (  # noqa: F401 - importers read them from here
+    DEFAULT_TINY,
+    MIN_VOCAB,
+    QUANT_BLOCKS,
+    QWEN3_30B_A3B,
+    SHAPE_KEYS,
+    resolve_shape,
+)
 
 ARCH = "qwen3moe"
 
-DEFAULT_TINY: dict[str, Any] = {
-    "layers": 4,
-    "n_embd": 256,
-    "n_head": 4,
-    "n_head_kv": 2,
-    "head_dim": 64,
-    "n_expert": 8,
-    "n_expert_used": 2,
-    "expert_ffn": 128,
-    "ffn": 128,
-    "vocab": 260,
-    "ctx": 8192,
-    "quant": "Q4_0",
-}
-
-# The shape of Qwen3-30B-A3B (the model behind the CUDA log fixtures), every matrix Q4_0: 16.9 GB.
-QWEN3_30B_A3B: dict[str, Any] = {
-    "layers": 48,
-    "n_embd": 2048,
-    "n_head": 32,
-    "n_head_kv": 4,
-    "head_dim": 128,
-    "n_expert": 128,
-    "n_expert_used": 8,
-    "expert_ffn": 768,
-    "ffn": 768,
-    "vocab": 260,
-    "ctx": 40960,
-    "quant": "Q4_0",
-}
-
-SHAPE_KEYS = tuple(DEFAULT_TINY)
 QUANTS = {
     "Q4_0": (gguf.GGMLQuantizationType.Q4_0, gguf.LlamaFileType.MOSTLY_Q4_0),
     "Q8_0": (gguf.GGMLQuantizationType.Q8_0, gguf.LlamaFileType.MOSTLY_Q8_0),
     "F16": (gguf.GGMLQuantizationType.F16, gguf.LlamaFileType.MOSTLY_F16),
     "F32": (gguf.GGMLQuantizationType.F32, gguf.LlamaFileType.ALL_F32),
 }
-MIN_VOCAB = 3 + 256  # <unk> <s> </s> and the byte tokens
 SPACE_TOKEN = "\u2581"
 
 # The fp16 scale of every quantised block, fixed so weights stay small and finite (random scale
@@ -74,57 +49,6 @@ SPACE_TOKEN = "\u2581"
 QUANT_SCALES = {gguf.GGMLQuantizationType.Q4_0: 0.01, gguf.GGMLQuantizationType.Q8_0: 0.0005}
 FLOAT_STD = 0.04  # standard deviation of F16/F32 weights
 BUFFER_BLOCKS = 1 << 16  # random blocks per tensor type (Q8_0: 2.1 MiB)
-
-
-def resolve_shape(shape: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Fill ``shape`` from DEFAULT_TINY and validate it; ValueError names the key and the value.
-
-    ``ffn`` (the dense feed-forward length, unused by qwen3moe's experts) defaults to ``expert_ffn``.
-    """
-    shape = dict(shape or {})
-
-    def error(key: str, text: str, why: str) -> ValueError:
-        exc = ValueError(text)
-        exc.key, exc.reason = key, why  # for a caller that names the key path itself (crashline.config)
-        return exc
-
-    unknown = sorted(set(shape) - set(SHAPE_KEYS), key=str)
-    if unknown:
-        key = unknown[0]
-        close = difflib.get_close_matches(str(key), SHAPE_KEYS, n=1)
-        hint = f"did you mean {close[0]!r}?" if close else f"known keys: {', '.join(SHAPE_KEYS)}"
-        raise error(key, f"unknown synthetic shape key {key!r} (value {shape[key]!r}); {hint}", f"unknown key; {hint}")
-    resolved = {**DEFAULT_TINY, **shape}
-    if "ffn" not in shape:
-        resolved["ffn"] = resolved["expert_ffn"]
-
-    def bad(key: str, why: str) -> ValueError:
-        return error(key, f"synthetic shape key {key!r} has bad value {resolved[key]!r}: {why}", why)
-
-    for key in SHAPE_KEYS:
-        if key == "quant":
-            continue
-        value = resolved[key]
-        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-            raise bad(key, "must be a positive integer")
-    if resolved["quant"] not in QUANTS:
-        raise bad("quant", f"must be one of {', '.join(QUANTS)}")
-    if resolved["n_expert_used"] > resolved["n_expert"]:
-        raise bad("n_expert_used", f"more than n_expert ({resolved['n_expert']})")
-    if resolved["n_head"] % resolved["n_head_kv"]:
-        raise bad("n_head_kv", f"must divide n_head ({resolved['n_head']})")
-    if resolved["head_dim"] % 2:
-        raise bad("head_dim", "must be even (rotary embedding)")
-    if resolved["vocab"] < MIN_VOCAB:
-        raise bad("vocab", f"must be at least {MIN_VOCAB} (3 special + 256 byte tokens)")
-    block = gguf.GGML_QUANT_SIZES[QUANTS[resolved["quant"]][0]][0]
-    # The first ggml dimension (row length) of every quantised matrix must be whole blocks.
-    for key in ("n_embd", "expert_ffn"):
-        if resolved[key] % block:
-            raise bad(key, f"must be a multiple of {block} for {resolved['quant']}")
-    if (resolved["n_head"] * resolved["head_dim"]) % block:
-        raise bad("head_dim", f"n_head * head_dim must be a multiple of {block} for {resolved['quant']}")
-    return resolved
 
 
 def tensor_plan(shape: dict[str, Any]) -> list[tuple[str, tuple[int, ...], gguf.GGMLQuantizationType]]:
@@ -186,13 +110,12 @@ def _chunks(data: bytes, nbytes: int, block_bytes: int, rng: np.random.Generator
     start = int(rng.integers(0, period // block_bytes)) * block_bytes
     while nbytes > 0:
         n = min(nbytes, period)
-        yield view[start:start + n]
+        yield view[start : start + n]
         nbytes -= n
 
 
 def _add_metadata(writer: gguf.GGUFWriter, shape: dict[str, Any]) -> None:
-    writer.add_name(f"synthetic qwen3moe {shape['layers']}L {shape['n_expert']}x{shape['expert_ffn']} "
-                    f"{shape['quant']}")
+    writer.add_name(f"synthetic qwen3moe {shape['layers']}L {shape['n_expert']}x{shape['expert_ffn']} {shape['quant']}")
     writer.add_block_count(shape["layers"])
     writer.add_context_length(shape["ctx"])
     writer.add_embedding_length(shape["n_embd"])
@@ -244,8 +167,9 @@ def write_moe_gguf(path: Path, shape: dict[str, Any], seed: int = 0) -> dict[str
         for name, numpy_shape, qtype in plan:
             # The dtype argument is ignored when raw_dtype is given and is not uint8: the shape
             # is then taken as element counts.
-            writer.add_tensor_info(name, numpy_shape, np.dtype(np.float32), tensor_nbytes(numpy_shape, qtype),
-                                   raw_dtype=qtype)
+            writer.add_tensor_info(
+                name, numpy_shape, np.dtype(np.float32), tensor_nbytes(numpy_shape, qtype), raw_dtype=qtype
+            )
         writer.write_header_to_file()
         writer.write_kv_data_to_file()
         writer.write_ti_data_to_file()

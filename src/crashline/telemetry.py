@@ -78,8 +78,10 @@ class _Nvml:
         if self.gpm:
             rates = self.gpm.rates()
         else:
-            rates = {"pcie_rx_kbs": self._get(nv.nvmlDeviceGetPcieThroughput, h, nv.NVML_PCIE_UTIL_RX_BYTES),
-                     "pcie_tx_kbs": self._get(nv.nvmlDeviceGetPcieThroughput, h, nv.NVML_PCIE_UTIL_TX_BYTES)}
+            rates = {
+                "pcie_rx_kbs": self._get(nv.nvmlDeviceGetPcieThroughput, h, nv.NVML_PCIE_UTIL_RX_BYTES),
+                "pcie_tx_kbs": self._get(nv.nvmlDeviceGetPcieThroughput, h, nv.NVML_PCIE_UTIL_TX_BYTES),
+            }
         return {
             "gpu_sm_pct": util.gpu if util else None,
             "gpu_mem_pct": util.memory if util else None,
@@ -281,7 +283,9 @@ class Sampler:
         peak["samples"] += 1
         if self.nvml.present:
             own = self.nvml.process_mib({p.pid for p in self._procs})
-            gpu, source = (own, "process") if own > 0 else (self.nvml.used_mib() - self.baseline_used_mib, "device delta")
+            gpu, source = (
+                (own, "process") if own > 0 else (self.nvml.used_mib() - self.baseline_used_mib, "device delta")
+            )
             row.update(self.nvml.row(), gpu_mib=round(gpu, 1))
             if peak["gpu_mib"] is None or gpu > peak["gpu_mib"]:
                 peak["gpu_mib"], peak["gpu_source"] = round(gpu, 1), source
@@ -296,8 +300,12 @@ class Sampler:
         wall = mark[0] - start[0]
         server = (mark[2] - start[2]) / wall
         machine = (mark[1] - start[1]) / wall
-        self._peak().update(cpu_server_cores=round(server, 2), cpu_other_cores=round(max(0.0, machine - server), 2),
-                            cpu_steal_cores=round((mark[3] - start[3]) / wall, 2), seconds=round(wall, 2))
+        self._peak().update(
+            cpu_server_cores=round(server, 2),
+            cpu_other_cores=round(max(0.0, machine - server), 2),
+            cpu_steal_cores=round((mark[3] - start[3]) / wall, 2),
+            seconds=round(wall, 2),
+        )
 
     def _cpu_mark(self) -> tuple[float, float, float, float] | None:
         if self.pid is None:
@@ -325,7 +333,7 @@ class Sampler:
     def resume(self) -> None:
         self._sampling.set()
 
-    def __enter__(self) -> "Sampler":
+    def __enter__(self) -> Sampler:
         self._cpu_start = self._cpu_mark()
         self._find_processes()
         self._thread.start()
@@ -357,10 +365,12 @@ class Sampler:
     def cost(self) -> dict:
         """The sampler's own CPU and wall time per sample, and the share of one core it kept busy."""
         n = self.own["samples"]
-        return {"samples": n,
-                "cpu_ms_per_sample": round(self.own["cpu_s"] / n * 1000, 3) if n else None,
-                "wall_ms_per_sample": round(self.own["wall_s"] / n * 1000, 3) if n else None,
-                "core_share": round(self.own["cpu_s"] / n / self.interval_s, 5) if n else None}
+        return {
+            "samples": n,
+            "cpu_ms_per_sample": round(self.own["cpu_s"] / n * 1000, 3) if n else None,
+            "wall_ms_per_sample": round(self.own["wall_s"] / n * 1000, 3) if n else None,
+            "core_share": round(self.own["cpu_s"] / n / self.interval_s, 5) if n else None,
+        }
 
     def close(self) -> None:
         self.nvml.close()
@@ -376,8 +386,22 @@ COUNTERS = {  # cumulative columns and the rate each becomes over a window
     "swap_out_bytes": "swap_out_bytes_per_s",
     "disk_read_bytes": "disk_read_bytes_per_s",
 }
-GAUGES = ("gpu_sm_pct", "gpu_mem_pct", "gpm_sm_pct", "gpm_occupancy_pct", "gpm_dram_bw_pct", "pcie_rx_kbs", "pcie_tx_kbs", "pcie_gen", "pcie_width", "sm_clock_mhz",
-          "mem_clock_mhz", "power_w", "gpu_mib", "server_rss_mib")
+GAUGES = (
+    "gpu_sm_pct",
+    "gpu_mem_pct",
+    "gpm_sm_pct",
+    "gpm_occupancy_pct",
+    "gpm_dram_bw_pct",
+    "pcie_rx_kbs",
+    "pcie_tx_kbs",
+    "pcie_gen",
+    "pcie_width",
+    "sm_clock_mhz",
+    "mem_clock_mhz",
+    "power_w",
+    "gpu_mib",
+    "server_rss_mib",
+)
 
 
 def window_summary(frame: pd.DataFrame, windows: list[tuple[float, float]]) -> dict | None:

@@ -14,6 +14,8 @@ from importlib import resources
 import requests
 import urllib3
 
+from .settings import concurrency  # noqa: F401 - measure reads it from here; it is a config matter
+
 PROSE_DIR = "data/prose"
 
 
@@ -114,8 +116,15 @@ def stats(values: list[float]) -> dict | None:
 def stream_request(url: str, prompt: list[int], n_predict: int, timeout_s: float, on_chunk=None) -> dict:
     """One streamed completion on its own connection: timings from the server, time to first
     token from the client; ``on_chunk(t)`` is called with the arrival time of each streamed token."""
-    body = {"prompt": prompt, "n_predict": n_predict, "cache_prompt": False, "temperature": 0.0, "top_k": 1,
-            "ignore_eos": True, "stream": True}
+    body = {
+        "prompt": prompt,
+        "n_predict": n_predict,
+        "cache_prompt": False,
+        "temperature": 0.0,
+        "top_k": 1,
+        "ignore_eos": True,
+        "stream": True,
+    }
     started = time.monotonic()
     first = None
     final: dict = {}
@@ -176,12 +185,14 @@ def one_run(client: Client, prompts: PromptSource, workload: dict, index: int, n
 def check_run(run: dict, workload: dict) -> str | None:
     """Why a run does not count, or None: every request must be evaluated and answered whole."""
     for r in run["requests"]:
-        if r["truncated"]:
-            return f"prompt truncated by the server (prompt_n {r['prompt_n']} of {workload['prompt_tokens']})"
         if r["prompt_n"] != workload["prompt_tokens"]:
             return f"server evaluated {r['prompt_n']} prompt tokens, {workload['prompt_tokens']} were sent"
         if r["predicted_n"] != workload["gen_tokens"]:
             return f"server generated {r['predicted_n']} tokens, {workload['gen_tokens']} were asked"
+        if r["truncated"]:  # the counts match, yet the server says it cut something
+            return (
+                f"the server flagged the answer as truncated (prompt_n {r['prompt_n']}, predicted_n {r['predicted_n']})"
+            )
     return None
 
 
@@ -212,9 +223,3 @@ def windows(runs: list[dict], skip_tokens: int = 4) -> dict:
         if end > first_token + skip_tokens * per_token:
             decode.append((first_token + skip_tokens * per_token, end))
     return {"prefill": prefill, "decode": decode}
-
-
-def concurrency(workload: dict, settings: dict) -> int:
-    """How many requests a workload sends at once for a configuration ("slots": its parallel)."""
-    n = workload.get("concurrency", 1)
-    return int(settings.get("parallel") or 1) if n == "slots" else int(n)

@@ -1,0 +1,98 @@
+"""The HTML printer of ``present.doc``: every text escaped, marks as classes."""
+
+from __future__ import annotations
+
+from .doc import Abbr, Box, Cell, Code, CodeBlock, Details, Document, Link, Mark, Para, Ref, Section, Strong, Table
+
+STYLE = """\
+body { font-family: system-ui, sans-serif; margin: 2rem auto; max-width: 1700px; padding: 0 1rem; color: #1a1a1a; }
+td:nth-child(2) { min-width: 24em; }
+table { border-collapse: collapse; margin: 0.8rem 0 1.5rem; font-size: 0.9rem; }
+th, td { border: 1px solid #ccc; padding: 0.3rem 0.5rem; text-align: left; vertical-align: top; }
+th { background: #f0f0f0; }
+td.num { text-align: right; font-variant-numeric: tabular-nums; }
+code, pre { font-family: ui-monospace, monospace; font-size: 0.85rem; }
+pre { background: #f6f6f6; padding: 0.6rem; overflow-x: auto; }
+.ok { color: #176f2c; } .fail, .risky { color: #b00020; font-weight: 600; } .warn { color: #8a5a00; }
+.rec { background: #eef8ee; }
+.winner { border-left: 4px solid #176f2c; padding-left: 0.8rem; }"""
+
+_ESCAPES = str.maketrans({"&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&#34;", "'": "&#39;"})
+
+
+def escape(text) -> str:
+    return str(text).translate(_ESCAPES)
+
+
+def _attrs(**values) -> str:
+    return "".join(f' {k}="{escape(v)}"' for k, v in values.items() if v)
+
+
+def inline(content) -> str:
+    """Inline content as HTML."""
+    if isinstance(content, list):
+        return "".join(inline(c) for c in content)
+    if isinstance(content, Code):
+        return f"<code>{escape(content.text)}</code>"
+    if isinstance(content, Strong):
+        return f"<b>{inline(content.content)}</b>"
+    if isinstance(content, Mark):
+        return f'<span class="{escape(content.kind)}">{inline(content.content)}</span>'
+    if isinstance(content, Link):
+        return f'<a href="{escape(content.url)}">{escape(content.text)}</a>'
+    if isinstance(content, Ref):
+        return f"<small>({escape(content.text)})</small>"
+    if isinstance(content, Abbr):
+        return f"<span{_attrs(title=content.full)}>{inline(content.content)}</span>"
+    return escape(content)
+
+
+def _cell(cell, numeric: bool) -> str:
+    mark = cell.mark if isinstance(cell, Cell) else None
+    content = cell.content if isinstance(cell, Cell) else cell
+    classes = " ".join(c for c in ("num" if numeric else None, mark) if c)
+    return f"<td{_attrs(**{'class': classes})}>{inline(content)}</td>"
+
+
+def _table(table: Table) -> str:
+    lines = ["<table>", "<tr>" + "".join(f"<th>{escape(h)}</th>" for h in table.header) + "</tr>"]
+    marks = table.marks or [None] * len(table.rows)
+    for cells, mark in zip(table.rows, marks, strict=True):
+        tds = "".join(_cell(c, i in table.numeric) for i, c in enumerate(cells))
+        lines.append(f"<tr{_attrs(**{'class': mark})}>{tds}</tr>")
+    return "\n".join([*lines, "</table>"])
+
+
+def _section(section: Section) -> str:
+    level = min(6, section.level)
+    heading = f"<h{level}>{inline(section.title)}</h{level}>"
+    opening = f"<section{_attrs(**{'class': section.kind, 'id': section.anchor})}>"
+    return "\n".join([opening, heading, *(block(b) for b in section.blocks), "</section>"])
+
+
+def block(b) -> str:
+    """One block (or a list of blocks) as HTML."""
+    if isinstance(b, list):
+        return "\n".join(block(x) for x in b)
+    if isinstance(b, Para):
+        return f"<p{_attrs(**{'class': b.mark})}>{inline(b.content)}</p>"
+    if isinstance(b, Table):
+        return _table(b)
+    if isinstance(b, CodeBlock):
+        return f"<pre>{escape(b.text)}</pre>"
+    if isinstance(b, Details):
+        return f"<details><summary>{escape(b.summary)}</summary><pre>{escape(b.text)}</pre></details>"
+    if isinstance(b, Box):
+        return "\n".join([f'<div class="{escape(b.mark)}">', block(b.blocks), "</div>"])
+    if isinstance(b, Section):
+        return _section(b)
+    return "<ul>\n" + "\n".join(f"<li>{inline(item)}</li>" for item in b.items) + "\n</ul>"  # Bullets
+
+
+def page(doc: Document) -> str:
+    """A whole HTML page: the title, the style, the blocks."""
+    title = escape(doc.title)
+    head = f'<!doctype html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n<title>{title}</title>\n'
+    return (
+        f"{head}<style>\n{STYLE}\n</style>\n</head>\n<body>\n<h1>{title}</h1>\n{block(doc.blocks)}\n</body>\n</html>\n"
+    )

@@ -1,0 +1,239 @@
+"""Modules split by layer (issue #12): loading the config pulls in no table, template, Parquet or HTTP
+library; the package's import graph, top-level and function-level imports alike, has no cycle; and
+no module imports one of a higher layer."""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import subprocess
+import sys
+
+
+from conftest import REPO
+
+PACKAGE = REPO / "src" / "crashline"
+
+# Lowest first. A module may import modules of its own layer or of a lower one.
+LAYERS = {
+    "base": [
+        "__init__",
+        "atomic",
+        "paths",
+        "settings",
+        "cpufeatures",
+        "host",
+        "locks",
+        "logparse",
+        "pagecache",
+        "planner",
+        "supervision",
+        "records",
+        "columns",
+    ],
+    "model": ["source_spec", "synthetic_shape", "manifest", "synthetic", "sources"],
+    "config": ["configfile", "needle_prompts", "claims_load", "config"],
+    "run": [
+        "server",
+        "ballast",
+        "telemetry",
+        "workloads",
+        "servercheck",
+        "provision",
+        "bottleneck",
+        "measure",
+        "needle_job",
+        "search",
+        "jobs",
+    ],
+    "tables": ["thresholds", "aggregate", "recommend", "boundary", "needle_table", "claims_compare"],
+    "present": ["present", "report"],
+    "publish": ["publish"],
+    "entry": ["cli", "__main__"],
+}
+# What loading the config may import, and what it must not.
+CONFIG_MODULES = {
+    "crashline",
+    "crashline.config",
+    "crashline.configfile",
+    "crashline.settings",
+    "crashline.source_spec",
+    "crashline.synthetic_shape",
+    "crashline.needle_prompts",
+    "crashline.claims_load",
+}
+HEAVY = ("pandas", "jinja2", "pyarrow", "requests", "numpy", "gguf")
+KNOWN_CYCLES: list[set[str]] = []
+
+
+def module_names() -> list[str]:
+    """Every module of the package, dotted below ``crashline`` (``present.doc``; ``present`` for its __init__)."""
+    names = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        parts = list(path.relative_to(PACKAGE).with_suffix("").parts)
+        if parts[-1] == "__init__" and len(parts) > 1:
+            parts = parts[:-1]
+        names.append(".".join(parts))
+    return names
+
+
+def _package_of(name: str, modules: set[str]) -> list[str]:
+    """The package a module's relative imports start from, as parts."""
+    parts = name.split(".")
+    return parts if name in modules and (PACKAGE / name.replace(".", "/")).is_dir() else parts[:-1]
+
+
+def _targets(node: ast.ImportFrom | ast.Import, name: str, modules: set[str]) -> set[str]:
+    """The package modules an import statement names."""
+    if isinstance(node, ast.Import):
+        dotted = [a.name.removeprefix("crashline.") for a in node.names if a.name.startswith("crashline.")]
+    elif node.level:
+        base = _package_of(name, modules)[: len(_package_of(name, modules)) - node.level + 1]
+        module = ".".join([*base, *(node.module.split(".") if node.module else [])])
+        dotted = [f"{module}.{a.name}".strip(".") for a in node.names] + [module]
+    elif node.module and node.module.split(".")[0] == "crashline":
+        module = node.module.removeprefix("crashline").strip(".")
+        dotted = [f"{module}.{a.name}".strip(".") for a in node.names] + [module]
+    else:
+        return set()
+    return {_known(d, modules) for d in dotted if d} - {None}
+
+
+def _known(dotted: str, modules: set[str]) -> str | None:
+    """The longest prefix of ``dotted`` that is a module (``present.doc.Para`` -> ``present.doc``)."""
+    parts = dotted.split(".")
+    for n in range(len(parts), 0, -1):
+        if ".".join(parts[:n]) in modules:
+            return ".".join(parts[:n])
+    return None
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Module -> the package modules it imports, anywhere in it (top level and inside functions)."""
+    modules = set(module_names())
+    graph = {}
+    for name in modules:
+        path = PACKAGE / (name.replace(".", "/") + ("/__init__.py" if (PACKAGE / name).is_dir() else ".py"))
+        tree = ast.parse(path.read_text())
+        deps = set()
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                deps |= _targets(node, name, modules)
+        graph[name] = deps - {name}
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[set[str]]:
+    """The strongly connected components of more than one module (Tarjan): the modules of each cycle."""
+    index, low, stack, on, out = {}, {}, [], set(), []
+
+    def visit(v):
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                out.append(set(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def shown(graph: dict[str, set[str]], component: set[str]) -> str:
+    """A cycle through the component, to print: a -> b -> ... -> a (and all of its modules)."""
+    start = min(component)
+    path, seen = [start], {start}
+    while True:
+        nxt = sorted(w for w in graph[path[-1]] if w in component)
+        step = next((w for w in nxt if w not in seen), None) or next(w for w in nxt if w in seen)
+        path.append(step)
+        if step in seen:
+            return " -> ".join(path[path.index(step) :]) + f" (all of: {', '.join(sorted(component))})"
+        seen.add(step)
+
+
+def layer_of(name: str) -> int | None:
+    """The layer of a module (a package's modules share its layer)."""
+    for rank, members in enumerate(LAYERS.values()):
+        if name in members or name.split(".")[0] in members:
+            return rank
+    return None
+
+
+def test_loading_the_config_imports_no_table_template_parquet_or_http_library():
+    code = (
+        "import json, sys; import crashline.config as c; c.load('config/config.yaml'); "
+        "print(json.dumps(sorted(m for m in sys.modules if m == 'crashline' or m.startswith('crashline.') "
+        f"or m.split('.')[0] in {list(HEAVY)!r})))"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": str(REPO / "src")},
+    )
+    assert proc.returncode == 0, proc.stderr
+    loaded = set(json.loads(proc.stdout))
+    heavy = sorted(m for m in loaded if m.split(".")[0] in HEAVY)
+    assert not heavy, f"loading the config imported {heavy}"
+    assert loaded <= CONFIG_MODULES, f"loading the config imported {sorted(loaded - CONFIG_MODULES)}"
+
+
+def test_the_graph_sees_top_level_and_function_level_imports():
+    graph = import_graph()
+    assert {"claims_load", "needle_prompts", "configfile", "source_spec", "synthetic_shape"} <= graph["config"]
+    assert {"present.correction", "present.markdown", "claims_load"} <= graph["publish"]  # top level
+    assert "needle_job" in graph["jobs"] and "needle_table" in graph["cli"]  # inside functions
+    assert {"present.doc", "present.needle", "thresholds"} <= graph["present.sections"]  # relative, two levels
+
+
+def test_the_import_graph_has_no_cycle():
+    graph = import_graph()
+    found = [c for c in cycles(graph) if c not in KNOWN_CYCLES]
+    assert not found, "import cycles: " + "; ".join(shown(graph, c) for c in found)
+
+
+def test_no_known_cycle_is_left():
+    graph = import_graph()
+    assert not cycles(graph), "; ".join(shown(graph, c) for c in cycles(graph))
+
+
+def test_every_module_is_in_a_layer_and_imports_none_above_it():
+    graph = import_graph()
+    unplaced = sorted(m for m in graph if layer_of(m) is None)
+    assert not unplaced, f"modules in no layer of LAYERS: {unplaced}"
+    names = list(LAYERS)
+    upward = [
+        f"{m} ({names[layer_of(m)]}) imports {d} ({names[layer_of(d)]})"
+        for m, deps in sorted(graph.items())
+        for d in sorted(deps)
+        if layer_of(d) > layer_of(m)
+    ]
+    assert not upward, "imports of a higher layer:\n" + "\n".join(upward)
+
+
+def test_synthetic_shape_knows_the_block_sizes_gguf_knows():
+    import gguf
+
+    from crashline import synthetic, synthetic_shape
+
+    blocks = {name: gguf.GGML_QUANT_SIZES[qtype][0] for name, (qtype, _) in synthetic.QUANTS.items()}
+    assert blocks == synthetic_shape.QUANT_BLOCKS
