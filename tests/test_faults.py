@@ -419,3 +419,46 @@ def test_two_workflows_at_once(tmp_path, server_provenance):
         (record,) = (work / "results" / "records").rglob("measure.json")
         assert read_json(record)["outcome"] == "ok"
     assert not servers_of(tmp_path)
+
+
+SEARCH_CONFIG = """
+models:
+  tiny:
+    source: synthetic:tiny-moe
+configurations:
+  - settings: {ubatch: 128}
+    search: {n_cpu_moe: [0, 3]}
+workloads:
+  - {name: long, prompt_tokens: 64, gen_tokens: 3000}
+repetitions: 2
+"""
+
+
+@pytest.mark.parametrize("how", ["ctrl-c", "sigkill"])
+def test_workflow_interrupted_mid_search_keeps_whole_probes_and_reruns_the_rest(tmp_path, server_provenance, how):
+    copy_workflow(tmp_path)
+    (tmp_path / "slow.yaml").write_text(SEARCH_CONFIG)
+    workflow = _snakemake(tmp_path)
+    probes = tmp_path / "results" / "search" / "tiny"
+    deadline = time.monotonic() + 300
+    while not list(probes.rglob("records/*/measure.json")) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    server = _wait_for_server(tmp_path)  # the second probe's server, in its workload
+    {"ctrl-c": lambda: os.killpg(workflow.pid, signal.SIGINT), "sigkill": lambda: workflow.kill()}[how]()
+    workflow.communicate(timeout=300)
+    assert _gone(server, 30) and not servers_of(tmp_path)
+    assert not list(probes.rglob("search.json")) and not list(probes.rglob("*.part"))
+    kept = {p: p.stat().st_mtime_ns for p in probes.rglob("records/*/measure.json")}
+    assert kept and all(read_json(p)["outcome"] == "ok" for p in kept)  # whole records only
+    if how == "sigkill":
+        subprocess.run(
+            [sys.executable, "-m", "snakemake", "--unlock", "--configfile", "slow.yaml"],
+            cwd=tmp_path,
+            check=True,
+            capture_output=True,
+            env={**os.environ, "PYTHONPATH": str(REPO / "src")},
+        )
+    _rerun(tmp_path)
+    (summary,) = probes.rglob("search.json")
+    assert all(p.stat().st_mtime_ns == t for p, t in kept.items())  # measured under the same spec: reused
+    assert len(read_json(summary)["records"]) > len(kept)  # and the rest measured now

@@ -13,6 +13,8 @@ import pytest
 
 from conftest import REPO
 from crashline import config as C, jobs, settings as S
+from crashline.atomic import read_json
+from crashline.host import gpus
 from crashline.manifest import inspect_gguf
 from crashline.search import run_search
 from test_measure import SCHEMA, fetch_record
@@ -56,13 +58,23 @@ def search_config(tiny_moe, workloads, budget=None):
     )
 
 
-def test_search_probes_are_measured_again_after_an_edit_of_the_workloads(tmp_path, tiny_moe, server_provenance):
+SHORT = [{"name": "short", "prompt_tokens": 16, "gen_tokens": 4}]
+
+
+@pytest.mark.parametrize(
+    "edit",
+    [
+        {"workloads": [{"name": "short", "prompt_tokens": 16, "gen_tokens": 8}]},
+        {"budget": 4096},  # without a GPU its probes are refused: measured again all the same, never reused
+    ],
+)
+def test_search_probes_are_measured_again_after_an_edit(tmp_path, tiny_moe, server_provenance, edit):
     out = tmp_path / "search"
 
-    def search(workloads):
-        cfg = search_config(tiny_moe, workloads)
+    def search(workloads=SHORT, budget=None):
+        cfg = search_config(tiny_moe, workloads, budget)
         spec = jobs.spec("search", cfg, "tiny", C.expand_searches(cfg)[0]["id"])
-        run_search(
+        summary = run_search(
             model_name="tiny",
             group=spec["group"],
             config=spec["config"],
@@ -71,13 +83,15 @@ def test_search_probes_are_measured_again_after_an_edit_of_the_workloads(tmp_pat
             provenance=server_provenance,
             out_dir=out,
         )
-        return {p.parent.name: p.stat().st_mtime_ns for p in (out / "records").glob("*/measure.json")}
+        probes = {cid: (out / "records" / cid / "measure.json").stat().st_mtime_ns for cid in summary["records"]}
+        return probes, summary
 
-    short = [{"name": "short", "prompt_tokens": 16, "gen_tokens": 4}]
-    first = search(short)
-    assert first and search(short) == first  # same spec: the probes are reused, not measured again
-    longer = search([{"name": "short", "prompt_tokens": 16, "gen_tokens": 8}])
-    assert set(longer) == set(first) and all(longer[c] != first[c] for c in first)
+    first, _ = search()
+    assert first and search()[0] == first  # the same spec: the probes are reused, not measured again
+    edited, summary = search(**edit)
+    assert set(edited) & set(first) and all(edited[c] != first[c] for c in set(edited) & set(first))
+    if "budget" in edit and not gpus()["present"]:
+        assert {read_json(out / "records" / c / "measure.json")["outcome"] for c in edited} == {"budget_refused"}
 
 
 TINY = """

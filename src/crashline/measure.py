@@ -322,6 +322,7 @@ def measure(
                 server.stop(server_cfg["stop_timeout_s"])
     except BudgetError as exc:
         failure = {"outcome": Outcome.BUDGET_REFUSED, "failure": "budget", "phase": "start", "message": str(exc)}
+        log_path.parent.mkdir(parents=True, exist_ok=True)
         log_path.write_text(f"crashline: no llama-server started: {exc}\n")
     except Exception as exc:  # a crashline fault still leaves a record and no server behind
         failure = {
