@@ -92,9 +92,10 @@ def test_server_terminated_by_someone_else_is_a_crash(tmp_path, tiny_moe, server
         [{"name": "w", "prompt_tokens": 64, "gen_tokens": 6000}],
         reps=1,
     )
-    assert (rec["outcome"], rec["failure"], rec["phase"]) == ("crashed", "exited", "w")
-    # llama-server shuts down cleanly on SIGTERM (exit status 0): only crashline knows it did not ask it to.
-    assert "the server ended on its own during w (crashline did not stop it)" in rec["message"]
+    # llama-server shuts down on SIGTERM: it may drop the request (status 0) or answer it first and then
+    # quit (status 1). Only crashline knows it did not ask it to, either way.
+    assert (rec["outcome"], rec["failure"], rec["phase"]) in {("crashed", "exited", "w"), ("crashed", "exited", "stop")}
+    assert f"the server ended on its own during {rec['phase']} (crashline did not stop it)" in rec["message"]
 
 
 def test_a_server_that_exits_without_serving_is_not_ok(tmp_path, tiny_moe, server_provenance):

@@ -180,6 +180,9 @@ def server_failure(server: ServerProcess, phase: str, timed_out: bool = False) -
         server.proc.wait(timeout=30)
         server.returncode = server.proc.returncode
     found = logparse.classify(server.log_text(), server.returncode, phase_hint=phase, timed_out=timed_out)
+    own = f"the server ended on its own during {phase} (crashline did not stop it)"
+    if found["failure"] == "exit_code":  # an exit status after listening: it quit, nothing crashed it
+        return {**found, "failure": "exited", "message": f"{found['message']}: {own}"}
     if found["outcome"] != Outcome.OK:
         return found
     code = server.returncode
@@ -188,7 +191,7 @@ def server_failure(server: ServerProcess, phase: str, timed_out: bool = False) -
         "outcome": Outcome.LOAD_FAILED if phase == "load" else Outcome.CRASHED,
         "failure": "exited",
         "phase": phase,
-        "message": f"{how}: the server ended on its own during {phase} (crashline did not stop it)",
+        "message": f"{how}: {own}",
     }
 
 
@@ -319,6 +322,8 @@ def measure(
                 else:
                     failure = server_failure(server, "load", timed_out=(state == "timeout"))
                 sampler.phase("stop")
+                if failure is None and not server.alive():  # it answered every request, then quit by itself
+                    failure = server_failure(server, "stop")
                 server.stop(server_cfg["stop_timeout_s"])
     except BudgetError as exc:
         failure = {"outcome": Outcome.BUDGET_REFUSED, "failure": "budget", "phase": "start", "message": str(exc)}
