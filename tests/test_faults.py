@@ -28,12 +28,16 @@ pytestmark = pytest.mark.faults
 
 
 def servers_of(tmp_path) -> list[psutil.Process]:
-    """llama-server processes started for this test: our children, or any whose command line names its folder."""
+    """Live llama-server processes started for this test: our children, or any whose command line names its
+    folder (zombies, already dead and waiting to be reaped, are not servers any more)."""
     ours = {p.pid for p in psutil.Process().children(recursive=True)}
     out = []
-    for p in psutil.process_iter(["name", "cmdline"]):
+    for p in psutil.process_iter(["name", "cmdline", "status"]):
         cmd = " ".join(p.info["cmdline"] or [])
-        if p.info["name"] == "llama-server" and (p.pid in ours or str(tmp_path) in cmd):
+        if p.info["name"] != "llama-server" or p.info["status"] == psutil.STATUS_ZOMBIE:
+            continue
+        if p.pid in ours or str(tmp_path) in cmd:
+            p.command = cmd  # as listed: a process that ends now can no longer be asked
             out.append(p)
     return out
 
@@ -225,7 +229,7 @@ def _snakemake(workdir, *args) -> subprocess.Popen:
 def _wait_for_server(workdir, within_s=300) -> psutil.Process:
     deadline = time.monotonic() + within_s
     while time.monotonic() < deadline:
-        found = [p for p in servers_of(workdir) if "_server-check" not in " ".join(p.cmdline())]
+        found = [p for p in servers_of(workdir) if "_server-check" not in p.command]
         if found:
             time.sleep(2)  # into the workload
             return found[0]
@@ -252,7 +256,7 @@ def _killed_mid_measurement(tmp_path, kill) -> tuple[psutil.Process, int, str]:
     (tmp_path / "slow.yaml").write_text(SLOW_CONFIG)
     workflow = _snakemake(tmp_path)
     server = _wait_for_server(tmp_path)
-    cmd = server.cmdline()
+    cmd = server.command.split()
     kill(workflow.pid)
     out, _ = workflow.communicate(timeout=300)
     assert _gone(server, 30), "llama-server outlived the workflow"
@@ -409,7 +413,7 @@ def test_two_workflows_at_once(tmp_path, server_provenance):
     # Refused before any job starts: the running job's outputs are incomplete, or the folder is locked.
     said = same.stdout + same.stderr
     assert same.returncode != 0 and ("cannot be locked" in said or "Incomplete files" in said), said[-2000:]
-    assert len([p for p in servers_of(first) if "_server-check" not in " ".join(p.cmdline())]) == 1
+    assert len([p for p in servers_of(first) if "_server-check" not in p.command]) == 1
     b = _snakemake(second)
     out_a, _ = a.communicate(timeout=600)
     out_b, _ = b.communicate(timeout=600)
