@@ -36,7 +36,7 @@ def servers_of(tmp_path) -> list[psutil.Process]:
         cmd = " ".join(p.info["cmdline"] or [])
         if p.info["name"] != "llama-server" or p.info["status"] == psutil.STATUS_ZOMBIE:
             continue
-        if p.pid in ours or str(tmp_path) in cmd:
+        if (p.pid in ours or str(tmp_path) in cmd) and "--port" in cmd:  # started (exec'd) and serving
             p.command = cmd  # as listed: a process that ends now can no longer be asked
             out.append(p)
     return out
@@ -210,7 +210,7 @@ configurations:
   - settings: {ubatch: 128}
 workloads:
   - {name: long, prompt_tokens: 64, gen_tokens: 3000}
-repetitions: 4
+repetitions: 8
 """
 
 
@@ -237,6 +237,21 @@ def _wait_for_server(workdir, within_s=300) -> psutil.Process:
     raise AssertionError("no llama-server started")
 
 
+def _jobs_done(workdir, within_s: float = 60) -> bool:
+    """Whether every process working in ``workdir`` (a workflow's orphaned jobs too) has ended."""
+    me = os.getpid()
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        busy = []
+        for p in psutil.process_iter(["pid", "cwd", "status"]):
+            if p.info["pid"] != me and p.info["status"] != psutil.STATUS_ZOMBIE and p.info["cwd"] == str(workdir):
+                busy.append(p)
+        if not busy:
+            return True
+        time.sleep(0.2)
+    return False
+
+
 def _gone(proc: psutil.Process, within_s: float) -> bool:
     try:
         proc.wait(within_s)
@@ -260,6 +275,7 @@ def _killed_mid_measurement(tmp_path, kill) -> tuple[psutil.Process, int, str]:
     kill(workflow.pid)
     out, _ = workflow.communicate(timeout=300)
     assert _gone(server, 30), "llama-server outlived the workflow"
+    assert _jobs_done(tmp_path), "a job of the killed workflow is still running"
     assert _port_free(int(cmd[cmd.index("--port") + 1]))
     time.sleep(1)
     assert not servers_of(tmp_path)
@@ -301,7 +317,7 @@ def test_workflow_terminated_finishes_the_running_measurement(tmp_path, server_p
     rerun measures nothing again."""
     _killed_mid_measurement(tmp_path, lambda pid: os.kill(pid, signal.SIGTERM))
     (record,) = (tmp_path / "results" / "records").rglob("measure.json")
-    assert read_json(record)["outcome"] == "ok" and len(read_json(record)["workloads"][0]["runs"]) == 4
+    assert read_json(record)["outcome"] == "ok" and len(read_json(record)["workloads"][0]["runs"]) == 8
     assert "rule measure:" not in _rerun(tmp_path)
 
 
@@ -400,7 +416,7 @@ def test_two_workflows_at_once(tmp_path, server_provenance):
     for work in (first, second):
         work.mkdir()
         copy_workflow(work)
-        (work / "slow.yaml").write_text(SLOW_CONFIG.replace("repetitions: 4", "repetitions: 12"))
+        (work / "slow.yaml").write_text(SLOW_CONFIG.replace("repetitions: 8", "repetitions: 12"))
     a = _snakemake(first)
     _wait_for_server(first)
     same = subprocess.run(
@@ -435,8 +451,8 @@ configurations:
     search: {n_cpu_moe: [0, 3]}
 workloads:
   - {name: long, prompt_tokens: 64, gen_tokens: 3000}
-repetitions: 2
-"""
+repetitions: 8
+"""  # about 10 s a probe here: the kill lands well inside the second probe
 
 
 @pytest.mark.parametrize("how", ["ctrl-c", "sigkill"])
@@ -451,7 +467,7 @@ def test_workflow_interrupted_mid_search_keeps_whole_probes_and_reruns_the_rest(
     server = _wait_for_server(tmp_path)  # the second probe's server, in its workload
     {"ctrl-c": lambda: os.killpg(workflow.pid, signal.SIGINT), "sigkill": lambda: workflow.kill()}[how]()
     workflow.communicate(timeout=300)
-    assert _gone(server, 30) and not servers_of(tmp_path)
+    assert _gone(server, 30) and _jobs_done(tmp_path) and not servers_of(tmp_path)
     assert not list(probes.rglob("search.json")) and not list(probes.rglob("*.part"))
     kept = {p: p.stat().st_mtime_ns for p in probes.rglob("records/*/measure.json")}
     assert kept and all(read_json(p)["outcome"] == "ok" for p in kept)  # whole records only
