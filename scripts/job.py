@@ -9,6 +9,7 @@ from params, so the job reads exactly what Snakemake compares to decide a rerun.
 import os
 import sys
 
+from crashline import progress
 from crashline.cli import main
 
 smk = snakemake  # noqa: F821 (given by Snakemake)
@@ -73,7 +74,17 @@ ARGV = {
     ],
 }
 
+argv = ARGV[smk.rule](smk)
+# Snakemake gave the job its own stderr, the console: keep it for progress lines ("[measure tiny
+# 9893f4ee63] ready in 1.4 s") before fd 1 and 2 become the log, which gets every line too.
+progress.to_console(os.dup(2), " ".join([argv[0], *map(str, smk.wildcards)]))
 log = os.open(smk.log[0], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)
 os.dup2(log, 1)
 os.dup2(log, 2)
-sys.exit(main(ARGV[smk.rule](smk)))
+status = main(argv)
+if status == 2:  # a crashline error: its one line (the log's last) on the console too, not only in the log
+    with open(smk.log[0], "rb") as f:
+        f.seek(max(0, os.fstat(f.fileno()).st_size - 4096))
+        said = f.read().decode(errors="replace").strip().splitlines()
+    progress.say(said[-1] if said else f"failed (exit status {status})", log=False)
+sys.exit(status)

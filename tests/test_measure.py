@@ -243,6 +243,21 @@ def test_what_llama_cpp_really_used_is_read_back(tmp_path, tiny_moe, server_prov
     assert _config_row(rec)["settings_used"] == "ctx 1536 (asked 1000), batch 1000 (asked 2048)"
 
 
+def test_a_slot_cut_to_the_trained_context_is_read_back(tmp_path, tiny_moe, server_provenance):
+    # The tiny MoE was trained on 8K: llama-server allocates the KV cache for -c 16384 but serves 8192 a slot,
+    # so a 12K-token prompt is refused. The record says so before any workload does.
+    rec = run(
+        tmp_path,
+        tiny_moe,
+        server_provenance,
+        {"ctx": 16384},
+        [{"name": "long", "prompt_tokens": 12000, "gen_tokens": 4}],
+        reps=1,
+    )
+    assert rec["settings_used"]["ctx_per_slot"] == {"asked": 16384, "used": 8192}
+    assert (rec["outcome"], rec["phase"]) == ("context_exceeded", "long")
+
+
 # --- outcomes with a real server: truncated, crashline's own error, no /health in time ----------------
 
 FILL = {"name": "fill", "prompt_tokens": 480, "gen_tokens": 64}  # 480 + 64 > the slot's 512: the context fills

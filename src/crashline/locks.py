@@ -11,9 +11,10 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
-import sys
 import time
 from pathlib import Path
+
+from . import progress
 
 LOCK_DIR = Path(os.environ.get("CRASHLINE_LOCK_DIR", "/tmp/crashline-locks"))
 
@@ -31,12 +32,10 @@ def held(path: Path, what: str, waiting: str):
         except BlockingIOError:
             f.seek(0)
             holder = f.read().strip() or "another process"
-            print(f"crashline: {what} {waiting.format(holder=holder, lock=path)}", file=sys.stderr, flush=True)
+            progress.say(f"{what} {waiting.format(holder=holder, lock=path)}")
             started = time.monotonic()
             fcntl.flock(f, fcntl.LOCK_EX)
-            print(
-                f"crashline: {what} got the lock after {time.monotonic() - started:.0f} s", file=sys.stderr, flush=True
-            )
+            progress.say(f"{what} got the lock after {time.monotonic() - started:.0f} s")
         f.seek(0)
         f.truncate()
         f.write(f"pid {os.getpid()} ({what})\n")

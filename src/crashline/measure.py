@@ -7,13 +7,14 @@ import json
 import hashlib
 import datetime as dt
 import signal
+import statistics
 import subprocess
 from pathlib import Path
 
 import pandas as pd
 import requests
 
-from . import bottleneck, host, logparse, pagecache, records
+from . import bottleneck, host, logparse, pagecache, progress, records
 from .ballast import Ballast, BudgetError
 from .provision import supported_flags
 from . import settings as settings_mod
@@ -32,6 +33,57 @@ ENDING_S = 3  # how long a server that refused or dropped a request may take to 
 
 def _now() -> str:
     return dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
+
+
+def outcome_text(failure: dict) -> str:
+    """A measurement's outcome in a progress line: "crashed (warmup: killed by SIGSEGV)",
+    "load_failed: kv_cache (load: failed to allocate ...)", "ok"."""
+    outcome, kind = str(failure["outcome"]), failure.get("failure")
+    head = f"{outcome}: {kind}" if kind and kind not in (outcome, "signal", "timeout", "exit_code") else outcome
+    message = (failure.get("message") or "").strip().splitlines()
+    detail = ": ".join(x for x in (failure.get("phase"), message[0] if message else None) if x)
+    return f"{head} ({detail})" if detail else head
+
+
+def say_start(model_name: str, command: list[str], budget_mib: int | None, what: str = "") -> None:
+    """What is started: the model and every llama-server argument after the model's path."""
+    budget = f", under a VRAM budget of {budget_mib:,} MiB" if budget_mib else ""
+    progress.say(f"starting llama-server{what}: {model_name} {' '.join(command[3:])}{budget}")
+
+
+def say_loaded(server: ServerProcess, failure: dict | None) -> None:
+    if failure is None:
+        progress.say(f"llama-server ready in {server.ready_after_s:.1f} s")
+    else:
+        progress.say(f"llama-server did not start: {outcome_text(failure)}")
+
+
+def _rate(values: list) -> str:
+    values = [v for v in values if v]
+    return f"{statistics.median(values):,.1f} t/s" if values else "n/a"
+
+
+def say_run(workload: dict, index: int, repetitions: int, run: dict, peak_gpu_mib, limit_mib) -> None:
+    """One repetition of a workload: its speeds (the median request when several ran at once) and,
+    with a GPU, peak VRAM so far in the workload and the headroom to the limit."""
+    reqs = run["requests"]
+    text = (
+        f"{workload['name']} {index + 1}/{repetitions}: prefill {_rate([r.get('prefill_tps') for r in reqs])}, "
+        f"decode {_rate([r.get('decode_tps') for r in reqs])}"
+    )
+    if len(reqs) > 1 and run.get("aggregate_tps"):
+        text += f" per request ({len(reqs)} at once, {run['aggregate_tps']:,.1f} t/s generated in all)"
+    if peak_gpu_mib is not None:
+        text += f", peak VRAM {peak_gpu_mib:,.0f} MiB"
+        if limit_mib:
+            text += f", headroom {limit_mib - peak_gpu_mib:,.0f} MiB of {limit_mib:,.0f}"
+    progress.say(text)
+
+
+def vram_limit_mib(budget_mib: int | None, host_info: dict) -> float | None:
+    """The VRAM a configuration may use: the budget, else the whole card(s), else None (no GPU)."""
+    devices = host_info["gpu"].get("devices", [])
+    return budget_mib or (sum(d["memory_total_mib"] for d in devices) if devices else None)
 
 
 def model_summary(name: str, fetch_record: dict, manifest: dict) -> dict:
@@ -53,7 +105,7 @@ def model_summary(name: str, fetch_record: dict, manifest: dict) -> dict:
 def memory_summary(sampled: dict, budget_mib: int | None, host_info: dict) -> dict:
     """Peaks per phase plus headroom against the budget (or the whole card when none is set)."""
     devices = host_info["gpu"].get("devices", [])
-    limit = budget_mib or (sum(d["memory_total_mib"] for d in devices) if devices else None)
+    limit = vram_limit_mib(budget_mib, host_info)
     peak = sampled.get("peak_gpu_mib")
     headroom = limit - peak if limit is not None and peak is not None else None
     return {
@@ -97,6 +149,7 @@ def add_bottlenecks(workloads: list[dict], record: dict, manifest: dict, resolve
                 w["prompt_tokens"] + w["gen_tokens"] // 2,
                 memory.get("gpu_memory_bandwidth_gbs") if gpu else None,
                 record.get("cpu_memory_bandwidth_gbs"),
+                record.get("placement"),
             )
             bound["measured_over_bound"] = (
                 decode_tps / bound["bound_tps"] if decode_tps and bound["bound_tps"] else None
@@ -149,6 +202,11 @@ def settings_used(resolved: dict, placement: dict) -> dict:
         asked, used = resolved.get(name), placement.get(key)
         if asked is not None and used is not None and str(asked) != str(used):
             out[name] = {"asked": asked, "used": used}
+    # The server may give each slot less context than the KV cache holds per sequence: it cuts a slot to the
+    # model's trained context (-c 32768 on an 8K model allocates 32768 and serves 8192).
+    seq, slot = placement.get("n_ctx_seq"), placement.get("n_ctx_slot")
+    if seq and slot and seq != slot:
+        out["ctx_per_slot"] = {"asked": seq, "used": slot}
     return out
 
 
@@ -209,8 +267,10 @@ def run_workloads(
     repetitions: int,
     request_timeout_s: float,
     settings: dict,
+    limit_mib: float | None = None,
 ) -> tuple[list[dict], dict | None]:
-    """Every workload R times. Returns per-workload results and the server-level failure, if any."""
+    """Every workload R times. Returns per-workload results and the server-level failure, if any.
+    Each repetition says its speeds (and VRAM against ``limit_mib``) on the console."""
     client = Client(server.url, request_timeout_s)
     sampler.phase("prepare")
     prompts = PromptSource(client)
@@ -237,20 +297,26 @@ def run_workloads(
                 run = one_run(client, prompts, workload, i, n_requests)
             except requests.Timeout:
                 result.update(outcome=Outcome.TIMEOUT, message=f"no answer within {request_timeout_s} s")
-                return results, server_failure(server, workload["name"], timed_out=True)
+                failure = server_failure(server, workload["name"], timed_out=True)
+                progress.say(f"{workload['name']} {i + 1}/{repetitions}: {outcome_text(failure)}")
+                return results, failure
             except (RequestFailed, requests.ConnectionError) as exc:
                 if _ended(server):
                     failure = server_failure(server, workload["name"])
                     result.update(outcome=failure["outcome"], message=failure["message"])
+                    progress.say(f"{workload['name']} {i + 1}/{repetitions}: {outcome_text(failure)}")
                     return results, failure
                 message = exc.message if isinstance(exc, RequestFailed) else str(exc)[:300]
                 outcome = Outcome.CONTEXT_EXCEEDED if "context" in message.lower() else Outcome.REQUEST_FAILED
                 result.update(outcome=outcome, message=message)
+                progress.say(f"{workload['name']} {i + 1}/{repetitions}: {outcome} ({message})")
                 break
             result["runs"].append(run)
+            say_run(workload, i, repetitions, run, sampler.peaks.get(workload["name"], {}).get("gpu_mib"), limit_mib)
             problem = check_run(run, workload)
             if problem:
                 result.update(outcome=Outcome.TRUNCATED, message=problem)
+                progress.say(f"{workload['name']} {i + 1}/{repetitions}: truncated ({problem})")
                 break
         if result["outcome"] == Outcome.OK:
             result.update(summarize(result["runs"]))
@@ -272,6 +338,43 @@ def measure(
     telemetry_path: Path | None = None,
 ) -> dict:
     """Start the server for one configuration, run the workloads, stop it, write the record."""
+    with progress.job(f"measure {model_name} {item['id']}"):
+        record = _measure(
+            model_name=model_name,
+            item=item,
+            config=config,
+            fetch_record=fetch_record,
+            manifest=manifest,
+            provenance=provenance,
+            record_path=record_path,
+            log_path=log_path,
+            draft_path=draft_path,
+            telemetry_path=telemetry_path,
+        )
+        progress.say(_final_text(record))
+        return record
+
+
+def _final_text(record: dict) -> str:
+    if record["outcome"] != Outcome.OK:
+        return f"measurement {outcome_text(record)}"
+    names = ", ".join(w["name"] for w in record["workloads"])
+    return f"measurement ok: every workload survived ({names})"
+
+
+def _measure(
+    *,
+    model_name: str,
+    item: dict,
+    config: dict,
+    fetch_record: dict,
+    manifest: dict,
+    provenance: dict,
+    record_path: Path,
+    log_path: Path,
+    draft_path: str | None,
+    telemetry_path: Path | None,
+) -> dict:
     server_cfg = config["server"]
     resolved = item["settings"]
     model_path = fetch_record["files"][0]["path"]
@@ -307,10 +410,12 @@ def measure(
             record["ballast"] = ballast.info if ballast else None
             sampler = Sampler(interval_s=config["telemetry"]["interval_s"])
             with sampler:
+                say_start(model_name, command, budget_mib)
                 state = server.start_ready(server_cfg["startup_timeout_s"], lambda srv: sampler.follow(srv.proc.pid))
                 record["command"] = server.command
                 if state == "ready":
                     record["load_s"] = round(server.ready_after_s, 2)
+                    say_loaded(server, None)
                     workloads, failure = run_workloads(
                         server,
                         sampler,
@@ -318,9 +423,11 @@ def measure(
                         config["repetitions"],
                         server_cfg["request_timeout_s"],
                         resolved,
+                        vram_limit_mib(budget_mib, record["host"]),
                     )
                 else:
                     failure = server_failure(server, "load", timed_out=(state == "timeout"))
+                    say_loaded(server, failure)
                 sampler.phase("stop")
                 if failure is None and not server.alive():  # it answered every request, then quit by itself
                     failure = server_failure(server, "stop")

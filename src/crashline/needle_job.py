@@ -27,11 +27,19 @@ from pathlib import Path
 
 import requests
 
-from . import host, logparse
+from . import host, logparse, progress
 from . import records
 from .ballast import Ballast, BudgetError
 from .locks import server_lock
-from .measure import model_summary, require_unchanged, server_command, server_failure
+from .measure import (
+    model_summary,
+    outcome_text,
+    require_unchanged,
+    say_loaded,
+    say_start,
+    server_command,
+    server_failure,
+)
 from .needle_prompts import (
     NOT_APPLICABLE_REASON,
     Frame,
@@ -246,12 +254,16 @@ def run_trials(
     sample = client.tokenize(words.needle(new_value(ns["kind"], rng)))
     asker = _Asker(client, haystack, fr, rng, ns["kind"], slot_ctx, max(ns["gen_tokens"], len(sample) + 2))
     trials = [] if trials is None else trials
-    for spec, depth, index in planned_trials(ns):
+    planned = planned_trials(ns)
+    for k, (spec, depth, index) in enumerate(planned, 1):
         trial = _trial_base(spec, depth, index, slot_ctx)
         trials.append(trial)
         target = _target(trial, asker)
         if target is not None:
             _ask(asker, trial, target)
+        verdict_text = "pass" if trial["passed"] else f"fail ({trial['reason']})"
+        length = f"{trial['length_target']:,} tokens" if trial["length_target"] else repr(spec)
+        progress.say(f"needle {k}/{len(planned)}: length {length}, depth {depth}: {verdict_text}")
     return trials
 
 
@@ -417,13 +429,31 @@ def run_needle(
     rng: random.Random | None = None,
 ) -> dict:
     """Start the server for one configuration, run every needle trial, stop it, write the record."""
+    with progress.job(f"needle {model_name} {item['id']}"):
+        record = _run_needle(
+            model_name, item, config, fetch_record, provenance, record_path, log_path, manifest, draft_path, rng
+        )
+        if record["applicable"]:
+            failed = f", required lengths failed: {record['failed_required']}" if record["failed_required"] else ""
+            server = "" if record["outcome"] == "ok" else f"; the server {outcome_text(record)}"
+            progress.say(f"needle recall {record['recall']}{failed}{server}")
+        return record
+
+
+def _run_needle(model_name, item, config, fetch_record, provenance, record_path, log_path, manifest, draft_path, rng):
+    """The job of ``run_needle`` (which names its progress lines and says the verdict)."""
     ns = needle_settings(config)
     style = (config.get("models", {}).get(model_name) or {}).get("prompt_style") or "continuation"
     record = _record_head(model_name, item, config, fetch_record, provenance, manifest, ns, style)
     resolved = item["settings"]
     run = _Run(slot_ctx=resolved["ctx"] // max(1, resolved["parallel"]) if resolved.get("ctx") else None)
     if is_synthetic(config, model_name, fetch_record):
+        progress.say(f"needle recall not applicable, no llama-server started: {NOT_APPLICABLE_REASON}")
         return _not_applicable(record, run.slot_ctx, model_name, record_path, log_path)
+    progress.say(
+        f"needle recall: {len(planned_trials(ns))} trials (lengths {ns['lengths']} x depths {ns['depths']} x "
+        f"{ns['trials']}), {ns['kind']} values, {style} prompts"
+    )
     require_unchanged(model_name, fetch_record)
     command, _ = server_command(provenance, fetch_record["files"][0]["path"], item, draft_path)
     server = ServerProcess(command, log_path)
@@ -490,13 +520,16 @@ def _serve(server: ServerProcess, config: dict, holder: str, ns: dict, style: st
     with server_lock(holder), Ballast(budget_mib) if budget_mib else contextlib.nullcontext() as ballast:
         record["ballast"] = ballast.info if ballast else None
         run.phase = "load"
+        say_start(record["model"]["name"], server.base_command, budget_mib, " for needle recall")
         state = server.start_ready(server_cfg["startup_timeout_s"])
         record["command"] = server.command
         if state == "ready":
             record["load_s"] = round(server.ready_after_s, 2)
+            say_loaded(server, None)
             _trials(server, server_cfg, ns, style, rng, run)
         else:
             run.failure = server_failure(server, "load", timed_out=(state == "timeout"))
+            say_loaded(server, run.failure)
         run.phase = "stop"
         server.stop(server_cfg["stop_timeout_s"])
 

@@ -13,6 +13,8 @@ import os
 import time
 from pathlib import Path
 
+from . import progress
+
 _libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
 _libc.mmap.restype = ctypes.c_void_p
 _libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
@@ -50,16 +52,20 @@ def resident_fraction(path: str | os.PathLike) -> float:
 
 
 def warm(path: str | os.PathLike, block: int = 16 << 20) -> dict:
-    """Read the whole file once; return residency before and after and the read rate."""
+    """Read the whole file once; return residency before and after and the read rate. A read that
+    takes long says how far it got on the console (``progress.Meter``)."""
     before = resident_fraction(path)
     started = time.monotonic()
     size = 0
+    meter = progress.Meter(f"reading {Path(path).name} into the page cache", os.path.getsize(path))
     with open(path, "rb", buffering=0) as f:
         os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_SEQUENTIAL)
         buf = bytearray(block)
         view = memoryview(buf)
         while n := f.readinto(view):
             size += n
+            meter.update(size)
+    meter.finish()
     seconds = time.monotonic() - started
     return {
         "path": str(path),

