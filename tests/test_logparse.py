@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from crashline.logparse import classify, parse_log, summarize
+from crashline.logparse import accelerator_share, classify, on_host, parse_log, summarize
 
 FIXTURES = Path(__file__).parent / "fixtures"
 CUDA = FIXTURES / "cuda-logs"
@@ -310,3 +310,34 @@ def test_cpu_errors():
     assert errors[0] == "gguf_init_from_reader: failed to read magic"
     assert errors[-1] == "srv  llama_server: exiting due to model loading error"
     assert parse_log(read(CPU / "ok-cpu-gemma3-270m.log"))["errors"] == []
+
+
+# --- what went to the GPU, for the decode bound ------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "name, weights_mib, kv_mib",
+    [
+        ("ok-full-gpu.log", 16087.10, 3072.0),
+        ("ok-ncmoe28-budget12g.log", 7015.09, 3072.0),
+        ("ok-ncmoe26-ub512-budget12g.log", 7663.09, 3072.0),
+        ("loadfail-kv-cache.log", 8311.10, 0.0),  # the weights were placed, the KV cache never was
+    ],
+)
+def test_accelerator_share_of_the_real_cuda_logs(name, weights_mib, kv_mib):
+    share = accelerator_share(parse_log(read(CUDA / name)))
+    assert share["weights_mib"] == pytest.approx(weights_mib, abs=0.005)
+    assert share["kv_mib"] == kv_mib and share["layers_offloaded"] == 49
+    assert share["kv_total_mib"] == (kv_mib or None)
+
+
+def test_accelerator_share_of_a_cpu_log_and_of_a_load_that_placed_nothing():
+    cpu = accelerator_share(parse_log(read(CPU / "ok-cpu-gemma3-270m.log")))
+    assert cpu == {"weights_mib": 0, "kv_mib": 0, "kv_total_mib": 49.5, "layers_offloaded": None}
+    assert accelerator_share(parse_log(read(CUDA / "loadfail-model-buffer.log"))) is None
+    assert accelerator_share(None) is None and accelerator_share({"buffers": []}) is None
+
+
+def test_host_buffers_are_ram_and_the_others_accelerators():
+    assert all(map(on_host, ["CPU", "CPU_Mapped", "CPU_REPACK", "CUDA_Host", "Vulkan_Host", "AMX"]))
+    assert not any(map(on_host, ["CUDA0", "CUDA1", "ROCm0", "Vulkan0", "Metal", "SYCL0"]))

@@ -26,6 +26,9 @@ BACKTRACE_RE = re.compile(r"\(.*\)\s*\[0x[0-9a-f]+\]\s*$")
 
 # --- placement ---------------------------------------------------------------------------------
 BUFFER_RE = re.compile(r":\s+(?P<device>\S+)\s+(?P<kind>\w+) buffer size\s*=\s*(?P<mib>[\d.]+) MiB")
+# Buffers in the machine's RAM, not on an accelerator: CPU, CPU_Mapped (the mmap'd file), CPU_REPACK, AMX, and
+# the pinned host memory of a GPU backend (CUDA_Host holds the CPU's weights when mmap is off).
+HOST_BUFFER_RE = re.compile(r"^(?:CPU\w*|\w+_Host|AMX)$")
 # iSWA models (e.g. Gemma 3) report two KV buffers per device: "creating [non-]SWA KV cache" precedes each.
 SWA_KV_RE = re.compile(r"creating\s+(non-)?SWA KV cache")
 OFFLOADED_RE = re.compile(r"offloaded (\d+)/(\d+) layers to GPU")
@@ -109,6 +112,31 @@ def parse_buffers(lines: list[str]) -> list[dict]:
             found.pop(key, None)  # re-insert so order follows the last report
             found[key] = float(m["mib"])
     return [{"device": d, "kind": k, "mib": mib} for (d, k), mib in found.items()]
+
+
+def on_host(device: str) -> bool:
+    """Whether a buffer's device (as the log names it) is the machine's RAM rather than an accelerator."""
+    return bool(HOST_BUFFER_RE.match(device))
+
+
+def accelerator_share(placement: dict | None) -> dict | None:
+    """What the log says went to accelerators: MiB of weights (model buffers) and of KV cache on every
+    non-host device together, the KV cache in all, and the layers offloaded; None when the log shows no
+    model buffer (the load failed before placing the weights, or the log is not there).
+
+    The weights in RAM are not given: with mmap, CPU_Mapped is the span of the file from the first to the
+    last tensor kept on the CPU, GPU tensors in between included (the whole file when the embedding at its
+    start and one expert at its end stay on the CPU), so it is no sum of tensors."""
+    buffers = (placement or {}).get("buffers") or []
+    if not any(b["kind"] == "model" for b in buffers):
+        return None
+    kv = [b for b in buffers if b["kind"] in ("kv", "kv_swa")]
+    return {
+        "weights_mib": sum(b["mib"] for b in buffers if b["kind"] == "model" and not on_host(b["device"])),
+        "kv_mib": sum(b["mib"] for b in kv if not on_host(b["device"])),
+        "kv_total_mib": sum(b["mib"] for b in kv) if kv else None,
+        "layers_offloaded": placement.get("layers_offloaded"),
+    }
 
 
 def parse_context(lines: list[str]) -> dict:

@@ -8,31 +8,74 @@ from __future__ import annotations
 
 import re
 
+import numpy as np
 import pandas as pd
 
 from . import columns as cols
+from .logparse import on_host
 from .records import Outcome
 from .settings import SETTINGS
 
 METRIC_LABEL = {"decode_tps": "decode", "prefill_tps": "prefill"}
 
 
+# Settings left to llama.cpp (unset) and the configs column where its log says what it chose.
+CHOSEN_COLUMNS = {"n_gpu_layers": "layers_offloaded", "threads": "n_threads", "threads_batch": "n_threads_batch"}
+
+
 def difference(row, reference) -> str:
-    """The llama-server arguments in which ``row`` differs from ``reference`` (the winner)."""
-    parts = []
+    """The llama-server arguments in which ``row`` differs from ``reference`` (the winner).
+
+    A setting ``row`` leaves unset (None, or NaN in a table) is not an argument: it is left out, and what
+    llama.cpp chose in its place, where the log says it (layers offloaded, threads, the weights it put on
+    each GPU for --n-cpu-moe), follows in brackets."""
+    parts, chosen, unset = [], [], []
     for col in row.index:
-        if col.startswith(cols.SETTING_PREFIX) and _shown(row[col]) != _shown(reference[col]):
-            name = col.removeprefix(cols.SETTING_PREFIX)
-            flag = SETTINGS[name].flag or name
-            parts.append(f"{flag} {_shown(row[col])}" if _shown(row[col]) is not None else f"no {flag}")
+        if not col.startswith(cols.SETTING_PREFIX) or _shown(row[col]) == _shown(reference[col]):
+            continue
+        name = col.removeprefix(cols.SETTING_PREFIX)
+        flag = SETTINGS[name].flag or name
+        if _shown(row[col]) is not None:
+            parts.append(f"{flag} {_shown(row[col])}")
+        elif (said := _chosen(row, name, flag)) is not None:
+            chosen.append(said)
+        else:
+            unset.append(flag)
+    if chosen:
+        parts.append(f"(llama.cpp chose {', '.join(chosen)})")
+    if not parts and unset:  # differs only in what it leaves to llama.cpp, which the log does not say
+        parts.append(f"{', '.join(unset)} left to llama.cpp")
     return " ".join(parts) or "same settings"
 
 
+def _chosen(row, name: str, flag: str) -> str | None:
+    """What llama.cpp's log says it chose for a setting the row left unset, or None."""
+    if name in CHOSEN_COLUMNS:
+        value = _shown(row.get(CHOSEN_COLUMNS[name]))
+        return f"{flag} {value}" if value is not None else None
+    if name == "n_cpu_moe":
+        gpus = {}
+        for b in _listed(row.get("buffers")):
+            if b.get("kind") == "model" and not on_host(b["device"]):
+                gpus[b["device"]] = gpus.get(b["device"], 0) + b["mib"]
+        return ", ".join(f"{mib:,.0f} MiB of weights on {device}" for device, mib in gpus.items()) or None
+    return None
+
+
+def _listed(value) -> list:
+    """A list column's value (a list, an array, or nothing)."""
+    return [] if value is None or (pd.api.types.is_scalar(value) and pd.isna(value)) else list(value)
+
+
 def _shown(value):
-    """A setting's value as a label shows it: None for unset (None or NaN in a table), 999 not 999.0."""
-    if value is None or (isinstance(value, float) and pd.isna(value)):
+    """A setting's value as a label shows it: None for unset (None, NaN or NA in a table), 999 not 999.0."""
+    if value is None or (pd.api.types.is_scalar(value) and pd.isna(value)):
         return None
-    return int(value) if isinstance(value, float) and value.is_integer() else value
+    if isinstance(value, np.integer):
+        return int(value)
+    if isinstance(value, (float, np.floating)) and float(value).is_integer():
+        return int(value)
+    return value
 
 
 def _natural(text: str) -> list:
@@ -115,6 +158,7 @@ def recommend(
                         "config_id": cid,
                         "label": label,
                         "failed": True,
+                        "risky": True,  # not eligible, yet it survived: no failure colour
                         "reason": f"risky: survived with {row['headroom_mib']:.0f} MiB VRAM headroom, "
                         f"less than the {margin_mib} MiB margin",
                     }
