@@ -285,3 +285,13 @@ def test_llama_server_loads_tiny_and_completes(tiny, tmp_path):
             proc.kill()
             proc.wait()
         log.close()
+
+
+def test_a_preset_name_starts_from_its_shape():
+    """``synthetic:qwen3-30b-a3b`` is the 48-layer, 128-expert shape (16.9 GB), not the tiny default: a GPU run
+    once searched a 4-layer model of that name and every probe died of the tiny model's 8K context."""
+    from crashline.synthetic_shape import DEFAULT_TINY, QWEN3_30B_A3B, resolve_shape
+
+    assert resolve_shape({}, "qwen3-30b-a3b") == QWEN3_30B_A3B
+    assert resolve_shape({"layers": 8}, "qwen3-30b-a3b") == {**QWEN3_30B_A3B, "layers": 8}
+    assert resolve_shape({}, "my-own-moe") == resolve_shape({}) == DEFAULT_TINY

@@ -64,10 +64,10 @@ def _check_models(config: dict) -> None:
             why = str(exc).removeprefix(f"model source {source!r}: ")
             raise ConfigError(f"config key models.{name}.source = {source!r}: {why}") from None
         if "synthetic" in model:
-            _check_shape(f"models.{name}", kind, model["synthetic"])
+            _check_shape(f"models.{name}", kind, model["synthetic"], parse_source(source).get("name"))
 
 
-def _check_shape(where: str, kind: str, shape: dict) -> None:
+def _check_shape(where: str, kind: str, shape: dict, preset: str | None) -> None:
     if kind != "synthetic":
         raise ConfigError(
             f"config key {where}.synthetic: only synthetic: sources take a shape; "
@@ -78,7 +78,7 @@ def _check_shape(where: str, kind: str, shape: dict) -> None:
     if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
         raise ConfigError(f"config key {where}.synthetic.seed = {seed!r}: expected a non-negative integer")
     try:
-        resolve_shape(options)
+        resolve_shape(options, preset)
     except ValueError as exc:
         key = getattr(exc, "key", None)
         if key is None:

@@ -37,14 +37,19 @@ QWEN3_30B_A3B: dict[str, Any] = {
     "quant": "Q4_0",
 }
 
+# ``synthetic:NAME`` with one of these names starts from its shape (a ``synthetic:`` block overrides keys);
+# any other name starts from DEFAULT_TINY.
+PRESETS: dict[str, dict[str, Any]] = {"tiny-moe": DEFAULT_TINY, "qwen3-30b-a3b": QWEN3_30B_A3B}
+
 SHAPE_KEYS = tuple(DEFAULT_TINY)
 MIN_VOCAB = 3 + 256  # <unk> <s> </s> and the byte tokens
 # Weights per quantisation block of each type a synthetic model may use (ggml's GGML_QUANT_SIZES).
 QUANT_BLOCKS = {"Q4_0": 32, "Q8_0": 32, "F16": 1, "F32": 1}
 
 
-def resolve_shape(shape: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Fill ``shape`` from DEFAULT_TINY and validate it; ValueError names the key and the value.
+def resolve_shape(shape: dict[str, Any] | None = None, name: str | None = None) -> dict[str, Any]:
+    """Fill ``shape`` from the preset called ``name`` (else DEFAULT_TINY) and validate it; ValueError names
+    the key and the value.
 
     ``ffn`` (the dense feed-forward length, unused by qwen3moe's experts) defaults to ``expert_ffn``.
     """
@@ -61,7 +66,8 @@ def resolve_shape(shape: dict[str, Any] | None = None) -> dict[str, Any]:
         close = difflib.get_close_matches(str(key), SHAPE_KEYS, n=1)
         hint = f"did you mean {close[0]!r}?" if close else f"known keys: {', '.join(SHAPE_KEYS)}"
         raise error(key, f"unknown synthetic shape key {key!r} (value {shape[key]!r}); {hint}", f"unknown key; {hint}")
-    resolved = {**DEFAULT_TINY, **shape}
+    base = PRESETS.get(name or "", DEFAULT_TINY)
+    resolved = {**base, **shape}
     if "ffn" not in shape:
         resolved["ffn"] = resolved["expert_ffn"]
 
