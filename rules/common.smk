@@ -9,7 +9,7 @@ sys.path.insert(0, str(Path(workflow.basedir) / "src"))
 from crashline import config as crashline_config  # noqa: E402
 from crashline import jobs as crashline_jobs  # noqa: E402
 from crashline.atomic import write_json  # noqa: E402
-from crashline.paths import Layout  # noqa: E402
+from crashline.paths import Layout, table_files as crashline_table_files  # noqa: E402
 
 from snakemake.utils import update_config  # noqa: E402
 

@@ -27,7 +27,7 @@ rule needle_table:
     input:
         all_needle_records,
     output:
-        LAYOUT.needle_table(),
+        crashline_table_files(LAYOUT.needle_table()),
     log:
         f"{RESULTS}/logs/needle_table.log",
     conda:

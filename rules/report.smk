@@ -1,4 +1,5 @@
-# Records into Parquet tables; tables into the Markdown and HTML reports.
+# Records into tables (Parquet, and CSV and JSON beside them); tables into the Markdown and HTML
+# reports and their figures. report() flags what `snakemake --report` carries.
 
 
 rule aggregate:
@@ -8,6 +9,15 @@ rule aggregate:
         configs=LAYOUT.configs_table(),
         measurements=LAYOUT.measurements_table(),
         searches=LAYOUT.searches_table(),
+        readable=[
+            report(path, category="Tables")
+            for table in (
+                LAYOUT.configs_table(),
+                LAYOUT.measurements_table(),
+                LAYOUT.searches_table(),
+            )
+            for path in crashline_table_files(table)[1:]
+        ],
     log:
         f"{RESULTS}/logs/aggregate.log",
     conda:
@@ -25,8 +35,11 @@ rule report:
         server=LAYOUT.provenance(),
         claims=CFG["claims"],
     output:
-        md=LAYOUT.report_md(),
-        html=LAYOUT.report_html(),
+        md=report(LAYOUT.report_md(), category="Report"),
+        html=report(LAYOUT.report_html(), category="Report"),
+        figures=report(
+            directory(LAYOUT.figures()), patterns=["{name}.svg"], category="Figures"
+        ),
     log:
         f"{RESULTS}/logs/report.log",
     conda:

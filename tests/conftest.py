@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -35,3 +37,39 @@ def tiny_moe(tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("models") / "tiny-moe.gguf"
     synthetic.write_moe_gguf(path, synthetic.DEFAULT_TINY)
     return path
+
+
+def open_in_chromium(html_path: Path, profile: Path) -> tuple[str, str]:
+    """Headless Chromium loads the page: (the DOM it built, its log with the page's console messages).
+    Skips where Chromium is not installed (.ci/run installs it)."""
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    if chromium is None:
+        pytest.skip("chromium is not installed (.ci/run installs it)")
+    proc = subprocess.run(
+        [
+            chromium,
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+            "--no-first-run",
+            "--enable-logging=stderr",
+            "--v=0",
+            f"--user-data-dir={profile}",
+            "--dump-dom",
+            html_path.as_uri(),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc.stdout, proc.stderr
+
+
+def console_messages(log: str) -> list[str]:
+    """What the page wrote to its console, uncaught exceptions included, from Chromium's log (which gives
+    every level as INFO: a report writes nothing there, so any line is a fault)."""
+    return [line for line in log.splitlines() if ":CONSOLE" in line]

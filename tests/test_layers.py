@@ -19,6 +19,7 @@ PACKAGE = REPO / "src" / "crashline"
 LAYERS = {
     "base": [
         "__init__",
+        "progress",
         "atomic",
         "paths",
         "settings",
@@ -47,7 +48,7 @@ LAYERS = {
         "search",
         "jobs",
     ],
-    "tables": ["thresholds", "aggregate", "recommend", "boundary", "needle_table", "claims_compare"],
+    "tables": ["thresholds", "tablefiles", "aggregate", "recommend", "boundary", "needle_table", "claims_compare"],
     "present": ["present", "report"],
     "publish": ["publish"],
     "entry": ["cli", "__main__"],

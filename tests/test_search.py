@@ -64,4 +64,5 @@ def test_search_on_cpu_writes_probes_summary_and_report(tmp_path, tiny_moe, serv
         tmp_path / "s.parquet",
     )
     md = (tmp_path / "r.md").read_text()
-    assert "**Planner**" in md and "Probes in order: 0 ✓" in md and "use n_cpu_moe 0" in md
+    assert "**Planner**" in md and "Probed in this order: 0." in md and "use n_cpu_moe 0" in md
+    assert "- 0 ✓ chosen\n- 1–3 fit by the same prediction (not measured)\n- 4 ✓\n" in md  # every value, in runs

@@ -3,6 +3,7 @@ the synthetic MoE; then an edit of one configuration re-measures only that confi
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -13,7 +14,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from conftest import REPO
+from conftest import REPO, console_messages, open_in_chromium
 
 pytestmark = pytest.mark.e2e
 
@@ -68,18 +69,49 @@ def test_default_run_writes_report_and_tables(workflow):
 
     md = (work / "results" / "report.md").read_text()
     html = (work / "results" / "report.html").read_text()
-    assert "no GPU" in md and "Recommended:" in md and "context_exceeded" in md
+    assert "no GPU" in md and "**Use `" in md and "context_exceeded" in md
     for cid in configs["config_id"]:
         assert cid in md and cid in html
     # The recommendation is the fastest warm survivor at the longest workload, and its command reproduces
     # it; a cold-page-cache run is a state at load, compared with its warm twin, never ranked against it.
     for model, group in measurements[measurements["workload"] == "depth-2k"].groupby("model"):
         best = group[(group["outcome"] == "ok") & (group["s_page_cache"] != "cold")].sort_values("decode_tps_median")
-        assert f"**Recommended: `{best.iloc[-1]['config_id']}`**" in md
-        assert best.iloc[-1]["server_args"] in md
+        assert f"Configuration id `{best.iloc[-1]['config_id']}`" in md
+        assert best.iloc[-1]["server_args"] in md.replace(" \\\n  ", " ")  # the command, unwrapped
     for cid in configs[configs["s_page_cache"] == "cold"]["config_id"]:
         assert f"(`{cid}`) — measured from a cold page cache" in md
     assert "<table>" in html and "Why the others lost" in html
+
+
+def test_html_report_of_the_run_in_a_real_browser(workflow, tmp_path):
+    """The report of this run in headless Chromium: no console message, the figures drawn from its tables
+    with one curve per configuration shown, the tables with as many rows as the Parquet files, and the CSV
+    and JSON copies of every table beside them."""
+    work, _ = workflow
+    results = work / "results"
+    dom, log = open_in_chromium(results / "report.html", tmp_path / "profile")
+    assert not console_messages(log)
+    configs = pd.read_parquet(results / "tables" / "configs.parquet")
+    measurements = pd.read_parquet(results / "tables" / "measurements.parquet")
+    results_tables = [
+        t for t in re.findall(r"<table>(.*?)</table>", dom, re.S) if "<th>decode t/s per request</th>" in t
+    ]
+    rows = [cid for t in results_tables for cid in re.findall(r"<tr(?: class=\"rec\")?><td><code>(\w+)</code>", t)]
+    reached = set(measurements["config_id"])
+    assert len(rows) == len(measurements) + len(set(configs["config_id"]) - reached)
+    figures = dict(re.findall(r'<figure data-file="figures/([^"]+)\.svg" data-series="([^"]*)"', dom))
+    assert {f"{name}.svg" for name in figures} == {p.name for p in (results / "figures").glob("*.svg")}
+    for model in configs["model"].unique():
+        depth = figures[f"speed-vs-prompt-length-{model}"].split("|")  # short and depth-2k: two prompt lengths
+        shown = configs[(configs["model"] == model) & (configs["outcome"] == "ok")]
+        assert len(depth) == min(6, len(shown)) and any(s.endswith("(recommended)") for s in depth)
+        assert f"memory-over-time-{model}-" in " ".join(figures)  # the recommended configuration's run
+    assert "per-request-vs-total-throughput-gemma3-270m" in figures  # the two-slot configuration, 1 and 2 at once
+    assert "nan" not in " ".join(figures.values())
+    for table in ("configs", "measurements", "searches"):
+        frame = pd.read_parquet(results / "tables" / f"{table}.parquet")
+        assert len(pd.read_csv(results / "tables" / f"{table}.csv")) == len(frame)
+        assert len(json.loads((results / "tables" / f"{table}.json").read_text())) == len(frame)
 
 
 def test_records_are_complete(workflow):

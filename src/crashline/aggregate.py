@@ -13,13 +13,12 @@ from pathlib import Path
 
 import pandas as pd
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from . import columns as cols
 from . import host as host_mod
 from . import records
 from . import settings as settings_mod
-from .atomic import atomic_path
+from . import tablefiles
 
 
 def _settings_columns(resolved: dict) -> dict:
@@ -65,6 +64,7 @@ def _config_row(rec: dict) -> dict:
         "peak_gpu_mib": memory.get("peak_gpu_mib"),
         "load_peak_gpu_mib": ((memory.get("per_phase") or {}).get("load") or {}).get("gpu_mib"),
         "vram_limit_mib": memory.get("vram_limit_mib"),
+        "vram_limit_is": memory.get("vram_limit_is"),
         "headroom_mib": memory.get("headroom_mib"),
         "peak_pct_of_limit": memory.get("peak_pct_of_limit"),
         "log_tail": rec.get("log_tail"),
@@ -105,6 +105,8 @@ def _workload_columns(w: dict, peak: dict) -> dict:
         "cpu_other_cores": peak.get("cpu_other_cores"),
         "decode_bound_tps": (w.get("decode_bound") or {}).get("bound_tps"),
         "measured_over_bound": (w.get("decode_bound") or {}).get("measured_over_bound"),
+        "decode_bound_from": (w.get("decode_bound") or {}).get("placement_from"),
+        "decode_bound_unknown": (w.get("decode_bound") or {}).get("unknown"),
         "bottleneck_verdict": (w.get("bottleneck") or {}).get("verdict"),
         "bottleneck_rows": rows,
     }
@@ -189,6 +191,5 @@ def write(
     if searches_path is not None:
         outputs.append((arrow_search_table([Path(p) for p in search_paths]), searches_path))
     for table, path in outputs:
-        with atomic_path(path) as tmp:
-            pq.write_table(table, tmp)
+        tablefiles.write(table, path)
     return configs.to_pandas(), measurements.to_pandas()

@@ -98,6 +98,7 @@ CONFIGS: dict[str, pa.DataType] = {
     "peak_gpu_mib": FLOAT,
     "load_peak_gpu_mib": FLOAT,
     "vram_limit_mib": INT,
+    "vram_limit_is": TEXT,  # "budget" (emulated) or "card"
     "headroom_mib": FLOAT,
     "peak_pct_of_limit": FLOAT,
     "log_tail": TEXT,
@@ -126,6 +127,8 @@ WORKLOAD: dict[str, pa.DataType] = {
     "cpu_other_cores": FLOAT,
     "decode_bound_tps": FLOAT,
     "measured_over_bound": FLOAT,
+    "decode_bound_from": TEXT,  # where the placement came from: "settings and log", "log" or "settings"
+    "decode_bound_unknown": TEXT,  # why there is no bound
     "bottleneck_verdict": TEXT,
     "bottleneck_rows": BOTTLENECK_ROWS,
 }

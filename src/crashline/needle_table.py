@@ -7,10 +7,11 @@ import json
 from pathlib import Path
 
 import pandas as pd
+import pyarrow as pa
 
 from . import settings as settings_mod
 from . import records
-from .atomic import atomic_path
+from . import tablefiles
 from .host import environment_key
 from .needle_prompts import length_label
 from .thresholds import missing
@@ -77,10 +78,9 @@ def table(record_paths) -> pd.DataFrame:
 
 
 def write_table(record_paths, path: Path) -> pd.DataFrame:
-    """``table`` written atomically as Parquet."""
+    """``table`` written atomically as Parquet, CSV and JSON."""
     frame = table([Path(p) for p in record_paths])
-    with atomic_path(Path(path)) as tmp:
-        frame.to_parquet(tmp, index=False)
+    tablefiles.write(pa.Table.from_pandas(frame, preserve_index=False), path)
     return frame
 
 

@@ -56,3 +56,16 @@ class Layout:
 
     def report_html(self) -> Path:
         return self.root / "report.html"
+
+    def figures(self) -> Path:
+        """The report's figures as SVG files, which report.md links as ``figures/NAME.svg``."""
+        return self.root / "figures"
+
+
+TABLE_SUFFIXES = (".parquet", ".csv", ".json")
+
+
+def table_files(parquet_path: Path | str) -> list[Path]:
+    """The files of a table whose Parquet file is ``parquet_path``: Parquet, CSV, JSON (``tablefiles`` writes them)."""
+    path = Path(parquet_path)
+    return [path.with_suffix(s) for s in TABLE_SUFFIXES]

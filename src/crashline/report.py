@@ -14,11 +14,18 @@ import pandas as pd
 
 from .atomic import atomic_path, read_json
 from .boundary import crash_lines
+from .columns import SETTING_PREFIX, setting
 from .config import expand, expand_searches, objective_workload
 from .needle_table import recall_failures, recall_grid
 from .present import correction, html, markdown, sections
+from .present import figures as figures_mod
+from .present.doc import Figure
+from .present.compact import distinguishing, runs, split_common, wrapped
 from .recommend import failure_reason, recommend
 from .thresholds import missing, shared, too_wide
+
+N_CPU_MOE = setting("n_cpu_moe")
+FIGURES = "figures"  # the folder of the figures, beside report.md (paths.Layout.figures)
 
 
 def _fmt_stat(row, prefix: str, digits: int = 1) -> str:
@@ -118,8 +125,39 @@ def _suspect_cell(row: dict | None, gpu: bool, name: str) -> str:
     return f"{text}: {row['verdict']}"
 
 
+def _bound(w) -> str:
+    """The decode bound, with where its placement came from when that is the log alone; else why it is unknown."""
+    if missing(w["decode_bound_tps"]):
+        return "–" if missing(w.get("decode_bound_unknown")) else f"unknown: {w['decode_bound_unknown']}"
+    return _num(w["decode_bound_tps"], 1) + (" (placement from the log)" if w.get("decode_bound_from") == "log" else "")
+
+
+DECIDING = ("saturated", "busy", "paging", "reading")
+
+
+def _short_suspect(row: dict) -> str:
+    """A suspect in a few words: "GPU busy 96%", "CPU 7.8 of 8 cores", "paging 120 faults/s"."""
+    name = row["suspect"].split(" (")[0]
+    if row.get("fraction") is not None and row["unit"] == "%":
+        return f"{name} {row['fraction']:.0%}"
+    if row.get("fraction") is not None:
+        return f"{name} {row['measured']:,.1f} of {row['limit']:,.0f} {row['unit']} ({row['fraction']:.0%})"
+    return f"{name} {row['measured']:,.1f} {row['unit']}"
+
+
+def deciding(rows: list[dict]) -> list[str]:
+    """The one or two suspects that decide the verdict: those near or at their limit (or paging, reading),
+    else the busiest one; the most loaded first."""
+    measured = [r for r in rows if r.get("measured") is not None]
+    hot = [r for r in measured if r["verdict"] in DECIDING]
+    pick = hot or sorted((r for r in measured if r.get("fraction") is not None), key=lambda r: -r["fraction"])[:1]
+    pick = sorted(pick, key=lambda r: -(r.get("fraction") or 1))[:2]
+    return [_short_suspect(r) for r in pick]
+
+
 def limits(measurements: pd.DataFrame, configs: pd.DataFrame, workload: str) -> list[dict]:
-    """One row per surviving configuration: each suspect during steady decode, the bound, the verdict."""
+    """One row per surviving configuration: each suspect during steady decode, the bound, the verdict, and
+    the suspects that decide it."""
     out = []
     rows = measurements[(measurements["workload"] == workload) & (measurements["workload_outcome"] == "ok")]
     for _, w in rows.iterrows():
@@ -130,9 +168,10 @@ def limits(measurements: pd.DataFrame, configs: pd.DataFrame, workload: str) -> 
                 "config_id": w["config_id"],
                 "server_args": w["server_args"],
                 "decode": _num(w["decode_tps_median"], 1),
-                "bound": _num(w["decode_bound_tps"], 1),
+                "bound": _bound(w),
                 "ratio": f"{w['measured_over_bound']:.0%}" if not missing(w["measured_over_bound"]) else "–",
                 "cells": [_suspect_cell(suspects.get(name), gpu, name) for name in SUSPECT_COLUMNS],
+                "deciding": "; ".join(deciding(list(w["bottleneck_rows"]))) or "–",
                 "verdict": "–" if missing(w["bottleneck_verdict"]) else w["bottleneck_verdict"],
             }
         )
@@ -281,7 +320,7 @@ def _result_row(cfg, w, recommended: bool) -> dict:
         "workload": w["workload"],
         "outcome": w["workload_outcome"],
         "concurrency": int(w["concurrency"]),
-        "aggregate": _fmt_stat(w, "aggregate_tps"),
+        "aggregate": _fmt_stat(w, "aggregate_tps") if int(w["concurrency"]) > 1 else "–",
         "ttft": _fmt_stat(w, "ttft_s", 3),
         "prefill": _fmt_stat(w, "prefill_tps"),
         "decode": _fmt_stat(w, "decode_tps"),
@@ -300,21 +339,47 @@ def _results(c: pd.DataFrame, m: pd.DataFrame, winners: set) -> list[dict]:
     return rows
 
 
+def _answer(r: dict, all_args: list[str], measurements: pd.DataFrame) -> dict:
+    """The recommendation as a user acts on it: the settings that set the winner apart from the model's other
+    configurations, the whole command (wrapped), and its memory at the objective workload."""
+    if not r["winner"]:
+        return r
+    row = r["winner_row"]
+    at = measurements[(measurements["config_id"] == r["winner"]) & (measurements["workload"] == r["workload"])]
+    peak = at["workload_peak_gpu_mib"].iloc[0] if len(at) else None
+    memory = None
+    if not missing(peak) and not missing(row.get("vram_limit_mib")):
+        limit = "budget" if row.get("vram_limit_is") == "budget" else "card"
+        room, total = row["headroom_mib"], row["vram_limit_mib"]
+        memory = f"peak VRAM {peak:,.0f} MiB, {room:,.0f} MiB below the {total:,.0f} MiB {limit}"
+    return {
+        **r,
+        "use": distinguishing(row["server_args"], all_args) or row["server_args"],
+        "command": wrapped(reproduce_command(row["command_argv"])),
+        "memory": memory,
+    }
+
+
 def _per_model(model: str, configs, measurements, recs: list[dict], lines: list[dict], metric: str, workload: str):
-    """Everything the report says about one model."""
+    """Everything the report says about one model: the settings its configurations share are said once, and
+    each configuration is named by the rest."""
     c = configs[configs["model"] == model]
     m = measurements[measurements["model"] == model]
-    model_recs = [dict(r) for r in recs if r["model"] == model]
-    for r in model_recs:
-        r["command"] = reproduce_command(r["winner_row"]["command_argv"]) if r["winner"] else None
+    common, rest = split_common(list(c["server_args"]))
+    differs = dict(zip(c["config_id"], rest, strict=True))
+    model_recs = [_answer(dict(r), list(c["server_args"]), m) for r in recs if r["model"] == model]
+    rows = _results(c, m, {(r["model"], r["winner"]) for r in recs})
+    for row in [*rows, *(lim := limits(m, c, workload))]:
+        row["differs"] = differs[row["config_id"]]
     return {
         "name": model,
-        "rows": _results(c, m, {(r["model"], r["winner"]) for r in recs}),
-        "failures": c[c["outcome"] != "ok"].to_dict("records"),
+        "common_args": common,
+        "rows": rows,
+        "failures": [{**f, "differs": differs[f["config_id"]]} for f in c[c["outcome"] != "ok"].to_dict("records")],
         "recommendations": model_recs,
         "crash_lines": [e for e in lines if e["model"] == model],
         "fit": fit_comparison(c, m, model_recs, metric, workload),
-        "limits": limits(m, c, workload),
+        "limits": lim,
         "cold_warm": cold_warm(c, m),
         "searches": [],
     }
@@ -377,14 +442,74 @@ def context(
     }
 
 
-def searches(table: pd.DataFrame, model: str) -> list[dict]:
+def _probed(search: pd.Series, configs: pd.DataFrame) -> dict[int, pd.Series]:
+    """The configurations a search measured, by n_cpu_moe: its model's, with the search's other settings."""
+    c = configs[configs["model"] == search["model"]]
+    for col in search.index:
+        if col.startswith(SETTING_PREFIX) and col in c:
+            c = c[c[col].isna()] if missing(search[col]) else c[c[col] == search[col]]
+    return {int(r[N_CPU_MOE]): r for _, r in c.iterrows() if not missing(r[N_CPU_MOE])}
+
+
+def _probe_word(row, chosen: bool, margin: int) -> str:
+    """A measured value in a few words: "✓ chosen", "✓ risky: 14 MiB headroom", "✗ kv_cache at load"."""
+    if row is None:
+        return "measured"
+    if row["outcome"] != "ok":
+        what = _or(row["failure"], row["outcome"])
+        return f"✗ {what} at {row['phase']}" if not missing(row["phase"]) else f"✗ {what}"
+    headroom = row.get("headroom_mib")
+    word = "✓ chosen" if chosen else "✓"
+    if not missing(headroom) and headroom < margin:
+        return f"{word} risky: {headroom:,.0f} MiB headroom, under the {margin:,} MiB margin"
+    return f"{word} ({headroom:,.0f} MiB headroom)" if not missing(headroom) else word
+
+
+def _or(value, other):
+    return other if missing(value) else value
+
+
+def planner_ranges(values: list[dict], probed: dict, limit, chosen, margin: int) -> list[str]:
+    """Every value of a search in runs: "0–15 skipped: predicted 846–12,996 MiB over the budget", "16 ✗ oom at
+    warmup", "18 ✓ chosen", "19–47 fit by the same prediction (not measured)"."""
+
+    def kind(v):
+        if v["status"] == "measured":
+            return None
+        return "over" if v["status"].startswith("skipped: predicted") else v["status"]
+
+    out = []
+    for first, last, k in runs(values, kind):
+        lo, hi = values[first]["n_cpu_moe"], values[last]["n_cpu_moe"]
+        span = f"{lo}" if lo == hi else f"{lo}–{hi}"
+        if k is None:
+            out.append(f"{span} {_probe_word(probed.get(lo), lo == chosen, margin)}")
+        elif k == "over" and limit:
+            over = sorted(values[i]["predicted_mib"] - limit for i in range(first, last + 1))
+            amount = f"{over[0]:,.0f}" if len(over) == 1 else f"{over[0]:,.0f}–{over[-1]:,.0f}"
+            out.append(f"{span} skipped: predicted {amount} MiB over the budget")
+        elif k.startswith("not measured"):
+            out.append(f"{span} fit by the same prediction (not measured)")
+        else:
+            out.append(f"{span} {k}")
+    return out
+
+
+def searches(table: pd.DataFrame, model: str, configs: pd.DataFrame) -> list[dict]:
     out = []
     for _, row in table[table["model"] == model].iterrows() if not table.empty else []:
+        probed = _probed(row, configs)
+        chosen = None if missing(row["recommended_n_cpu_moe"]) else int(row["recommended_n_cpu_moe"])
+        values = [dict(v) for v in row["value_rows"]]
+        for v in values:
+            if v["status"] == "measured":
+                v["status"] = _probe_word(probed.get(v["n_cpu_moe"]), v["n_cpu_moe"] == chosen, row["margin_mib"])
         out.append(
             {
                 **row.to_dict(),
                 "probes": list(row["probe_rows"]),
-                "value_rows": list(row["value_rows"]),
+                "value_rows": values,
+                "ranges": planner_ranges(list(row["value_rows"]), probed, row["limit_mib"], chosen, row["margin_mib"]),
                 "range": f"[{row['range_lo']}, {row['range_hi']}]",
             }
         )
@@ -409,15 +534,34 @@ def render(
     html_path: Path,
     searches_path: Path | None = None,
     needle_path: Path | None = None,
+    results_dir: Path | None = None,
 ) -> None:
-    """Both reports from the tables: the same document, printed as Markdown and as HTML."""
+    """Both reports from the tables: the same document, printed as Markdown and as HTML, and its figures as
+    SVG files in ``figures/`` beside the Markdown (the recommended configurations' time series are read from
+    ``results_dir``, by default the Markdown's folder)."""
     configs = pd.read_parquet(configs_path)
     measurements = pd.read_parquet(measurements_path)
     needle_table = _table(needle_path)
     ctx = context(configs, measurements, read_json(provenance_path), config, recall_failures(needle_table))
     search_table = _table(searches_path)
+    winners = {m["name"]: [r["winner"] for r in m["recommendations"] if r["winner"]] for m in ctx["per_model"]}
+    telemetry = {}
+    for model, ids in winners.items():
+        telemetry.update(figures_mod.read_telemetry(results_dir or md_path.parent, model, ids))
+    drawn = figures_mod.figures(
+        configs,
+        measurements,
+        search_table,
+        config["budget"],
+        objective_workload(config),
+        telemetry,
+        [cid for ids in winners.values() for cid in ids],
+    )
+    figures_dir = md_path.parent / FIGURES
+    figures_mod.write(drawn, figures_dir)
     for m in ctx["per_model"]:
-        m["searches"] = searches(search_table, m["name"])
+        m["searches"] = searches(search_table, m["name"], configs)
+        m["figures"] = [Figure(f.title, f.svg, f"{FIGURES}/{f.file}", f.series) for f in drawn.get(m["name"], [])]
     doc = sections.document(ctx, recall_grid(needle_table), correction.report_section(config, configs, measurements))
     _write(md_path, markdown.page(doc))
     _write(html_path, html.page(doc))

@@ -89,15 +89,29 @@ class Table:
 
 @dataclass
 class CodeBlock:
+    """Literal lines; ``copy``: HTML offers a button that copies them (a command to run)."""
+
     text: str
+    copy: bool = False
 
 
 @dataclass
 class Details:
-    """A long text folded away under a summary (a log tail, the Markdown to send)."""
+    """Content folded away under a summary: a long text (a log tail, the Markdown to send) or blocks
+    (a table a reader rarely needs)."""
 
     summary: str
-    text: str
+    content: str | list
+
+
+@dataclass
+class Figure:
+    """A drawing: ``svg`` is embedded in HTML; Markdown links ``file`` (a path relative to the report)."""
+
+    title: str
+    svg: str
+    file: str
+    series: list[str] = field(default_factory=list)
 
 
 @dataclass

@@ -2,20 +2,56 @@
 
 from __future__ import annotations
 
-from .doc import Abbr, Box, Cell, Code, CodeBlock, Details, Document, Link, Mark, Para, Ref, Section, Strong, Table
+from .doc import (
+    Abbr,
+    Box,
+    Cell,
+    Code,
+    CodeBlock,
+    Details,
+    Document,
+    Figure,
+    Link,
+    Mark,
+    Para,
+    Ref,
+    Section,
+    Strong,
+    Table,
+)
 
 STYLE = """\
-body { font-family: system-ui, sans-serif; margin: 2rem auto; max-width: 1700px; padding: 0 1rem; color: #1a1a1a; }
-td:nth-child(2) { min-width: 24em; }
+body { font-family: system-ui, sans-serif; margin: 2rem auto; max-width: 1400px; padding: 0 1rem; color: #1a1a1a; }
 table { border-collapse: collapse; margin: 0.8rem 0 1.5rem; font-size: 0.9rem; }
 th, td { border: 1px solid #ccc; padding: 0.3rem 0.5rem; text-align: left; vertical-align: top; }
 th { background: #f0f0f0; }
-td.num { text-align: right; font-variant-numeric: tabular-nums; }
+td code { white-space: nowrap; }
+td.num { text-align: right; font-variant-numeric: tabular-nums; white-space: nowrap; }
 code, pre { font-family: ui-monospace, monospace; font-size: 0.85rem; }
-pre { background: #f6f6f6; padding: 0.6rem; overflow-x: auto; }
-.ok { color: #176f2c; } .fail, .risky { color: #b00020; font-weight: 600; } .warn { color: #8a5a00; }
-.rec { background: #eef8ee; }
-.winner { border-left: 4px solid #176f2c; padding-left: 0.8rem; }"""
+pre { background: #f6f6f6; padding: 0.6rem; white-space: pre-wrap; overflow-wrap: anywhere; }
+.fail { color: #b00020; font-weight: 600; }
+.rec { background: #f3f7fb; }
+.winner { border-left: 4px solid #5b7a99; padding-left: 0.8rem; }
+.answer { font-size: 1.25rem; }
+.command { position: relative; }
+.command button { position: absolute; top: 0.3rem; right: 0.3rem; font-size: 0.8rem; }
+figure { margin: 1rem 0 2rem; max-width: 900px; }
+figure svg { width: 100%; height: auto; }
+figcaption { font-size: 0.9rem; color: #444; }"""
+# Copies a command block's text; clipboard access needs a secure context, so a file:// page may fall
+# back to selecting the text for the reader to copy.
+SCRIPT = """\
+function copyCommand(button) {
+  const pre = button.parentElement.querySelector("pre");
+  const selectIt = () => {
+    const r = document.createRange(); r.selectNodeContents(pre);
+    const s = window.getSelection(); s.removeAllRanges(); s.addRange(r);
+    button.textContent = "selected: press Ctrl+C";
+  };
+  if (navigator.clipboard && window.isSecureContext) {
+    navigator.clipboard.writeText(pre.textContent).then(() => { button.textContent = "copied"; }, selectIt);
+  } else { selectIt(); }
+}"""
 
 _ESCAPES = str.maketrans({"&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&#34;", "'": "&#39;"})
 
@@ -79,9 +115,18 @@ def block(b) -> str:
     if isinstance(b, Table):
         return _table(b)
     if isinstance(b, CodeBlock):
-        return f"<pre>{escape(b.text)}</pre>"
+        pre = f"<pre>{escape(b.text)}</pre>"
+        if b.copy:
+            return f'<div class="command"><button type="button" onclick="copyCommand(this)">copy</button>{pre}</div>'
+        return pre
     if isinstance(b, Details):
-        return f"<details><summary>{escape(b.summary)}</summary><pre>{escape(b.text)}</pre></details>"
+        inside = f"<pre>{escape(b.content)}</pre>" if isinstance(b.content, str) else block(b.content)
+        return f"<details><summary>{escape(b.summary)}</summary>\n{inside}\n</details>"
+    if isinstance(b, Figure):
+        series = "|".join(b.series)
+        # The drawing carries its title; the figure is named by it for readers that do not see it.
+        attrs = _attrs(**{"data-file": b.file, "data-series": series, "aria-label": b.title})
+        return f"<figure{attrs}>\n{b.svg}\n</figure>"
     if isinstance(b, Box):
         return "\n".join([f'<div class="{escape(b.mark)}">', block(b.blocks), "</div>"])
     if isinstance(b, Section):
@@ -93,6 +138,5 @@ def page(doc: Document) -> str:
     """A whole HTML page: the title, the style, the blocks."""
     title = escape(doc.title)
     head = f'<!doctype html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n<title>{title}</title>\n'
-    return (
-        f"{head}<style>\n{STYLE}\n</style>\n</head>\n<body>\n<h1>{title}</h1>\n{block(doc.blocks)}\n</body>\n</html>\n"
-    )
+    head += f"<style>\n{STYLE}\n</style>\n<script>\n{SCRIPT}\n</script>\n</head>\n"
+    return f"{head}<body>\n<h1>{title}</h1>\n{block(doc.blocks)}\n</body>\n</html>\n"

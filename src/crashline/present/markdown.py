@@ -9,7 +9,23 @@ from __future__ import annotations
 import html
 import re
 
-from .doc import Abbr, Box, Cell, Code, CodeBlock, Details, Document, Link, Mark, Para, Ref, Section, Strong, Table
+from .doc import (
+    Abbr,
+    Box,
+    Cell,
+    Code,
+    CodeBlock,
+    Details,
+    Document,
+    Figure,
+    Link,
+    Mark,
+    Para,
+    Ref,
+    Section,
+    Strong,
+    Table,
+)
 
 # Where a correction section starts and ends in an upstream Markdown file (HTML comments: invisible there).
 CORRECTION_START = "<!-- crashline:correction:start -->"
@@ -67,9 +83,10 @@ def _table(table: Table) -> str:
     return "\n".join(lines)
 
 
-def _details(block: Details) -> str:
-    summary = html.escape(block.summary, quote=False)
-    return f"<details><summary>{summary}</summary>\n\n{_fenced(block.text)}\n\n</details>"
+def _details(b: Details) -> str:
+    summary = html.escape(b.summary, quote=False)
+    inside = _fenced(b.content) if isinstance(b.content, str) else block(b.content)
+    return f"<details><summary>{summary}</summary>\n\n{inside}\n\n</details>"
 
 
 def _section(section: Section) -> str:
@@ -91,6 +108,9 @@ def block(b) -> str:
         return _details(b)
     if isinstance(b, Box):
         return block(b.blocks)
+    if isinstance(b, Figure):
+        alt = _text(b.title, False).replace("[", "\\[").replace("]", "\\]")
+        return f"![{alt}]({b.file})"
     if isinstance(b, Section):
         return _section(b)
     return "\n".join("- " + inline(item) for item in b.items)  # Bullets

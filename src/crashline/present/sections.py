@@ -8,7 +8,8 @@ from __future__ import annotations
 from ..thresholds import CONTENTION_CORES, HIGH_SPREAD_PCT, missing
 from . import needle
 from .doc import Abbr, Box, Bullets, Cell, Code, CodeBlock, Details, Document, Mark, Para, Ref, Section, Strong, Table
-from .doc import plural
+from .doc import joined, plural
+from .compact import constant_columns
 
 TITLE = "crashline report"
 
@@ -148,6 +149,8 @@ def _models(models: list[dict]) -> Table:
 def model_section(m: dict, ctx: dict) -> Section:
     blocks = [
         *(recommendation(r, ctx["objective_concurrency"]) for r in m["recommendations"]),
+        *m.get("figures", []),
+        *common_settings(m["common_args"]),
         results(m["rows"]),
         *fit(m),
         *(b for s in m["searches"] for b in planner(s)),
@@ -160,16 +163,19 @@ def model_section(m: dict, ctx: dict) -> Section:
 
 
 def recommendation(r: dict, concurrency: int):
-    """The winner with the command that reproduces it and why each other configuration lost."""
+    """The answer first (the settings that set the winner apart), its speed and memory, the whole command to
+    copy, its id; then why each other configuration lost."""
     if not r["winner"]:
         return Para([Strong("No configuration survived every workload"), ", so there is no recommendation."], "fail")
+    answer = Para([Strong(["Use ", Code(r["use"])])], "answer")
     said = [
-        Strong(["Recommended: ", Code(r["winner"])]),
-        f" — {r['metric_label']} {r['winner_speed']:.1f} t/s per request at workload ",
+        f"{r['metric_label'].capitalize()} {r['winner_speed']:.1f} t/s per request at workload ",
         Code(r["workload"]),
-        f" ({plural(concurrency, 'request')} at once), the fastest of the configurations that survived every workload.",
+        f" ({plural(concurrency, 'request')} at once), the fastest of the configurations that survived every "
+        "workload with the margin",
+        f"; {r['memory']}." if r.get("memory") else ".",
     ]
-    blocks = [Para(said), CodeBlock(r["command"])]
+    blocks = [answer, Para(said), CodeBlock(r["command"], copy=True), Para(["Configuration id ", Code(r["winner"])])]
     if r["others"]:
         blocks += [
             Para("Why the others lost (each named by how its settings differ from the recommendation):"),
@@ -184,20 +190,48 @@ def _lost(o: dict) -> list:
         " ",
         Ref(o["config_id"]),
         " — ",
-        Mark("fail", o["reason"]) if o["failed"] else o["reason"],
+        Mark("fail", o["reason"]) if o["failed"] and not o.get("risky") else o["reason"],
     ]
+
+
+def common_settings(common: str) -> list:
+    if not common:
+        return []
+    return [Para([Strong("Settings of every configuration below"), ": ", Code(common)])]
+
+
+def _settings_cell(row: dict) -> list:
+    settings = [Code(row["differs"])] if row["differs"] else ["(only the common settings)"]
+    if row.get("used"):
+        settings += [" ", Mark("warn", f"⚠ llama.cpp used {row['used']}")]
+    return settings
+
+
+def compacted(header: list[str], rows: list[list], keep: frozenset[int], numeric: frozenset[int], marks=None) -> list:
+    """A table without its columns that are blank in every row, and those equal in every row said once above it."""
+    shown, once = constant_columns(header, rows, keep)
+    table = Table(
+        [header[i] for i in shown],
+        [[r[i] for i in shown] for r in rows],
+        frozenset(j for j, i in enumerate(shown) if i in numeric),
+        marks,
+    )
+    if not once:
+        return [table]
+    said = joined([[f"{name} ", Strong(value)] for name, value in once], "; ")
+    return [Para(["Same in every row that has a value: ", *said]), table]
 
 
 RESULT_HEADER = [
     "config",
-    "llama-server settings",
+    "settings that differ",
     "workload",
     "outcome",
     "requests at once",
     "slots",
     "prefill t/s per request",
     "decode t/s per request",
-    "aggregate generated t/s",
+    "aggregate generated t/s (all requests, end to end)",
     "time to first token s",
     "CPU cores server / others",
     "peak RSS MiB",
@@ -222,18 +256,15 @@ RESULT_KEYS = (
 )
 
 
-def results(rows: list[dict]) -> Table:
+def results(rows: list[dict]) -> list:
     """One row per configuration x workload."""
     out = []
     for row in rows:
-        settings = [Code(row["server_args"])]
-        if row["used"]:
-            settings += [" ", Mark("warn", f"⚠ llama.cpp used {row['used']}")]
-        outcome = Cell(row["outcome"], "ok" if row["outcome"] == "ok" else "fail")
+        outcome = Cell(row["outcome"], None if row["outcome"] == "ok" else "fail")
         cells = [row[k] if k else outcome for k in RESULT_KEYS]
-        out.append([[Code(row["config_id"]), " ★" if row["recommended"] else ""], settings, *cells])
+        out.append([[Code(row["config_id"]), " ★" if row["recommended"] else ""], _settings_cell(row), *cells])
     marks = ["rec" if row["recommended"] else None for row in rows]
-    return Table(RESULT_HEADER, out, frozenset({4, *range(6, 15)}), marks)
+    return compacted(RESULT_HEADER, out, frozenset({0, 1, 2, 3, 7}), frozenset({4, *range(6, 15)}), marks)
 
 
 def fit(m: dict) -> list:
@@ -277,22 +308,24 @@ def _placement(name, p: dict) -> list:
 
 
 def planner(s: dict) -> list:
-    """A search: the arithmetic, the probes, the boundary, every value's status."""
-    text = [Strong("Planner"), " (", Code("--n-cpu-moe"), f" searched in {s['range']} for ", Code(s["server_args"])]
-    text.append(f"): {s['server_starts']} server starts. ")
+    """A search: the arithmetic, every value as runs of equal status, the per-value table folded away."""
+    text = [Strong("Planner"), " (", Code("--n-cpu-moe"), f" searched in {s['range']} for the settings above"]
+    text.append(f"): {plural(s['server_starts'], 'server start')}. ")
     if s.get("full_residency"):
         text.append(
             f"Everything on the GPU: {s['full_residency']}. "
             f"Predicted lowest that fits: n_cpu_moe {s['predicted_lowest']} ({s['arithmetic']}). "
         )
-    probes = ", ".join(f"{p['n_cpu_moe']} {'✓' if p['survived'] else '✗'}" for p in s["probes"])
+    order = ", ".join(str(p["n_cpu_moe"]) for p in s["probes"])
     boundary = s["boundary"] if s["boundary"] is not None else "none in the range"
     use = s["recommended_n_cpu_moe"] if s["recommended_n_cpu_moe"] is not None else "– (none)"
     text.append(
-        f"Probes in order: {probes}. Boundary: {boundary}; with the {s['margin_mib']} MiB margin, use n_cpu_moe {use}."
+        f"Probed in this order: {order}. Boundary: {boundary}; with the {s['margin_mib']} MiB margin, "
+        f"use n_cpu_moe {use}."
     )
     rows = [[v["n_cpu_moe"], f"{v['predicted_mib']:,.0f}", v["status"]] for v in s["value_rows"]]
-    return [Para(text), Table(["n_cpu_moe", "predicted MiB", "status"], rows, frozenset({0, 1}))]
+    table = Table(["n_cpu_moe", "predicted MiB", "status"], rows, frozenset({0, 1}))
+    return [Para(text), Bullets(s["ranges"]), Details(f"every value of {s['range']}", [table])]
 
 
 def crash_line(lines: list[dict]) -> list:
@@ -303,32 +336,29 @@ def crash_line(lines: list[dict]) -> list:
 
 
 def limits(rows: list[dict], ctx: dict) -> list:
-    """Each suspect measured during steady decode against its limit, the decode bound, the verdict."""
+    """The verdict first with the suspects that decide it; every suspect's measurement folded away."""
     if not rows:
         return []
     lead = [
         Strong("What limits decode"),
         " at workload ",
         Code(ctx["objective_workload"]),
-        ", measured during steady decode (after the first tokens). Each suspect: measured value (share of its "
-        "limit, per generated token): verdict. The bound is the decode speed if each device only had to stream "
-        "the bytes it reads per token (weights it holds, active experts, KV at this depth) at its memory "
-        "bandwidth, one device after the other.",
+        ", measured during steady decode (after the first tokens). The bound is the decode speed if each device "
+        "only had to stream the bytes it reads per token (the weights the server's log shows it holding, the "
+        "active experts, the KV cache at this depth) at its memory bandwidth, one device after the other.",
     ]
-    header = [
-        "config",
-        "llama-server settings",
-        "decode t/s",
-        "bound t/s",
-        "measured / bound",
-        *ctx["suspect_columns"],
-        "verdict",
-    ]
+    header = ["config", "settings that differ", "verdict", "deciding suspects", "decode t/s", "bound t/s", "of bound"]
     table = [
-        [Code(r["config_id"]), Code(r["server_args"]), r["decode"], r["bound"], r["ratio"], *r["cells"], r["verdict"]]
+        [Code(r["config_id"]), _settings_cell(r), r["verdict"], r["deciding"], r["decode"], r["bound"], r["ratio"]]
         for r in rows
     ]
-    return [Para(lead), Table(header, table, frozenset({2, 3, 4}))]
+    every = [[Code(r["config_id"]), *r["cells"]] for r in rows]
+    suspects = compacted(["config", *ctx["suspect_columns"]], every, frozenset({0}), frozenset())
+    blocks = [Para(lead), *compacted(header, table, frozenset({0, 1, 2}), frozenset({4, 5, 6}))]
+    if len(suspects[-1].header) > 1:
+        summary = "every suspect: measured value (share of its limit, per generated token): verdict"
+        blocks.append(Details(summary, suspects))
+    return blocks
 
 
 def cold_warm(rows: list[dict]) -> list:
@@ -369,9 +399,9 @@ def failures(rows: list[dict]) -> list:
     if not rows:
         return []
     table = [
-        [Code(f["config_id"]), Code(f["server_args"]), Cell(f["outcome"], "fail"), *(_or_blank(f[k]) for k in TEXTS)]
+        [Code(f["config_id"]), _settings_cell(f), Cell(f["outcome"], "fail"), *(_or_blank(f[k]) for k in TEXTS)]
         for f in rows
     ]
-    header = ["config", "llama-server settings", "outcome", "failure", "phase", "message"]
+    header = ["config", "settings that differ", "outcome", "failure", "phase", "message"]
     tails = [Details(f"log tail of {f['config_id']}", f["log_tail"]) for f in rows if _or_blank(f.get("log_tail"))]
     return [Para(Strong("Failures")), Table(header, table), *tails]
