@@ -30,6 +30,12 @@ def test_settings_are_flags_with_their_values():
     ]
 
 
+def test_a_measurement_setting_after_the_arguments_is_a_setting_of_its_own():
+    cold = "-c 8192 -ub 512 -cb · cold page cache"
+    assert setting_units(cold) == ["-c 8192", "-ub 512", "-cb", "· cold page cache"]
+    assert split_common([cold, "-c 8192 -ub 512 -cb"]) == ("-c 8192 -ub 512 -cb", ["· cold page cache", ""])
+
+
 def test_common_settings_are_said_once_and_each_row_keeps_the_rest():
     common, rest = split_common(H200_ARGS)
     assert common == "-c 32768 -b 2048 -ub 2048 -ctk f16 -ctv f16 -fa auto -np 1 -lm auto -cb"

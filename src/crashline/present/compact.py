@@ -11,18 +11,21 @@ from .doc import Cell
 
 _FLAG = re.compile(r"^--?[A-Za-z]")
 BLANK = "–"
+NOTE = " · "  # settings.label: what follows is a measurement setting, not a server argument
 
 
 def setting_units(args: str) -> list[str]:
     """llama-server arguments as settings: each flag with the values after it ("-ub 2048", "-cb");
-    a leading word (the binary) is a unit of its own."""
+    a leading word (the binary) is a unit of its own, and so is a measurement setting that is not a flag,
+    which ``settings.label`` appends after " · " ("· cold page cache")."""
+    args, *notes = (args or "").split(NOTE)
     units: list[list[str]] = []
-    for token in shlex.split(args or ""):
+    for token in shlex.split(args):
         if _FLAG.match(token) or not units:
             units.append([token])
         else:
             units[-1].append(token)
-    return [shlex.join(u) for u in units]
+    return [shlex.join(u) for u in units] + [f"{NOTE.strip()} {note.strip()}" for note in notes]
 
 
 def split_common(args_list: list[str]) -> tuple[str, list[str]]:

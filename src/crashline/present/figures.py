@@ -581,12 +581,14 @@ def _concurrency(model: str, measurements: pd.DataFrame) -> list[Figure]:
             artist = ax.scatter(xs, ys, color=colour, s=30, zorder=3, label=label)
             artist.set_gid(f"series-{len(series)}")
             series.append(label)
+            front = _pareto(list(zip(xs, ys, strict=True)))
             for (_, row), x, y in zip(data.iterrows(), xs, ys, strict=True):
+                if (x, y) not in front and int(row["concurrency"]) == 1:
+                    continue  # a point named only where it matters: on the front, or several at once
                 slots = _setting_text("parallel", row[parallel]) if parallel in row else ""
                 text = ", ".join(t for t in (f"{int(row['concurrency'])} at once", slots) if t)
                 text += f", {_label(row, names)}" if names else ""
                 ax.annotate(text, (x, y), xytext=(4, 4), textcoords="offset points", fontsize=7, color="#333333")
-            front = _pareto(list(zip(xs, ys, strict=True)))
             if len(front) > 1:
                 ax.plot(*zip(*front, strict=True), "--", color=colour, linewidth=1.0, label=front_label)
     ax.set_xlabel("aggregate generated throughput (tokens/s, all requests together)")
