@@ -51,7 +51,7 @@ LAYERS = {
     "tables": ["thresholds", "tablefiles", "aggregate", "recommend", "boundary", "needle_table", "claims_compare"],
     "present": ["present", "report"],
     "publish": ["publish"],
-    "entry": ["cli", "__main__"],
+    "entry": ["tune", "cli", "__main__"],
 }
 # What loading the config may import, and what it must not.
 CONFIG_MODULES = {

@@ -181,6 +181,14 @@ def cmd_report(args) -> int:
     return 0
 
 
+def cmd_tune(args) -> int:
+    from .tune import tune
+
+    lines = tune(args.model, args.ctx, args.prompt, args.vram, args.margin, args.gpu, args.out)
+    print("\n".join(lines))
+    return 0
+
+
 def cmd_publish(args) -> int:
     from .publish import run
 
@@ -285,6 +293,19 @@ def parser() -> argparse.ArgumentParser:
     s = verb("report", cmd_report, "render results/report.md and results/report.html")
     for option in ("--configs", "--measurements", "--searches", "--needle", "--server", "--md", "--html"):
         s.add_argument(option, help="path (default: the results layout's)")
+    s = verb(
+        "tune",
+        cmd_tune,
+        "from a model and a card to a verified answer: write the config, run the workflow, print what to use",
+        config=False,
+    )
+    s.add_argument("model", help="a GGUF path, a source (hf:, pypi:, https://, synthetic:) or OWNER/REPO:QUANT")
+    s.add_argument("--ctx", type=int, required=True, help="the context size to serve (-c)")
+    s.add_argument("--prompt", type=int, required=True, help="the prompt length that must survive, in tokens")
+    s.add_argument("--vram", "--budget", help="the VRAM to fit into (24GiB, 24GB, 24576 MiB); default: the card")
+    s.add_argument("--margin", help="VRAM headroom to keep (default 1024 MiB)")
+    s.add_argument("--gpu", help="the GPU to use (its CUDA index, in nvidia-smi's order)")
+    s.add_argument("--out", default="tune", help="folder for the config and the results (default ./tune)")
     s = verb(
         "publish",
         cmd_publish,

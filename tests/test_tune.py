@@ -1,0 +1,100 @@
+"""crashline tune: from a model and a card to an answer in one command. The question becomes a config
+(checked before anything runs), the workflow runs through Snakemake's Python API with the default
+profile's settings, and the answer is printed; a second run measures nothing again."""
+
+from __future__ import annotations
+
+import hashlib
+import subprocess
+import sys
+
+import pandas as pd
+import pytest
+
+from crashline.configfile import ConfigError
+from crashline.tune import _hf_file, config, model_source, size_mib
+
+
+def test_sizes_as_people_write_them():
+    assert size_mib("24GiB", "--vram") == size_mib("24G", "--vram") == 24576
+    assert size_mib("24GB", "--vram") == 22888  # 24e9 bytes
+    assert size_mib("12288", "--vram") == size_mib("12288MiB", "--vram") == 12288
+    for bad in ("", "24 parsecs", "-1GiB", "GiB"):
+        with pytest.raises(ConfigError, match="--vram"):
+            size_mib(bad, "--vram")
+
+
+def test_the_model_as_typed_becomes_a_source(tmp_path, tiny_moe):
+    assert model_source(str(tiny_moe)) == ("tiny-moe", f"file:{tiny_moe.resolve()}")
+    assert model_source("hf:unsloth/Qwen3-30B-A3B-GGUF/Qwen3-30B-A3B-Q4_K_M.gguf") == (
+        "Qwen3-30B-A3B-Q4_K_M",
+        "hf:unsloth/Qwen3-30B-A3B-GGUF/Qwen3-30B-A3B-Q4_K_M.gguf",
+    )
+    with pytest.raises(ConfigError, match="not a file, a source"):
+        model_source(str(tmp_path / "missing.gguf"))
+
+
+def hf_cache(root, repo: str, files: list[str]):
+    """A Hugging Face cache as huggingface_hub lays it out: blobs named by their hash, a snapshot of
+    symlinks, refs/main naming the snapshot."""
+    folder = root / f"models--{repo.replace('/', '--')}"
+    revision = "0" * 40
+    (folder / "refs").mkdir(parents=True)
+    (folder / "refs" / "main").write_text(revision)
+    for name in files:
+        data = name.encode()
+        blob = folder / "blobs" / hashlib.sha256(data).hexdigest()
+        blob.parent.mkdir(parents=True, exist_ok=True)
+        blob.write_bytes(data)
+        link = folder / "snapshots" / revision / name
+        link.parent.mkdir(parents=True, exist_ok=True)
+        link.symlink_to(blob)
+
+
+def test_the_llama_server_shorthand_is_resolved_from_the_hf_cache(tmp_path):
+    repo = "owner/Model-GGUF"
+    files = ["Model-Q4_K_M.gguf", "Model-Q8_0.gguf", "mmproj-Model-Q8_0.gguf", "README.md"]
+    files += [f"big/Model-Q2_K-0000{i}-of-00002.gguf" for i in (1, 2)]
+    hf_cache(tmp_path, repo, files)
+    assert _hf_file(repo, "Q4_K_M", tmp_path) == "Model-Q4_K_M.gguf"
+    assert _hf_file(repo, "q8_0", tmp_path) == "Model-Q8_0.gguf"  # not the projector
+    assert _hf_file(repo, "Q2_K", tmp_path) == "big/Model-Q2_K-00001-of-00002.gguf"  # the first shard
+    with pytest.raises(ConfigError, match="expected one GGUF file named with 'IQ1_S', found none"):
+        _hf_file(repo, "IQ1_S", tmp_path)
+
+
+def test_a_prompt_longer_than_the_context_is_refused_before_anything_runs(tmp_path, tiny_moe):
+    with pytest.raises(ConfigError, match="--prompt 4096 plus 64 generated tokens does not fit --ctx 4096"):
+        config(str(tiny_moe), 4096, 4096, None, None, tmp_path)
+    raw = config(str(tiny_moe), 8192, 4096, 12288, 512, tmp_path)
+    assert raw["budget"] == {"vram_budget_mib": 12288, "margin_mib": 512}
+    assert raw["objective"] == {"workload": "prompt-4096"} and len(raw["configurations"]) == 2
+
+
+@pytest.mark.e2e
+def test_tune_runs_the_workflow_and_prints_the_answer(tmp_path, tiny_moe, server_provenance):
+    def tune():
+        return subprocess.run(
+            [sys.executable, "-m", "crashline", "tune", str(tiny_moe), "--ctx", "4096", "--prompt", "1024"]
+            + ["--out", str(tmp_path / "t")],
+            capture_output=True,
+            text=True,
+            timeout=900,
+            cwd=tmp_path,
+        )
+
+    first = tune()
+    assert first.returncode == 0, first.stderr[-3000:]
+    results = tmp_path / "t" / "results"
+    lines = first.stdout.splitlines()
+    assert lines[0] == f"config: {tmp_path / 't' / 'tune.yaml'}"
+    assert lines[1].startswith("tiny-moe: use ") and lines[-1].startswith(f"report: {results / 'report.md'}")
+    searches = pd.read_parquet(results / "tables" / "searches.parquet")
+    configs = pd.read_parquet(results / "tables" / "configs.parquet")
+    assert sorted(searches["s_ubatch"]) == [512, 2048] and (configs["s_fit"] == "on").sum() == 1
+    assert (results / "report.html").exists()
+    records = {p: p.stat().st_mtime_ns for p in results.rglob("measure.json")}
+    second = tune()  # the same question again: Snakemake finds nothing to do
+    assert second.returncode == 0 and "Nothing to be done" in second.stderr
+    assert {p: p.stat().st_mtime_ns for p in results.rglob("measure.json")} == records
+    assert second.stdout.splitlines()[1] == lines[1]
