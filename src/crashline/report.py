@@ -19,7 +19,7 @@ from .config import expand, expand_searches, objective_workload
 from .needle_table import recall_failures, recall_grid
 from .present import correction, html, markdown, sections
 from .present import figures as figures_mod
-from .present.doc import Figure
+from .present.doc import Figure, Stat
 from .present.compact import distinguishing, runs, split_common, wrapped
 from .recommend import failure_reason, recommend
 from .thresholds import missing, shared, too_wide
@@ -28,13 +28,13 @@ N_CPU_MOE = setting("n_cpu_moe")
 FIGURES = "figures"  # the folder of the figures, beside report.md (paths.Layout.figures)
 
 
-def _fmt_stat(row, prefix: str, digits: int = 1) -> str:
+def _fmt_stat(row, prefix: str, digits: int = 1) -> Stat | str:
     med = row.get(f"{prefix}_median")
     if missing(med):
         return "–"
     flag = " ⚠" if too_wide(row.get(f"{prefix}_spread_pct")) else ""
     lo, hi = row[f"{prefix}_min"], row[f"{prefix}_max"]
-    return f"{med:.{digits}f} [{lo:.{digits}f}–{hi:.{digits}f}] n={int(row[f'{prefix}_n'])}{flag}"
+    return Stat(f"{med:.{digits}f}", f"[{lo:.{digits}f}–{hi:.{digits}f}] n={int(row[f'{prefix}_n'])}{flag}")
 
 
 def _slots(cfg) -> str:

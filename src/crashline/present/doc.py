@@ -55,7 +55,16 @@ class Abbr:
     full: str
 
 
-Inline = str | Code | Strong | Mark | Link | Ref | Abbr | list
+@dataclass(frozen=True)
+class Stat:
+    """A statistic: its median, then the range and count ("[939.2–980.7] n=3 ⚠"); HTML puts the range
+    under the median, small, so a table of them stays narrow."""
+
+    median: str
+    spread: str
+
+
+Inline = str | Code | Strong | Mark | Link | Ref | Abbr | Stat | list
 
 
 @dataclass

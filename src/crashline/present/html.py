@@ -16,14 +16,15 @@ from .doc import (
     Para,
     Ref,
     Section,
+    Stat,
     Strong,
     Table,
 )
 
 STYLE = """\
 body { font-family: system-ui, sans-serif; margin: 2rem auto; max-width: 1400px; padding: 0 1rem; color: #1a1a1a; }
-table { border-collapse: collapse; margin: 0.8rem 0 1.5rem; font-size: 0.9rem; }
-th, td { border: 1px solid #ccc; padding: 0.3rem 0.5rem; text-align: left; vertical-align: top; }
+table { border-collapse: collapse; margin: 0.8rem 0 1.5rem; font-size: 0.8rem; }
+th, td { border: 1px solid #ccc; padding: 0.25rem 0.4rem; text-align: left; vertical-align: top; }
 th { background: #f0f0f0; }
 td code { white-space: nowrap; }
 td.num { text-align: right; font-variant-numeric: tabular-nums; white-space: nowrap; }
@@ -35,6 +36,7 @@ pre { background: #f6f6f6; padding: 0.6rem; white-space: pre-wrap; overflow-wrap
 .answer { font-size: 1.25rem; }
 .command { position: relative; }
 .command button { position: absolute; top: 0.3rem; right: 0.3rem; font-size: 0.8rem; }
+div.table { overflow-x: auto; }
 figure { margin: 1rem 0 2rem; max-width: 900px; }
 figure svg { width: 100%; height: auto; }
 figcaption { font-size: 0.9rem; color: #444; }"""
@@ -78,6 +80,8 @@ def inline(content) -> str:
         return f'<a href="{escape(content.url)}">{escape(content.text)}</a>'
     if isinstance(content, Ref):
         return f"<small>({escape(content.text)})</small>"
+    if isinstance(content, Stat):
+        return f"{escape(content.median)}<br><small>{escape(content.spread)}</small>"
     if isinstance(content, Abbr):
         return f"<span{_attrs(title=content.full)}>{inline(content.content)}</span>"
     return escape(content)
@@ -96,7 +100,7 @@ def _table(table: Table) -> str:
     for cells, mark in zip(table.rows, marks, strict=True):
         tds = "".join(_cell(c, i in table.numeric) for i, c in enumerate(cells))
         lines.append(f"<tr{_attrs(**{'class': mark})}>{tds}</tr>")
-    return "\n".join([*lines, "</table>"])
+    return "\n".join(['<div class="table">', *lines, "</table>", "</div>"])
 
 
 def _section(section: Section) -> str:

@@ -23,6 +23,7 @@ from .doc import (
     Para,
     Ref,
     Section,
+    Stat,
     Strong,
     Table,
 )
@@ -49,6 +50,8 @@ def inline(content, cell: bool = False) -> str:
         return f"[{_text(content.text, cell)}]({content.url})"
     if isinstance(content, Ref):
         return f"({_code(content.text, cell)})"
+    if isinstance(content, Stat):
+        return f"{_text(content.median, cell)} {_text(content.spread, cell)}"
     return _text(content, cell)
 
 
