@@ -47,6 +47,7 @@ LAYERS = {
         "needle_job",
         "search",
         "jobs",
+        "suggest",
     ],
     "tables": ["thresholds", "tablefiles", "aggregate", "recommend", "boundary", "needle_table", "claims_compare"],
     "present": ["present", "report"],

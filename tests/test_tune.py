@@ -12,16 +12,7 @@ import pandas as pd
 import pytest
 
 from crashline.configfile import ConfigError
-from crashline.tune import _hf_file, config, model_source, size_mib
-
-
-def test_sizes_as_people_write_them():
-    assert size_mib("24GiB", "--vram") == size_mib("24G", "--vram") == 24576
-    assert size_mib("24GB", "--vram") == 22888  # 24e9 bytes
-    assert size_mib("12288", "--vram") == size_mib("12288MiB", "--vram") == 12288
-    for bad in ("", "24 parsecs", "-1GiB", "GiB"):
-        with pytest.raises(ConfigError, match="--vram"):
-            size_mib(bad, "--vram")
+from crashline.tune import _hf_file, config, model_source
 
 
 def test_the_model_as_typed_becomes_a_source(tmp_path, tiny_moe):

@@ -181,6 +181,15 @@ def cmd_report(args) -> int:
     return 0
 
 
+def cmd_suggest(args) -> int:
+    from .suggest import from_cli
+
+    print(
+        from_cli(args.model, args.vram, args.ctx, args.ubatch, args.cache_type, args.np, args.margin, args.calibration)
+    )
+    return 0
+
+
 def cmd_tune(args) -> int:
     from .tune import tune
 
@@ -294,6 +303,20 @@ def parser() -> argparse.ArgumentParser:
     for option in ("--configs", "--measurements", "--searches", "--needle", "--server", "--md", "--html"):
         s.add_argument(option, help="path (default: the results layout's)")
     s = verb(
+        "suggest",
+        cmd_suggest,
+        "predict from the GGUF alone (and a calibration, if given) the lowest --n-cpu-moe that fits a card",
+        config=False,
+    )
+    s.add_argument("model", help="a GGUF file, or the manifest.json crashline wrote for it")
+    s.add_argument("--vram", required=True, help="the card's memory (24GiB, 24GB = 24,576 MiB, or MiB)")
+    s.add_argument("--ctx", type=int, required=True, help="the context size (-c)")
+    s.add_argument("--ubatch", help="micro-batch sizes, comma-separated (default 512,2048)")
+    s.add_argument("--cache-type", help="KV cache type (-ctk/-ctv, default f16)")
+    s.add_argument("--np", type=int, default=1, help="parallel slots (-np, default 1)")
+    s.add_argument("--margin", help="VRAM headroom to keep (default 1024 MiB)")
+    s.add_argument("--calibration", help="a search.json of an earlier search on this model: its measured buffers")
+    s = verb(
         "tune",
         cmd_tune,
         "from a model and a card to a verified answer: write the config, run the workflow, print what to use",
@@ -337,8 +360,10 @@ def _named_errors() -> tuple[type[Exception], ...]:
     from .provision import ProvisionError
     from .publish import PublishError
     from .records import RecordError
+    from .manifest import ManifestError
     from .settings import SettingsError
     from .sources import SourceError
+    from .suggest import SuggestError
 
     return (
         config_mod.ConfigError,
@@ -348,6 +373,8 @@ def _named_errors() -> tuple[type[Exception], ...]:
         PublishError,
         NotServerLog,
         RecordError,
+        ManifestError,
+        SuggestError,
         FileNotFoundError,
     )
 

@@ -20,25 +20,14 @@ import yaml
 from . import config as config_mod
 from .atomic import atomic_path
 from .configfile import ConfigError
+from .suggest import parse_size_mib
 
-SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(gib|gb|g|mib|mb|m)?\s*$", re.I)
 SHORTHAND_RE = re.compile(r"^([A-Za-z0-9][\w.-]*)/([A-Za-z0-9][\w.-]*):([\w.-]+)$")
 SOURCE_KINDS = ("hf:", "pypi:", "https://", "http://", "file:", "synthetic:")
 SHORT = {"name": "short", "prompt_tokens": 128, "gen_tokens": 64}
 GEN_TOKENS = 64  # generated after the long prompt: enough steady decode to sample
 UBATCHES = (512, 2048)
 WORKFLOW_FILES = ("Snakefile", "rules", "scripts", "profiles")
-
-
-def size_mib(text: str, what: str) -> int:
-    """A size as MiB: "24GiB" (and "24G") are 24 × 1024, "24GB" is 24 × 10⁹ bytes, "24576MiB" or a bare
-    number is MiB."""
-    m = SIZE_RE.match(str(text))
-    if not m:
-        raise ConfigError(f"{what} {text!r}: expected a size such as 24GiB, 24GB or 24576 (MiB)")
-    value, unit = float(m[1]), (m[2] or "mib").lower()
-    mib = {"gib": value * 1024, "g": value * 1024, "gb": value * 1e9 / (1 << 20), "mb": value * 1e6 / (1 << 20)}
-    return int(mib.get(unit, value))
 
 
 def _hf_file(repo: str, quant: str, cache_dir: Path | None = None) -> str:
@@ -204,8 +193,8 @@ def tune(
 ) -> list[str]:
     """Write the config, run the workflow, return the answer's lines."""
     out = Path(out).resolve()
-    vram_mib = size_mib(vram, "--vram") if vram else None
-    margin_mib = size_mib(margin, "--margin") if margin else None
+    vram_mib = parse_size_mib(vram, "--vram") if vram else None
+    margin_mib = parse_size_mib(margin, "--margin", minimum=0) if margin else None
     raw = config(model, ctx, prompt, vram_mib, margin_mib, out)
     out.mkdir(parents=True, exist_ok=True)
     path = out / "tune.yaml"
