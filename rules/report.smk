@@ -34,6 +34,8 @@ rule report:
         needle=LAYOUT.needle_table(),
         server=LAYOUT.provenance(),
         claims=CFG["claims"],
+        # what-if predictions from each search's calibration read the model's manifest
+        manifests=[LAYOUT.manifest(model) for model in CFG["models"]],
     output:
         md=report(LAYOUT.report_md(), category="Report"),
         html=report(LAYOUT.report_html(), category="Report"),

@@ -255,7 +255,8 @@ BAD = {
     ),
     "objective metric": (
         lambda c: c.update(objective={"metric": "speed"}),
-        "config key objective.metric = 'speed': 'speed' is not one of ['decode_tps', 'prefill_tps']",
+        "config key objective.metric = 'speed': unknown metric; expected one of decode_tps (decode t/s per request), "
+        "prefill_tps (prefill t/s per request), aggregate_tps (generated t/s of all requests at once together)",
     ),
     # synthetic shapes: synthetic.resolve_shape at load
     "more experts used than there are": (

@@ -187,3 +187,175 @@ def test_claims_add_their_configurations_and_workloads_once():
     assert len(items) == len({(i["model"], i["id"]) for i in items}) == 2 * 2 + 1  # ub 128/512 x 2 models, np 4
     with pytest.raises(C.ConfigError, match="claims file"):
         C.validate({**base(), "claims": ["nowhere.yaml"]}, SCHEMA)
+
+
+# -- the objective: a metric at a workload under one load, with limits per request ----------------------------------
+
+
+def slot_sweep(objective: dict, parallel=(1, 4)) -> dict:
+    """-np 1 and 4 at a `concurrency: slots` workload; with more slots, a workload of 4 requests at once too."""
+    cfg = base()
+    cfg["configurations"] = [{"grid": {"parallel": list(parallel)}, "settings": {"ctx": 8192}}]
+    cfg["workloads"].append({"name": "slots", "prompt_tokens": 512, "gen_tokens": 64, "concurrency": "slots"})
+    if min(parallel) >= 4:
+        cfg["workloads"].append({"name": "c4", "prompt_tokens": 256, "gen_tokens": 64, "concurrency": 4})
+    cfg["objective"] = objective
+    return cfg
+
+
+@pytest.mark.parametrize(
+    "objective, resolved",
+    [
+        ({}, {"metric": "decode_tps", "workload": "slots", "concurrency": 1}),  # slots: 1 request at once
+        ({"concurrency": 4}, {"workload": "slots", "concurrency": 4}),  # the longest prompt run at 4 at once
+        (
+            {"metric": "aggregate_tps", "concurrency": 4, "min_decode_tps": 20, "max_ttft_s": 2.0},
+            {"metric": "aggregate_tps", "concurrency": 4, "min_decode_tps": 20, "max_ttft_s": 2.0},
+        ),
+        ({"workload": "short"}, {"workload": "short", "concurrency": 1, "min_decode_tps": None, "max_ttft_s": None}),
+    ],
+)
+def test_the_objective_resolves_its_load(objective, resolved):
+    cfg = C.validate(slot_sweep(objective), SCHEMA)
+    got = C.resolve_objective(cfg)
+    assert {k: got[k] for k in resolved} == resolved
+    assert C.objective_workload(cfg) == got["workload"]
+
+
+def test_a_fixed_load_or_one_slot_count_is_the_objective_s_load():
+    assert C.resolve_objective(C.validate(slot_sweep({"workload": "c4"}, (4, 8)), SCHEMA))["concurrency"] == 4
+    assert C.resolve_objective(C.validate(slot_sweep({}, (4,)), SCHEMA))["concurrency"] == 4  # every -np alike
+    # an explicit load picks the longest workload run at that load
+    cfg = C.validate(slot_sweep({"concurrency": 8}, (4, 8)), SCHEMA)
+    assert (C.objective_workload(cfg), C.resolve_objective(cfg)["concurrency"]) == ("slots", 8)
+    bare = {"objective": cfg["objective"], "workloads": cfg["workloads"]}  # as the search asks, without configurations
+    assert C.objective_workload(bare) == "slots"
+    with pytest.raises(C.ConfigError, match="objective.concurrency = 8: workload 'c4' sends 4 request"):
+        C.validate(slot_sweep({"workload": "c4", "concurrency": 8}, (4, 8)), SCHEMA)
+
+
+def test_objective_workload_without_a_load_is_still_the_longest_prompt():
+    cfg = C.validate(base(), SCHEMA)
+    cfg["workloads"].append({"name": "long", "prompt_tokens": 4096, "gen_tokens": 16})
+    assert C.objective_workload(cfg) == "long"
+    cfg["objective"]["workload"] = "short"
+    assert C.objective_workload(cfg) == "short"
+
+
+@pytest.mark.parametrize(
+    "objective, parallel, expected",
+    [
+        (
+            {"metric": "speed"},
+            (1, 4),
+            "config key objective.metric = 'speed': unknown metric; expected one of decode_tps (decode t/s per "
+            "request), prefill_tps (prefill t/s per request), aggregate_tps",
+        ),
+        (
+            {"metric": "aggregate_tp"},
+            (1, 4),
+            "objective.metric = 'aggregate_tp': unknown metric; did you mean 'aggregate_tps'?",
+        ),
+        (
+            {"min_decode_tps": 20},
+            (1, 4),
+            "config key objective.min_decode_tps = 20: a limit per request depends on how many requests run at once; "
+            "set objective.concurrency",
+        ),
+        ({"max_ttft_s": 2.0}, (1, 4), "config key objective.max_ttft_s = 2.0: a limit per request depends"),
+        ({"metric": "aggregate_tps"}, (1, 4), "objective.metric = 'aggregate_tps': aggregate throughput depends on"),
+        ({"concurrency": 2}, (1, 4), "config key objective.concurrency = 2: no workload runs 2 request(s) at once"),
+        (
+            {"workload": "short", "concurrency": 4},
+            (1, 4),
+            "config key objective.concurrency = 4: workload 'short' sends 1 request(s) at once",
+        ),
+        (
+            {"workload": "slots", "concurrency": 2},
+            (1, 4),
+            "workload 'slots' sends one request per slot, and no configuration has parallel = 2 (they have 1, 4)",
+        ),
+        (
+            {},
+            (2, 4),
+            "config key objective.concurrency: the default objective workload (the longest prompt) 'slots' sends one "
+            "request per slot, so the configurations run it at 2, 4 requests at once",
+        ),
+        ({"concurrency": 0}, (1, 4), "config key objective.concurrency = 0: 0 is less than the minimum of 1"),
+        ({"min_decode_tps": -5, "concurrency": 4}, (1, 4), "config key objective.min_decode_tps = -5"),
+        ({"speed": 1}, (1, 4), "config key objective.speed = 1: unknown key"),
+    ],
+)
+def test_objective_errors_name_the_key(objective, parallel, expected):
+    with pytest.raises(C.ConfigError) as err:
+        C.validate(slot_sweep(objective, parallel), SCHEMA)
+    assert expected in str(err.value)
+
+
+def test_every_objective_key_is_described():
+    block = SCHEMA["properties"]["objective"]
+    assert block.get("description")
+    assert set(block["properties"]) == {"metric", "workload", "concurrency", "min_decode_tps", "max_ttft_s"}
+    assert all(p.get("description") for p in block["properties"].values())
+
+
+# -- llama.cpp's --fit aims at crashline's headroom ------------------------------------------------------------------
+
+
+def test_fit_on_is_passed_crashline_s_margin_and_ctx():
+    args = " ".join(S.server_args(S.aim_fit(S.resolve({"fit": "on", "ctx": 8192}), 1536)))
+    assert "--fit on --fit-target 1536 --fit-ctx 8192" in args
+    # what the user sets wins, in the settings or in extra_args
+    given = {"fit": "on", "fit_target": 256, "fit_ctx": 2048, "ctx": 8192}
+    assert "--fit-target 256 --fit-ctx 2048" in " ".join(S.server_args(S.aim_fit(S.resolve(given), 1536)))
+    own = S.server_args(S.aim_fit(S.resolve({"fit": "on", "extra_args": ["-fitt", "512"]}), 1536))
+    assert "--fit-target" not in own and own[-2:] == ["-fitt", "512"] and "--fit-ctx" in own
+    # fit off: nothing added, and the aims alone are an error
+    assert S.aim_fit(S.resolve({"ubatch": 128}), 1536) == S.resolve({"ubatch": 128})
+    with pytest.raises(S.SettingsError, match="fit_target = 512 aims llama.cpp's --fit placement.*set fit: on"):
+        S.resolve({"fit_target": 512})
+    with pytest.raises(S.SettingsError, match="'fit_ctx'.*integer from 1 to 16777216"):
+        S.resolve({"fit": "on", "fit_ctx": 0})
+
+
+def test_the_new_fit_settings_change_no_id():
+    """Ids as crashline computed them before fit_target and fit_ctx existed (pinned): only fit on changes."""
+    before = {
+        "a06b1cee2d": {},
+        "59f0e27e24": {"ubatch": 128, "ctx": 8192},
+        "6b7c13c6a6": {"n_cpu_moe": 31, "ctx": 32768, "ubatch": 2048},
+        "51dbfd8212": {"parallel": 4, "ctx": 16384, "page_cache": "cold"},
+    }
+    for cid, given in before.items():
+        assert S.config_id("m", S.aim_fit(S.resolve(given), 1024)) == cid
+    fit = S.resolve({"fit": "on", "ctx": 32768})
+    assert S.config_id("m", fit) == "e1d25118c7" != S.config_id("m", S.aim_fit(fit, 1024))
+
+
+def test_expand_aims_fit_at_the_budget_margin():
+    cfg = base()
+    cfg["configurations"] = [{"models": ["m"], "settings": {"fit": "on", "ctx": 8192}}, {"models": ["m"]}]
+    cfg["budget"] = {"margin_mib": 2048}
+    fit, plain = C.expand(C.validate(cfg, SCHEMA))
+    assert (fit["settings"]["fit_target"], fit["settings"]["fit_ctx"]) == (2048, 8192)
+    assert "fit_target" not in fit["given"] and "fit_ctx" not in fit["given"]  # crashline's, not the user's
+    assert (plain["settings"]["fit_target"], plain["settings"]["fit_ctx"]) == (None, None)
+    cfg["budget"] = {"margin_mib": 512}  # another margin is another command line, so another id
+    assert C.expand(C.validate(cfg, SCHEMA))[0]["id"] != fit["id"]
+
+
+def test_a_build_without_the_fit_aims_runs_fit_on_without_them():
+    """llama.cpp builds from before --fit-target/--fit-ctx: crashline's aims are left out; asked ones are an error."""
+    newer = set(S.server_args(S.aim_fit(S.resolve({"fit": "on"}), 1024))) | {"-nocb"}
+    older = {f for f in newer if f.startswith("-") and f not in ("--fit-target", "--fit-ctx")}
+    given = {"fit": "on"}
+    kept, left_out = S.for_binary(S.aim_fit(S.resolve(given), 1024), given, older, "b7000")
+    assert left_out == {"fit_target": "--fit-target", "fit_ctx": "--fit-ctx"}
+    assert "--fit on" in " ".join(S.server_args(kept)) and "--fit-target" not in S.server_args(kept)
+    given = {"fit": "on", "fit_target": 512}
+    with pytest.raises(S.SettingsError, match=r"fit_target = 512 needs llama-server's --fit-target flag.*\(b7000\)"):
+        S.for_binary(S.aim_fit(S.resolve(given), 1024), given, older, "b7000")
+
+
+def test_the_pinned_build_has_the_fit_aims(server_provenance):
+    assert {"--fit", "--fit-target", "-fitt", "--fit-ctx", "-fitc"} <= set(server_provenance["help_flags"])

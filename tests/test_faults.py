@@ -81,7 +81,7 @@ def test_server_stopped_past_the_request_timeout(tmp_path, tiny_moe, server_prov
         tiny_moe,
         server_provenance,
         {"ctx": 8192},
-        [{"name": "w", "prompt_tokens": 64, "gen_tokens": 6000}],
+        [{"name": "w", "prompt_tokens": 64, "gen_tokens": 8000}],
         reps=1,
         request_timeout_s=3,
     )
@@ -95,7 +95,7 @@ def test_server_terminated_by_someone_else_is_a_crash(tmp_path, tiny_moe, server
         tiny_moe,
         server_provenance,
         {"ctx": 8192},
-        [{"name": "w", "prompt_tokens": 64, "gen_tokens": 6000}],
+        [{"name": "w", "prompt_tokens": 64, "gen_tokens": 8000}],
         reps=1,
     )
     # llama-server shuts down on SIGTERM: it may drop the request (status 0) or answer it first and then
@@ -450,7 +450,7 @@ models:
     source: synthetic:tiny-moe
 configurations:
   - settings: {ubatch: 128}
-    search: {n_cpu_moe: [0, 3]}
+    search: {n_cpu_moe: [0, 3], climb: 0}
 workloads:
   - {name: long, prompt_tokens: 64, gen_tokens: 3000}
 repetitions: 8

@@ -321,3 +321,40 @@ def test_no_health_within_the_startup_timeout(tmp_path, tiny_moe, server_provena
     assert (rec["outcome"], rec["failure"], rec["phase"]) == ("timeout", "timeout", "load")
     assert rec["message"] == "timed out during load" and rec["workloads"] == [] and "load_s" not in rec
     assert rec["command"][0] == server_provenance["binary"]  # a server was started, and stopped
+
+
+# --- llama.cpp's --fit aims at crashline's headroom ----------------------------------------------------------------
+
+
+def test_fit_on_starts_aimed_at_the_margin_and_the_context(tmp_path, tiny_moe, server_provenance, monkeypatch):
+    """A CPU build has no device for --fit to place on, but it takes the flags and aims at the target: its log
+    says "will leave N >= 777 MiB of system memory"."""
+    validate = C.validate
+
+    def margin_777(raw, schema):
+        cfg = validate(raw, schema)
+        cfg["budget"]["margin_mib"] = 777  # run() asks for the default budget
+        return cfg
+
+    monkeypatch.setattr(C, "validate", margin_777)
+    short = [{"name": "short", "prompt_tokens": 32, "gen_tokens": 4}]
+    rec = run(tmp_path, tiny_moe, server_provenance, {"fit": "on", "ctx": 2048}, short, reps=1)
+    assert rec["outcome"] == "ok", rec["message"]
+    command = rec["command"]
+    assert command[command.index("--fit") + 1] == "on"
+    assert command[command.index("--fit-target") + 1] == "777" and command[command.index("--fit-ctx") + 1] == "2048"
+    assert (rec["settings"]["fit_target"], rec["settings"]["fit_ctx"]) == (777, 2048)  # what was passed, recorded
+    assert "fit_target" not in rec["given"] and rec["flags_left_out"] == {}
+    assert ">= 777 MiB" in (tmp_path / "server.log").read_text()
+
+    # a build from before --fit-target and --fit-ctx runs fit on without them, and says so
+    older = {
+        **server_provenance,
+        "help_flags": [
+            f for f in server_provenance["help_flags"] if f not in ("--fit-target", "-fitt", "--fit-ctx", "-fitc")
+        ],
+    }
+    (tmp_path / "older").mkdir()
+    rec = run(tmp_path / "older", tiny_moe, older, {"fit": "on", "ctx": 2048}, short, reps=1)
+    assert rec["outcome"] == "ok" and rec["flags_left_out"] == {"fit_target": "--fit-target", "fit_ctx": "--fit-ctx"}
+    assert "--fit-target" not in rec["command"] and "--fit-ctx" not in rec["command"] and "--fit" in rec["command"]

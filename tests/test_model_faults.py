@@ -22,7 +22,7 @@ from pathlib import Path
 import gguf
 import numpy as np
 import pytest
-from test_sources import FakeHub, FileServer, installed_package, sha
+from test_sources import FileServer, HubServer, cache_state, installed_package, sha
 
 from crashline import sources
 from crashline.manifest import ManifestError, inspect_gguf
@@ -114,20 +114,29 @@ def test_wrong_hash_keeps_verified_synthetic_file(tmp_path):
 
 
 def test_wrong_hash_keeps_verified_hf_file(gguf_bytes, tmp_path, monkeypatch):
-    """huggingface_hub's two network calls are mocked (no hub access in tests)."""
-    import huggingface_hub
+    """hf: files live in the Hugging Face cache, downloaded there by huggingface_hub from test_sources' stand-in
+    for the hub: a wrong hash changes nothing in that cache and downloads nothing again."""
+    import huggingface_hub.constants
 
-    hub = FakeHub({"m.gguf": gguf_bytes})
-    monkeypatch.setattr(huggingface_hub, "get_hf_file_metadata", hub.get_hf_file_metadata)
-    monkeypatch.setattr(huggingface_hub, "hf_hub_download", hub.hf_hub_download)
-    dest = tmp_path / "models" / "h"
-    fetch("hf:o/r/m.gguf", dest, sha256=sha(gguf_bytes), cache_dir=tmp_path)
-    verified = state(dest / "m.gguf")
-    with pytest.raises(SourceError) as e:
-        fetch("hf:o/r/m.gguf", dest, sha256=WRONG, cache_dir=tmp_path)
-    assert_names_mismatch(str(e.value), "hf:o/r/m.gguf", WRONG, sha(gguf_bytes))
-    assert len(hub.downloads) == 2 and state(dest / "m.gguf") == verified
-    assert not (dest / "m.gguf.rejected").exists()  # the same bytes as the verified file: not kept twice
+    hub = HubServer({"m.gguf": gguf_bytes})
+    cache = tmp_path / "hf-hub-cache"
+    for name in ("LLAMA_CACHE", "HF_HUB_OFFLINE", "HUGGINGFACE_HUB_CACHE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))
+    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
+    monkeypatch.setenv("HF_ENDPOINT", hub.url)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+    try:
+        dest = tmp_path / "models" / "h"
+        record = fetch("hf:o/r/m.gguf", dest, sha256=sha(gguf_bytes), cache_dir=tmp_path)
+        verified = cache_state(cache)
+        with pytest.raises(SourceError) as e:
+            fetch("hf:o/r/m.gguf", dest, sha256=WRONG, cache_dir=tmp_path)
+        assert_names_mismatch(str(e.value), "hf:o/r/m.gguf", WRONG, sha(gguf_bytes))
+        assert hub.gets() == 1 and cache_state(cache) == verified
+        assert Path(record["files"][0]["path"]).read_bytes() == gguf_bytes
+    finally:
+        hub.close()
 
 
 def test_wrong_hash_keeps_verified_pypi_file(gguf_bytes, tmp_path):

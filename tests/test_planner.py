@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+import statistics
 
 import pytest
 
@@ -91,3 +92,154 @@ def test_search_finds_the_boundary_with_few_probes(boundary, start):
 def test_search_when_nothing_survives():
     found, probes = planner.search_lowest(lambda n: False, 10, 0, 48)
     assert found is None and probes[-1] == (48, False)
+
+
+# -- the fastest value above the boundary: the climb, the finalists, the interleaved starts -------------------------
+
+S = planner.Speed
+
+
+def fake(speeds: dict[int, S | None]):
+    """A measure callback answering from a table, and the values it was asked for, in order."""
+    asked = []
+
+    def speed(n):
+        asked.append(n)
+        return speeds[n]
+
+    return speed, asked
+
+
+# Decode t/s at 16K on the H200 (12 GiB budget): 29 and 31 as measured (median [min-max]), the others made up
+# around them. The old search stopped at 29, the lowest with the margin; 31 is faster.
+H200 = {
+    29: S(55.0, 52.2, 57.9),
+    30: S(57.5, 55.0, 60.0),
+    31: S(59.8, 58.1, 61.5),
+    32: S(58.0, 56.5, 59.5),
+    33: S(50.0, 48.0, 52.0),
+    34: S(61.0, 60.0, 62.0),
+}
+
+
+def test_within_noise_is_overlapping_ranges():
+    assert planner.within_noise(H200[29], H200[30]) and planner.within_noise(H200[30], H200[29])
+    assert not planner.within_noise(H200[29], H200[31])  # 57.9 < 58.1: apart
+    assert planner.within_noise(S(10, 9, 10), S(11, 10, 12))  # touching ends overlap
+    assert not planner.within_noise(S(10, 10, 10), S(10.5, 10.5, 10.5))  # one request each: a point each
+
+
+def test_climb_goes_on_while_faster_or_within_noise_and_stops_at_the_first_clearly_slower():
+    speed, asked = fake(H200)
+    steps, stop = planner.climb(speed, 29, 48, 6)
+    assert [(s.n_cpu_moe, s.verdict, s.best) for s in steps] == [
+        (30, "within noise", 30),  # 55.0-60.0 overlaps 52.2-57.9, higher median: the best now
+        (31, "within noise", 31),  # against 30, not 29: 58.1-61.5 overlaps 55.0-60.0
+        (32, "within noise", 31),
+        (33, "slower", 31),  # 48.0-52.0 lies below 31's 58.1: stop, 34 is never measured
+    ]
+    assert asked == [29, 30, 31, 32, 33] and stop == "n_cpu_moe 33 is clearly slower than n_cpu_moe 31 (ranges apart)"
+
+
+def test_climb_is_bounded_by_climb_by_the_range_and_by_a_failure():
+    speed, asked = fake(H200)
+    steps, stop = planner.climb(speed, 29, 48, 2)
+    assert [s.n_cpu_moe for s in steps] == [30, 31] and stop == "tried 2 value(s) above 29, the most asked for"
+    speed, asked = fake(H200)
+    steps, stop = planner.climb(speed, 29, 30, 4)
+    assert asked == [29, 30] and stop == "reached the top of the range (30)"
+    speed, asked = fake({**H200, 31: None})  # 31 did not survive with the margin
+    steps, stop = planner.climb(speed, 29, 48, 4)
+    assert [(s.n_cpu_moe, s.verdict) for s in steps] == [(30, "within noise"), (31, "failed")] and asked[-1] == 31
+    assert stop == "n_cpu_moe 31 did not survive every workload with the margin"
+    speed, asked = fake({29: S(50, 49, 51), 30: S(60, 59, 61), 31: S(70, 69, 71)})
+    steps, _ = planner.climb(speed, 29, 31, 4)
+    assert [(s.verdict, s.best) for s in steps] == [("faster", 30), ("faster", 31)]
+    speed, asked = fake(H200)
+    assert planner.climb(speed, 29, 48, 0) == ([], "no climb asked for") and asked == [29]
+
+
+def test_finalists_are_the_best_and_those_within_noise_else_the_runner_up_at_most_three():
+    assert planner.finalists({n: H200[n] for n in (29, 30, 31, 32)}) == [31, 32, 30]  # 29 is apart from 31
+    assert planner.finalists({n: H200[n] for n in (29, 31)}) == [31, 29]  # apart: the runner-up all the same
+    assert planner.finalists(H200, most=2) == [34, 31]  # 34 (60.0-62.0) overlaps 31 only
+    assert planner.finalists({4: S(10, 9, 11), 7: S(10, 9, 11)}) == [7, 4]  # a tie: more VRAM to spare first
+    assert planner.finalists({5: S(10, 9, 11)}) == [5] and planner.finalists({}) == []
+
+
+def starts_from(table: dict[int, list[S | None]]):
+    """Fakes of a finalist's further starts (start k answers table[n][k - 1]) and of its pooled speed (the
+    median of the starts' medians, the range over every start), and the starts asked for, in order."""
+    asked = []
+    done = {n: 1 for n in table}
+
+    def start(n, k):
+        asked.append((n, k))
+        assert k == done[n] + 1  # start k of a value only after its start k - 1
+        done[n] = k
+        return table[n][k - 1]
+
+    def pooled(n):
+        got = table[n][: done[n]]
+        if any(s is None for s in got):
+            return None
+        median = statistics.median(s.median for s in got)
+        return S(median, min(s.low for s in got), max(s.high for s in got), len(got))
+
+    return start, pooled, asked
+
+
+def test_settle_interleaves_the_finalists_and_the_winner_is_the_fastest_pooled_median():
+    first = {n: H200[n] for n in (29, 30, 31, 32, 33)}  # in the order measured
+    table = {
+        29: [H200[29]],
+        30: [H200[30], S(58.5, 56, 61), S(59.9, 57, 61)],
+        31: [H200[31], S(57.0, 55, 59), S(57.2, 56, 58)],  # the fastest in the first start only
+        32: [H200[32], S(59.0, 58, 60), S(59.5, 58, 61)],
+        33: [H200[33]],
+    }
+    start, pooled, asked = starts_from(table)
+    result = planner.settle(start, pooled, first, starts=3)
+    assert result["finalists"] == [30, 31, 32]  # 31, and 32 and 30 within noise of it; in the order first measured
+    assert asked == result["order"] == [(30, 2), (31, 2), (32, 2), (30, 3), (31, 3), (32, 3)]  # A B C A B C
+    assert [result["pooled"][n].median for n in (30, 31, 32)] == [58.5, 57.2, 59.0]
+    assert (result["winner"], result["runner_up"]) == (32, 30)
+    assert (result["won"], result["pairs"]) == (2, 3)  # 58.0 > 57.5, 59.0 > 58.5, 59.5 < 59.9
+    assert result["lead_held"] == (
+        "n_cpu_moe 32 faster than n_cpu_moe 30 (the runner-up) in 2 of 3 interleaved start pairs; "
+        "in 1 of 2 after the first, which chose the finalists"
+    )
+    start, pooled, asked = starts_from({29: [H200[29], S(56.0, 55, 57)], 31: [H200[31], S(58.0, 57, 59)]})
+    two = planner.settle(start, pooled, {n: H200[n] for n in (29, 31)}, starts=2)
+    assert two["finalists"] == [29, 31] and asked == [(29, 2), (31, 2)]  # apart, yet the runner-up starts again
+    assert two["winner"] == 31 and two["lead_held"].endswith(
+        "in 2 of 2 interleaved start pairs; in 1 of 1 after the first, which chose the finalists"
+    )
+
+
+def test_a_value_faster_in_one_start_than_the_winner_pooled_joins_the_finalists():
+    """40 was apart from the best in the first start; the finalists then slow down in their second, so that 40's one
+    start beats the winner's pooled median: measured once, it would win the report's ranking, so it starts again."""
+    first = {29: S(55.0, 54, 56), 30: S(60.0, 59, 61), 31: S(59.5, 58.5, 60.5), 40: S(58.0, 57.5, 58.4)}
+    table = {
+        29: [first[29]],
+        30: [first[30], S(50.0, 49, 51)],
+        31: [first[31], S(51.0, 50, 52)],
+        40: [first[40], S(57.0, 56, 58)],
+    }
+    start, pooled, asked = starts_from(table)
+    result = planner.settle(start, pooled, first, starts=2)
+    assert result["finalists"] == [30, 31, 40] and asked == [(30, 2), (31, 2), (40, 2)]
+    assert [result["pooled"][n].median for n in (30, 31, 40)] == [55.0, 55.25, 57.5]
+    assert (result["winner"], result["runner_up"]) == (40, 31)
+
+
+def test_a_finalist_that_fails_a_start_cannot_win():
+    first = {30: S(60.0, 59, 61), 31: S(59.0, 58, 60)}
+    start, pooled, _ = starts_from({30: [first[30], None], 31: [first[31], S(58.0, 57, 59)]})
+    result = planner.settle(start, pooled, first, starts=2)
+    assert result["winner"] == 31 and result["runner_up"] is None
+    assert result["lead_held"] == "n_cpu_moe 31: the only finalist that survived every start"
+    start, pooled, _ = starts_from({30: [first[30], None], 31: [first[31], None]})
+    result = planner.settle(start, pooled, first, starts=2)
+    assert result["winner"] is None and result["lead_held"] == "no finalist survived every start with the margin"

@@ -169,7 +169,7 @@ models:
     source: synthetic:tiny-moe
 configurations:
   - settings: {ubatch: 128}
-    search: {n_cpu_moe: [0, 3]}
+    search: {n_cpu_moe: [0, 3], climb: 0}
   - settings: {extra_args: ["--no-such-flag"]}   # llama-server refuses it: the job fails at load
 workloads:
   - {name: short, prompt_tokens: 64, gen_tokens: 16}

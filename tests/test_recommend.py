@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 
 from crashline import aggregate
-from crashline.recommend import difference, recommend
+from crashline.recommend import difference, missed_limits, recommend
 
 from conftest import FIXTURES
 
@@ -73,3 +73,192 @@ def test_nullable_columns_and_nothing_known_from_the_log(tables):
     unlogged = n31.copy()
     unlogged["n_threads"] = pd.NA
     assert difference(unlogged, winner) == "-t left to llama.cpp"
+
+
+# -- like with like: the objective's load, limits per request, the per-request / aggregate trade-off -----------------
+#
+# The H200 slot sweep of issue #15: a `concurrency: slots` workload sends 1 request at once to -np 1 and 4 at once to
+# -np 4. Ranked by decode per request, -np 4 read "slower: 189.0 t/s (-39.6%)" against -np 1's 313.0, although it
+# delivered 555.7 t/s in aggregate. The records below are the fixture record of --n-cpu-moe 31 with those numbers.
+
+
+def _stat(median: float, spread: float = 0.02) -> dict:
+    return {"median": median, "min": median * (1 - spread), "max": median * (1 + spread), "n": 4, "stdev": 0.0}
+
+
+def _record(tmp_path, name: str, given: dict, workloads: list[tuple]) -> None:
+    """The --n-cpu-moe 31 fixture record with other settings and workloads (name, concurrency, decode per request,
+    aggregate, ttft s)."""
+    import json
+
+    from crashline import settings as S
+
+    rec = json.loads((FIXTURES / "h200-records" / "ncmoe31.json").read_text())
+    rec["given"] = {**rec["given"], **given}
+    rec["settings"] = S.resolve(rec["given"])
+    rec["config_id"] = S.config_id(rec["model"]["name"], rec["settings"])
+    rec["workloads"] = [
+        {
+            "name": wname,
+            "prompt_tokens": 512,
+            "gen_tokens": 128,
+            "concurrency": n,
+            "repetitions": 2,
+            "runs": [],
+            "outcome": "ok",
+            "message": None,
+            "prefill_tps": _stat(2000.0),
+            "decode_tps": _stat(decode),
+            "aggregate_tps": _stat(aggregate),
+            "ttft_s": _stat(ttft),
+        }
+        for wname, n, decode, aggregate, ttft in workloads
+    ]
+    (tmp_path / f"{name}.json").write_text(json.dumps(rec))
+
+
+def _tables(tmp_path):
+    out = tmp_path / "tables"
+    out.mkdir()
+    aggregate.write(sorted(tmp_path.glob("*.json")), out / "configs.parquet", out / "measurements.parquet")
+    return pd.read_parquet(out / "configs.parquet"), pd.read_parquet(out / "measurements.parquet")
+
+
+@pytest.fixture
+def slot_sweep(tmp_path):
+    """-np 1, 2 and 4 at a `concurrency: slots` workload (1, 2 and 4 requests at once), and a short one at 1."""
+    for np_, decode, agg, ttft in [(1, 313.0, 309.6, 0.05), (2, 250.0, 470.2, 0.11), (4, 189.0, 555.7, 0.21)]:
+        _record(
+            tmp_path,
+            f"np{np_}",
+            {"parallel": np_},
+            [("short", 1, decode + 5, decode + 4, 0.04), ("slots", np_, decode, agg, ttft)],
+        )
+    configs, measurements = _tables(tmp_path)
+    ids = {int(r["s_parallel"]): r["config_id"] for _, r in configs.iterrows()}
+    return configs, measurements, ids
+
+
+def test_a_slots_workload_ranks_only_configurations_measured_at_the_same_load(slot_sweep):
+    configs, measurements, ids = slot_sweep
+    (r,) = recommend(configs, measurements, "decode_tps", "slots")  # no concurrency: 1 request at once
+    assert (r["winner"], r["concurrency"], r["winner_speed"]) == (ids[1], 1, 313.0)
+    others = {o["config_id"]: o for o in r["others"]}
+    assert others[ids[4]]["reason"] == "not measured at 1 request at once: its workload slots ran 4 requests at once"
+    assert others[ids[2]]["unranked"] and not others[ids[2]]["failed"] and "speed" not in others[ids[2]]
+    assert not [o for o in r["others"] if "slower" in o["reason"] or "%" in o["reason"]]  # no -39.6%
+    assert r["objective_text"] == "decode t/s per request at workload slots, 1 request at once"
+    assert r["winner_measured"]["concurrency"] == 1 and r["winner_measured"]["decode_tps_median"] == 313.0
+
+    (r,) = recommend(configs, measurements, "aggregate_tps", "slots", concurrency=4)
+    assert (r["winner"], r["winner_speed"], r["metric_label"], r["per_request"]) == (ids[4], 555.7, "aggregate", False)
+    assert {o["config_id"]: o["reason"] for o in r["others"]}[ids[1]] == (
+        "not measured at 4 requests at once: its workload slots ran 1 request at once"
+    )
+    (r,) = recommend(configs, measurements, "decode_tps", "slots", concurrency=3)
+    assert r["winner"] is None and r["no_winner"] == (
+        "no configuration that survived was measured at 3 requests at once at workload slots"
+    )
+
+
+def test_the_trade_off_of_a_slot_sweep_is_data_for_a_table(slot_sweep):
+    configs, measurements, ids = slot_sweep
+    (r,) = recommend(configs, measurements, "decode_tps", "slots")
+    rows = r["tradeoff"]
+    assert [(t["workload"], t["parallel"], t["concurrency"]) for t in rows] == [
+        ("slots", 1, 1),
+        ("slots", 2, 2),
+        ("slots", 4, 4),
+    ]
+    np4 = rows[2]
+    assert np4 == {
+        "config_id": ids[4],
+        "parallel": 4,
+        "workload": "slots",
+        "concurrency": 4,
+        "decode_tps_median": 189.0,
+        "aggregate_tps_median": 555.7,
+        "ttft_s_median": 0.21,
+        "eligible": True,
+        "winner": False,
+        "frontier": True,
+    }
+    assert [t["winner"] for t in rows] == [True, False, False] and all(t["frontier"] for t in rows)
+    # "short" ran one request at once everywhere: no trade-off there
+    assert {t["workload"] for t in rows} == {"slots"}
+
+
+def test_a_dominated_or_failed_configuration_is_off_the_frontier(tmp_path):
+    _record(tmp_path, "np1", {"parallel": 1}, [("slots", 1, 313.0, 309.6, 0.05)])
+    _record(tmp_path, "np4", {"parallel": 4}, [("slots", 4, 189.0, 555.7, 0.21)])
+    _record(tmp_path, "np4-ub512", {"parallel": 4, "ubatch": 512}, [("slots", 4, 180.0, 500.0, 0.25)])  # dominated
+    _record(tmp_path, "np1-only-short", {"parallel": 1, "ubatch": 512}, [])  # survived, nothing at "slots"
+    configs, measurements = _tables(tmp_path)
+    (r,) = recommend(configs, measurements, "decode_tps", "slots")
+    frontier = {(t["parallel"], t["aggregate_tps_median"]): t["frontier"] for t in r["tradeoff"]}
+    assert frontier == {(1, 309.6): True, (4, 555.7): True, (4, 500.0): False}
+    assert next(o for o in r["others"] if o["reason"] == "no speed")  # survived, but no row at the workload
+
+
+@pytest.fixture
+def four_at_once(tmp_path):
+    """Three -np 4 configurations at a workload of 4 requests at once: one with the most aggregate but a slow
+    decode per request, one with a slow first token, one that meets both limits."""
+    cases = {
+        "greedy": ({"parallel": 4, "ubatch": 512}, 12.3, 612.0, 0.8),
+        "slow-start": ({"parallel": 4, "ubatch": 1024}, 150.0, 580.0, 2.6),
+        "balanced": ({"parallel": 4}, 189.0, 555.7, 0.21),
+    }
+    for name, (given, decode, agg, ttft) in cases.items():
+        _record(tmp_path, name, given, [("c4", 4, decode, agg, ttft)])
+    configs, measurements = _tables(tmp_path)
+    ubatch = {512: "greedy", 1024: "slow-start", 2048: "balanced"}
+    ids = {ubatch[int(r["s_ubatch"])]: r["config_id"] for _, r in configs.iterrows()}
+    return configs, measurements, ids
+
+
+def test_an_slo_objective_takes_the_most_aggregate_that_meets_every_limit(four_at_once):
+    configs, measurements, ids = four_at_once
+    objective = {"concurrency": 4, "min_decode_tps": 20, "max_ttft_s": 2.0}
+    (r,) = recommend(configs, measurements, "aggregate_tps", "c4", **objective)
+    assert (r["winner"], r["winner_speed"]) == (ids["balanced"], 555.7)
+    others = {o["config_id"]: o for o in r["others"]}
+    assert others[ids["greedy"]]["reason"] == "decode 12.3 t/s per request, under the 20 t/s asked"
+    assert others[ids["greedy"]]["missed"] == ["min_decode_tps"] and others[ids["greedy"]]["speed"] == 612.0
+    assert others[ids["slow-start"]]["reason"] == "time to first token 2.60 s, over the 2 s asked"
+    assert not others[ids["slow-start"]]["failed"]  # it survived; it misses the service level
+    assert r["objective_text"] == (
+        "aggregate t/s of all requests together at workload c4, 4 requests at once, "
+        "with at least 20 t/s decode per request and a time to first token under 2 s"
+    )
+    # without the limits the greedy one wins
+    (r,) = recommend(configs, measurements, "aggregate_tps", "c4", concurrency=4)
+    assert r["winner"] == ids["greedy"]
+    # both limits missed: both named
+    (r,) = recommend(configs, measurements, "aggregate_tps", "c4", concurrency=4, min_decode_tps=160, max_ttft_s=0.5)
+    assert r["winner"] == ids["balanced"]
+    reason = {o["config_id"]: o["reason"] for o in r["others"]}[ids["slow-start"]]
+    assert (
+        reason
+        == "decode 150.0 t/s per request, under the 160 t/s asked; time to first token 2.60 s, over the 0.5 s asked"
+    )
+
+
+def test_no_configuration_meets_the_limits(four_at_once):
+    configs, measurements, _ = four_at_once
+    (r,) = recommend(configs, measurements, "aggregate_tps", "c4", concurrency=4, min_decode_tps=500)
+    assert r["winner"] is None and r["winner_speed"] is None
+    assert (
+        r["no_winner"]
+        == "no configuration that survived met the objective's limits at 4 requests at once at workload c4"
+    )
+    assert all(o["missed"] == ["min_decode_tps"] for o in r["others"])
+
+
+def test_a_limit_without_a_measurement_is_missed():
+    row = pd.Series({"decode_tps_median": float("nan"), "ttft_s_median": None})
+    assert missed_limits(row, 20, 2.0) == [
+        ("min_decode_tps", "decode per request not measured (at least 20 t/s asked)"),
+        ("max_ttft_s", "time to first token not measured (under 2 s asked)"),
+    ]
+    assert missed_limits(pd.Series({"decode_tps_median": 20.0, "ttft_s_median": 2.0}), 20, 2.0) == []  # at the limit

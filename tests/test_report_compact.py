@@ -108,3 +108,25 @@ def test_planner_values_read_as_ranges():
         "18 ✓ chosen (1,500 MiB headroom)",
         "19–47 fit by the same prediction (not measured)",
     ]
+
+
+def test_what_if_other_cards_from_the_h200_search_calibration():
+    """The report's what-if table: the H200 search's calibration and its model's manifest predict the lowest
+    safe n_cpu_moe for other cards; at 12 GiB and the search's own context it is suggest's 28."""
+    import json
+
+    import pandas as pd
+
+    from conftest import FIXTURES
+    from crashline import aggregate, report
+    from crashline.present import markdown, sections
+
+    table = aggregate.search_table([FIXTURES / "h200-search" / "search.json"])
+    manifest = json.loads((FIXTURES / "h200-telemetry" / "manifest.json").read_text())
+    (search,) = report.searches(table, "moe-synthetic", pd.DataFrame(columns=["model", "config_id", "s_n_cpu_moe"]))
+    assert search["what_if"] is None  # no manifest, no prediction
+    (search,) = report.searches(table, "moe-synthetic", pd.DataFrame(columns=["model", "config_id"]), manifest)
+    md = markdown.block(sections.what_if(search["what_if"]))
+    assert "a prediction from this search's calibration, not measured; -ub 2048, 1,024 MiB margin" in md
+    assert "| 12 GB (12,288 MiB) | 21 | 28 | does not fit |" in md
+    assert "calibrated by search moe-synthetic/bench (ctx 32768)" in md

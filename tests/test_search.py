@@ -1,14 +1,20 @@
 """The n_cpu_moe search with a real llama-server on the synthetic MoE (CPU: no VRAM limit, so the
-lowest value survives and the search stops after the calibration and one probe)."""
+lowest value survives: without a climb the search stops after the calibration and one probe; with one
+it measures the values above, then starts the finalists again, interleaved)."""
 
 from __future__ import annotations
+
+import copy
+import statistics
+
+import pytest
 
 import pandas as pd
 
 from test_measure import fetch_record
 from crashline.config import load_schema
-from crashline import aggregate, config as C, report
-from crashline.atomic import write_json
+from crashline import aggregate, config as C, jobs, planner, records, report, settings as S
+from crashline.atomic import read_json, write_json
 from crashline.manifest import inspect_gguf
 from crashline.search import run_search
 
@@ -21,7 +27,7 @@ def test_search_on_cpu_writes_probes_summary_and_report(tmp_path, tiny_moe, serv
         {
             "models": {"tiny": {"source": f"file:{tiny_moe}"}},
             "defaults": {"threads": 2, "ctx": 2048},
-            "configurations": [{"grid": {"ubatch": [256]}, "search": {"n_cpu_moe": [0, 4]}}],
+            "configurations": [{"grid": {"ubatch": [256]}, "search": {"n_cpu_moe": [0, 4], "climb": 0}}],
             "workloads": [{"name": "short", "prompt_tokens": 64, "gen_tokens": 8}],
             "repetitions": 1,
         },
@@ -41,7 +47,8 @@ def test_search_on_cpu_writes_probes_summary_and_report(tmp_path, tiny_moe, serv
         provenance=server_provenance,
         out_dir=out,
     )
-    assert summary["boundary"] == 0 and summary["recommended_n_cpu_moe"] == 0
+    assert summary["boundary"] == summary["recommended_n_cpu_moe"] == summary["lowest_with_margin"] == 0
+    assert summary["climbed"] == summary["finalists"] == [] and summary["lead_held"] is None  # climb: 0
     assert summary["probes"] == [{"n_cpu_moe": 0, "survived": True}]
     assert summary["server_starts"] == 2  # calibration at 4, then 0
     statuses = {v["n_cpu_moe"]: v["status"] for v in summary["values"]}
@@ -66,3 +73,185 @@ def test_search_on_cpu_writes_probes_summary_and_report(tmp_path, tiny_moe, serv
     md = (tmp_path / "r.md").read_text()
     assert "**Planner**" in md and "Probed in this order: 0." in md and "use n_cpu_moe 0" in md
     assert "- 0 ✓ chosen\n- 1–3 fit by the same prediction (not measured)\n- 4 ✓\n" in md  # every value, in runs
+
+
+def test_search_climbs_then_starts_the_finalists_again_interleaved(tmp_path, tiny_moe, server_provenance):
+    """climb 2, starts 2 on CPU, where every value fits and speeds differ by noise only: the mechanics. The values
+    above the lowest (0) are measured while not clearly slower; the finalists' second starts follow their first
+    ones in the same order (A B, then A B); their rows pool every request of both starts; the winner has the
+    highest pooled median of the search's rows (what the report ranks); the lead is counted per start pair."""
+    cfg = C.validate(
+        {
+            "models": {"tiny": {"source": f"file:{tiny_moe}"}},
+            "defaults": {"threads": 2, "ctx": 2048},
+            "configurations": [{"search": {"n_cpu_moe": [0, 4], "climb": 2, "starts": 2}}],
+            "workloads": [{"name": "short", "prompt_tokens": 64, "gen_tokens": 16}],
+            "repetitions": 2,
+        },
+        SCHEMA,
+    )
+    (group,) = C.expand_searches(cfg)
+    spec = jobs.spec("search", cfg, "tiny", group["id"])
+    assert (spec["group"]["climb"], spec["group"]["starts"]) == (2, 2)
+    assert spec["group"]["objective"] == {"metric": "decode_tps", "workload": "short", **spec["group"]["objective"]}
+    out = tmp_path / "search"
+
+    def search() -> dict:
+        return run_search(
+            model_name="tiny",
+            group=spec["group"],
+            config=spec["config"],
+            fetch_record=fetch_record(tiny_moe),
+            manifest=inspect_gguf(tiny_moe),
+            provenance=server_provenance,
+            out_dir=out,
+        )
+
+    summary = search()
+    assert summary["boundary"] == summary["lowest_with_margin"] == 0
+    assert summary["objective"]["metric"] == "decode_tps" and summary["objective"]["workload"] == "short"
+
+    def rec(record_id: str) -> dict:
+        return records.load(out / "records" / record_id / "measure.json", "measure")
+
+    def speed(record_id: str) -> planner.Speed:
+        return planner.Speed.of(rec(record_id)["workloads"][0]["decode_tps"])
+
+    cid = {v: S.config_id("tiny", S.resolve({**group["given"], "n_cpu_moe": v})) for v in range(5)}
+
+    # The climb: 1 always; 2 unless 1 was clearly slower than 0. Each verdict is the rule's on the records.
+    climbed = summary["climbed"]
+    assert [c["n_cpu_moe"] for c in climbed] == ([1] if climbed[0]["verdict"] == "slower" else [1, 2])
+    best = 0
+    for c in climbed:
+        s, b = speed(cid[c["n_cpu_moe"]]), speed(cid[best])
+        assert (c["median"], c["min"], c["max"], c["n"]) == (s.median, s.low, s.high, 2)  # 2 repetitions, 1 request
+        rule = "slower" if s.high < b.low else "faster" if s.low > b.high else "within noise"
+        assert c["verdict"] == rule
+        best = max((best, c["n_cpu_moe"]), key=lambda v: (speed(cid[v]).median, v))
+    measured = {4, 0, *(c["n_cpu_moe"] for c in climbed)}
+    assert {v["n_cpu_moe"] for v in summary["values"] if v["status"] == "measured"} == measured
+
+    # The finalists: chosen from the first starts by the rule, at least two; a challenger may have joined.
+    first = {v: speed(cid[v]) for v in sorted(measured, key=lambda v: rec(cid[v])["started_at"])}
+    finals = [f["n_cpu_moe"] for f in summary["finalists"]]
+    chosen = planner.finalists(first)
+    assert len(chosen) >= 2 and finals[: len(chosen)] == [v for v in finals if v in chosen]
+    assert set(chosen) <= set(finals) <= measured
+    for f in summary["finalists"]:
+        assert f["records"] == [cid[f["n_cpu_moe"]], f"{cid[f['n_cpu_moe']]}/start-2"] and f["starts"] == 2
+        assert f["start_medians"] == [speed(r).median for r in f["records"]] and f["survived"]
+        assert all(rec(r)["config_id"] == f["config_id"] == cid[f["n_cpu_moe"]] for r in f["records"])
+    starts_2 = [f"{cid[v]}/start-2" for v in finals]
+    assert summary["records"] == sorted([cid[v] for v in measured] + starts_2)
+    assert summary["server_starts"] == len(measured) + len(finals)
+
+    # Interleaved: every finalist's first start, then every second start, in the same order (A B ... A B ...).
+    paths = {r: out / "records" / r / "measure.json" for f in summary["finalists"] for r in f["records"]}
+    in_time = sorted(paths, key=lambda r: paths[r].stat().st_mtime_ns)  # each record written as its start ends
+    assert [rec(r)["started_at"] for r in in_time] == sorted(rec(r)["started_at"] for r in in_time)
+    order = [(int(r.endswith("/start-2")) + 1, next(v for v in finals if r.startswith(cid[v]))) for r in in_time]
+    initial = [v for v in finals if v in chosen]
+    assert order[: 2 * len(initial)] == [(1, v) for v in initial] + [(2, v) for v in initial]
+    assert [(o["start"], o["n_cpu_moe"]) for o in summary["start_order"]] == [(2, v) for v in finals]
+
+    # The tables: one row per configuration; a finalist's row pools both starts (n = 2 starts x 2 repetitions x 1).
+    configs, measurements = aggregate.write(
+        aggregate_paths := [out / "records" / r / "measure.json" for r in summary["records"]],
+        tmp_path / "c.parquet",
+        tmp_path / "m.parquet",
+        [out / "search.json"],
+        tmp_path / "s.parquet",
+    )
+    assert len(aggregate_paths) == summary["server_starts"] and configs["config_id"].is_unique
+    rows = measurements.set_index("s_n_cpu_moe")
+    assert sorted(rows.index) == sorted(measured) and (configs["outcome"] == "ok").all()
+    for v in measured:
+        row, starts = rows.loc[v], 2 if v in finals else 1
+        assert configs.set_index("s_n_cpu_moe").loc[v, "starts"] == starts
+        assert row["decode_tps_n"] == starts * 2 * 1
+        ids = [cid[v], f"{cid[v]}/start-2"][:starts]
+        requests = [r["decode_tps"] for i in ids for run in rec(i)["workloads"][0]["runs"] for r in run["requests"]]
+        assert row["decode_tps_median"] == statistics.median(requests)
+        assert list(row["decode_tps_start_medians"]) == [speed(i).median for i in ids]
+    for f in summary["finalists"]:
+        assert (f["median"], f["n"]) == (rows.loc[f["n_cpu_moe"], "decode_tps_median"], 4)
+
+    # The winner: the fastest pooled median, of the finalists and of every row of the search alike.
+    winner = summary["recommended_n_cpu_moe"]
+    assert winner == max(finals, key=lambda v: (rows.loc[v, "decode_tps_median"], v))
+    assert winner == max(measured, key=lambda v: (rows.loc[v, "decode_tps_median"], v))  # what the report ranks
+    runner = max((v for v in finals if v != winner), key=lambda v: (rows.loc[v, "decode_tps_median"], v))
+    pairs = zip(rows.loc[winner, "decode_tps_start_medians"], rows.loc[runner, "decode_tps_start_medians"])
+    won = sum(a > b for a, b in pairs)
+    assert (summary["runner_up"], summary["lead_won"], summary["lead_pairs"]) == (runner, won, 2)
+    assert summary["lead_held"].startswith(
+        f"n_cpu_moe {winner} faster than n_cpu_moe {runner} (the runner-up) in {won} of 2 interleaved start pairs"
+    )
+    (row,) = pd.read_parquet(tmp_path / "s.parquet").to_dict("records")
+    assert (row["recommended_n_cpu_moe"], row["lowest_with_margin"], row["lead_held"]) == (
+        winner,
+        0,
+        summary["lead_held"],
+    )
+    assert (row["climb_limit"], row["starts_per_finalist"], row["objective_workload"]) == (2, 2, "short")
+    assert [f["n_cpu_moe"] for f in row["finalists"]] == finals and list(row["finalists"][0]["start_medians"])
+    assert [c["verdict"] for c in row["climbed"]] == [c["verdict"] for c in climbed]
+
+    # The same spec again: every start's record reused (none measured again), the same answer.
+    written = {p: p.stat().st_mtime_ns for p in (out / "records").rglob("measure.json")}
+    again = search()
+    assert {p: p.stat().st_mtime_ns for p in (out / "records").rglob("measure.json")} == written
+    assert again == summary
+    assert read_json(out / "search.json")["recommended_n_cpu_moe"] == winner
+
+
+def test_starts_of_one_configuration_pool_into_one_row(tmp_path):
+    """Two starts of the H200's n_cpu_moe 29 (the second slower, with less headroom): one row, every request of
+    both in its statistics, each start's median, the least headroom; a start that crashed makes the row crashed."""
+    from conftest import FIXTURES
+
+    first = records.load(FIXTURES / "h200-records" / "ncmoe29.json", "measure")
+    for w in first["workloads"]:
+        w["runs"] = [{"requests": [r]} for r in w["runs"]]  # a run of one request, as measure records it now
+    second = copy.deepcopy(first)
+    for w in second["workloads"]:
+        for run in w["runs"]:
+            for r in run["requests"]:
+                r["decode_tps"] *= 0.8
+        w["decode_tps"] = {k: v * 0.8 if k in ("median", "min", "max") else v for k, v in w["decode_tps"].items()}
+    second["memory"]["headroom_mib"] = 900.0
+    second["memory"]["per_phase"]["depth-16k"]["gpu_mib"] = 11388.0
+    search_dir = tmp_path / "search"
+    for rid, rec in (("abc", first), ("abc/start-2", second)):
+        records.write(search_dir / "records" / rid / "measure.json", "measure", rec)
+    records.write(
+        search_dir / "search.json",
+        "search",
+        {
+            **read_json(FIXTURES / "h200-search" / "search.json"),
+            "finalists": [{"n_cpu_moe": 29, "records": ["abc", "abc/start-2"]}],
+            "records": ["abc", "abc/start-2"],
+        },
+    )
+    paths = [search_dir / "records" / rid / "measure.json" for rid in ("abc", "abc/start-2")]
+    configs, measurements = aggregate.tables(paths, [search_dir / "search.json"])
+    (config,) = configs.to_dict("records")
+    assert (config["starts"], config["headroom_mib"], config["outcome"]) == (2, 900.0, "ok")
+    row = measurements.set_index("workload").loc["depth-16k"]
+    requests = [
+        r["decode_tps"]
+        for rec in (first, second)
+        for w in rec["workloads"]
+        if w["name"] == "depth-16k"
+        for run in w["runs"]
+        for r in run["requests"]
+    ]
+    assert row["decode_tps_n"] == len(requests) == 4 and row["decode_tps_median"] == statistics.median(requests)
+    assert list(row["decode_tps_start_medians"]) == pytest.approx([55.0, 44.0], abs=0.05)
+    assert row["workload_peak_gpu_mib"] == 11388.0
+    assert aggregate.tables(paths)[0]["starts"].tolist() == [1, 1]  # without the search that lists them: two rows
+    second.update(outcome="crashed", failure="signal", phase="short", message="killed by SIGSEGV")
+    records.write(paths[1], "measure", second)
+    (config,) = aggregate.tables(paths, [search_dir / "search.json"])[0].to_dict("records")
+    assert (config["outcome"], config["phase"], config["starts"]) == ("crashed", "short", 2)

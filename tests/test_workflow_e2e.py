@@ -94,7 +94,7 @@ def test_html_report_of_the_run_in_a_real_browser(workflow, tmp_path):
     configs = pd.read_parquet(results / "tables" / "configs.parquet")
     measurements = pd.read_parquet(results / "tables" / "measurements.parquet")
     results_tables = [
-        t for t in re.findall(r"<table>(.*?)</table>", dom, re.S) if "<th>decode t/s per request</th>" in t
+        t for t in re.findall(r"<table>(.*?)</table>", dom, re.S) if "<th>prefill t/s per request</th>" in t
     ]
     rows = [cid for t in results_tables for cid in re.findall(r"<tr(?: class=\"rec\")?><td><code>(\w+)</code>", t)]
     reached = set(measurements["config_id"])

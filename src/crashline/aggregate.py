@@ -4,11 +4,17 @@
 ``measurements``: one row per model × configuration × workload, every setting a column.
 ``searches``: one row per n_cpu_moe search.
 
+A search's finalist has several server starts (``records/ID/`` and ``records/ID/start-K/``): its starts
+are one row in ``configs`` and ``measurements`` (``pool_starts``), with ``starts`` the number of starts,
+each statistic over every request of every start, and ``*_start_medians`` each start's own median.
+Other records are one row each, as they are.
+
 Every table has the columns ``columns`` names, of the types it gives, with rows or without.
 """
 
 from __future__ import annotations
 
+import statistics
 from pathlib import Path
 
 import pandas as pd
@@ -19,6 +25,7 @@ from . import host as host_mod
 from . import records
 from . import settings as settings_mod
 from . import tablefiles
+from .workloads import summarize
 
 
 def _settings_columns(resolved: dict) -> dict:
@@ -80,12 +87,19 @@ def _config_row(rec: dict) -> dict:
         "layers_offloaded": placement.get("layers_offloaded"),
         "buffers": placement.get("buffers") or [],
         "started_at": rec.get("started_at"),
+        "starts": rec.get("starts", 1),
     }
 
 
 def _stat_columns(w: dict) -> dict:
     """Each statistic of each metric of a workload (None for a workload that failed)."""
     return {cols.stat(metric, k): (w.get(metric) or {}).get(k) for metric in cols.METRICS for k in cols.STATS}
+
+
+def _start_medians(w: dict) -> dict:
+    """Each metric's median in each server start (one start: its own median); None for a workload that failed."""
+    pooled = w.get("start_medians") or {m: [(w.get(m) or {}).get("median")] for m in cols.METRICS}
+    return {cols.start_medians(m): v if any(x is not None for x in v) else None for m, v in pooled.items()}
 
 
 def _workload_columns(w: dict, peak: dict) -> dict:
@@ -99,6 +113,7 @@ def _workload_columns(w: dict, peak: dict) -> dict:
         "workload_outcome": w["outcome"],
         "workload_message": w.get("message"),
         **_stat_columns(w),
+        **_start_medians(w),
         "workload_peak_rss_mib": peak.get("rss_mib"),
         "workload_peak_gpu_mib": peak.get("gpu_mib"),
         "cpu_server_cores": peak.get("cpu_server_cores"),
@@ -128,11 +143,101 @@ def _table(rows: list[dict], types: dict[str, pa.DataType]) -> pa.Table:
     return pa.table({name: _column([row.get(name) for row in rows], types.get(name)) for name in names})
 
 
-def arrow_tables(record_paths: list[Path]) -> tuple[pa.Table, pa.Table]:
-    """``configs`` and ``measurements`` from measure records."""
-    configs, measurements = [], []
+# -- server starts of one configuration, pooled into one row --------------------------------------------------------
+
+
+def _pool_memory(memories: list[dict | None]) -> dict | None:
+    """The peaks over every start: the highest peak, the least headroom; per phase the highest of each peak."""
+    found = [m for m in memories if m]
+    if not found:
+        return None
+    out = dict(found[0])
+    for key, pick in (("peak_rss_mib", max), ("peak_gpu_mib", max), ("peak_pct_of_limit", max)):
+        values = [m[key] for m in found if m.get(key) is not None]
+        out[key] = pick(values) if values else None
+    for key in ("headroom_mib", "headroom_pct"):
+        values = [m[key] for m in found if m.get(key) is not None]
+        out[key] = min(values) if values else None
+    phases: dict[str, dict] = {}
+    for m in found:
+        for phase, peaks in (m.get("per_phase") or {}).items():
+            into = phases.setdefault(phase, dict(peaks))
+            for key, value in peaks.items():
+                if isinstance(value, (int, float)) and not isinstance(value, bool) and into.get(key) is not None:
+                    into[key] = into[key] + value if key == "samples" else max(into[key], value)
+    out["per_phase"] = phases
+    return out
+
+
+def _pool_workload(ws: list[dict]) -> dict:
+    """One workload over several starts: every run of every start, its statistics over every request of them
+    (``workloads.summarize``, as each start's own), each start's medians; the first start's telemetry analysis."""
+    out = dict(ws[0])
+    bad = next((w for w in ws if w["outcome"] != "ok"), None)
+    if bad is not None:
+        out.update(outcome=bad["outcome"], message=bad.get("message"))
+        out.update(dict.fromkeys(cols.METRICS))
+    else:
+        out.update(summarize([run for w in ws for run in w.get("runs") or []]))
+        bound = dict(out.get("decode_bound") or {})
+        if bound.get("bound_tps") and (out.get("decode_tps") or {}).get("median"):
+            out["decode_bound"] = {**bound, "measured_over_bound": out["decode_tps"]["median"] / bound["bound_tps"]}
+    out["runs"] = [run for w in ws for run in w.get("runs") or []]
+    out["start_medians"] = {m: [(w.get(m) or {}).get("median") for w in ws] for m in cols.METRICS}
+    return out
+
+
+def pool_starts(recs: list[dict]) -> dict:
+    """Server starts of one configuration as one record (a search's finalists): the first start's record with
+    ``starts``; the outcome of the first start that failed, if one did; the peaks over every start
+    (``_pool_memory``); per workload, the statistics over every request of every start (``_pool_workload``)."""
+    if len(recs) == 1:
+        return recs[0]
+    out = {**recs[0], "starts": len(recs)}
+    bad = next((r for r in recs if r["outcome"] != "ok"), None)
+    if bad is not None:
+        out.update({k: bad.get(k) for k in ("outcome", "failure", "phase", "message", "log_tail", "returncode")})
+    out["memory"] = _pool_memory([r.get("memory") for r in recs])
+    loads = [r["load_s"] for r in recs if r.get("load_s") is not None]
+    out["load_s"] = statistics.median(loads) if loads else None
+    out["finished_at"] = recs[-1].get("finished_at")
+    names = [w["name"] for w in recs[0].get("workloads") or []]
+    out["workloads"] = [
+        _pool_workload([w for r in recs for w in r.get("workloads") or [] if w["name"] == name]) for name in names
+    ]
+    return out
+
+
+def start_groups(search_paths: list[Path]) -> list[list[Path]]:
+    """The records that are server starts of one configuration, as each search lists them (its ``finalists``)."""
+    groups = []
+    for path in map(Path, search_paths):
+        for final in records.load(path, "search").get("finalists") or []:
+            if len(final["records"]) > 1:
+                groups.append([path.parent / "records" / rid / "measure.json" for rid in final["records"]])
+    return groups
+
+
+def _pooled_records(record_paths: list[Path], starts: list[list[Path]]):
+    """Each record path's record, the starts of one configuration (``starts``) pooled into one, at the place of
+    the first of them given."""
+    group_of = {Path(p).absolute(): group for group in starts for p in group}
+    given = {Path(p).absolute() for p in record_paths}
+    done = set()
     for path in record_paths:
-        rec = records.load(path, "measure")
+        group = group_of.get(Path(path).absolute())
+        if group is None:
+            yield records.load(path, "measure")
+        elif id(group) not in done:
+            done.add(id(group))
+            yield pool_starts([records.load(p, "measure") for p in group if Path(p).absolute() in given])
+
+
+def arrow_tables(record_paths: list[Path], starts: list[list[Path]] = ()) -> tuple[pa.Table, pa.Table]:
+    """``configs`` and ``measurements`` from measure records; the records in one list of ``starts`` (server starts of
+    one configuration, ``start_groups``) become one row, pooled (``pool_starts``)."""
+    configs, measurements = [], []
+    for rec in _pooled_records(record_paths, list(starts)):
         row = _config_row(rec)
         configs.append(row)
         per_phase = (rec.get("memory") or {}).get("per_phase") or {}
@@ -142,31 +247,55 @@ def arrow_tables(record_paths: list[Path]) -> tuple[pa.Table, pa.Table]:
     return _table(configs, cols.CONFIGS), _table(measurements, cols.MEASUREMENTS)
 
 
-def tables(record_paths: list[Path]) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """``configs`` and ``measurements`` as a reader of the Parquet files sees them."""
-    configs, measurements = arrow_tables(record_paths)
+def tables(record_paths: list[Path], search_paths: list[Path] = ()) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """``configs`` and ``measurements`` as a reader of the Parquet files sees them (starts pooled as the searches
+    given list them)."""
+    configs, measurements = arrow_tables(record_paths, start_groups(list(search_paths)))
     return configs.to_pandas(), measurements.to_pandas()
 
 
+def _finalist_row(f: dict) -> dict:
+    return {k: f.get(k) for k in cols.FINALISTS.value_type.names}
+
+
 def _search_row(s: dict) -> dict:
+    """One search; the keys a search from before the climb lacks are empty (its recommendation was the lowest
+    value with the margin)."""
     lo, hi = s["range"]
+    objective = s.get("objective") or {}
     return {
         "model": s["model"],
         "group": s["group"],
+        **dict.fromkeys(cols.settings_columns(leave_out=("n_cpu_moe",))),  # a setting added since: unset
         **_settings_columns(s["settings"]),
         "server_args": settings_mod.label({**s["settings"], "n_cpu_moe": None}),
         "range_lo": lo,
         "range_hi": hi,
         "limit_mib": s["limit_mib"],
+        "compute_rows": [{"ubatch": int(u), "mib": m} for u, m in (s.get("compute_mib") or {}).items()],
+        "rest_mib": s.get("rest_mib"),
         "margin_mib": s["margin_mib"],
         "predicted_lowest": s["predicted_lowest"],
         "arithmetic": s["arithmetic"],
         "full_residency": s["full_residency"],
         "boundary": s["boundary"],
+        "lowest_with_margin": s.get("lowest_with_margin", s["recommended_n_cpu_moe"]),
         "recommended_n_cpu_moe": s["recommended_n_cpu_moe"],
         "server_starts": s["server_starts"],
         "probe_rows": s["probes"],
         "value_rows": s["values"],
+        "objective_metric": objective.get("metric"),
+        "objective_workload": objective.get("workload"),
+        "climb_limit": s.get("climb", 0),
+        "climbed": s.get("climbed") or [],
+        "climb_stop": s.get("climb_stop"),
+        "starts_per_finalist": s.get("starts", 1),
+        "finalists": [_finalist_row(f) for f in s.get("finalists") or []],
+        "start_order": s.get("start_order") or [],
+        "runner_up": s.get("runner_up"),
+        "lead_won": s.get("lead_won"),
+        "lead_pairs": s.get("lead_pairs"),
+        "lead_held": s.get("lead_held"),
     }
 
 
@@ -186,10 +315,11 @@ def write(
     search_paths: list[Path] = (),
     searches_path: Path | None = None,
 ) -> tuple[pd.DataFrame, pd.DataFrame]:
-    configs, measurements = arrow_tables([Path(p) for p in record_paths])
+    search_paths = [Path(p) for p in search_paths]
+    configs, measurements = arrow_tables([Path(p) for p in record_paths], start_groups(search_paths))
     outputs = [(configs, configs_path), (measurements, measurements_path)]
     if searches_path is not None:
-        outputs.append((arrow_search_table([Path(p) for p in search_paths]), searches_path))
+        outputs.append((arrow_search_table(search_paths), searches_path))
     for table, path in outputs:
         tablefiles.write(table, path)
     return configs.to_pandas(), measurements.to_pandas()

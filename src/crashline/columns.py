@@ -4,9 +4,9 @@ Each table is an ordered mapping of column name to Arrow type. ``aggregate`` wri
 columns, in this order and of these types, whether the table has rows or not; readers name columns
 through the constants here rather than spelling them out.
 
-Lists and nested values are native: ``command_argv`` a list of strings, ``buffers``,
-``bottleneck_rows``, ``probe_rows`` and ``value_rows`` lists of structs, ``range_lo``/``range_hi``
-and ``s_*`` scalars.
+Lists and nested values are native: ``command_argv`` and ``*_start_medians`` lists, ``buffers``,
+``bottleneck_rows``, ``probe_rows``, ``value_rows``, ``climbed``, ``finalists`` and ``start_order``
+lists of structs, ``range_lo``/``range_hi`` and ``s_*`` scalars.
 """
 
 from __future__ import annotations
@@ -45,6 +45,25 @@ BOTTLENECK_ROWS = pa.list_(
 )
 PROBE_ROWS = pa.list_(pa.struct([("n_cpu_moe", INT), ("survived", BOOL)]))
 VALUE_ROWS = pa.list_(pa.struct([("n_cpu_moe", INT), ("predicted_mib", FLOAT), ("status", TEXT)]))
+SPEED = [("median", FLOAT), ("min", FLOAT), ("max", FLOAT), ("n", INT)]  # the objective's, over its requests
+# Each value the climb measured: its speed in its first start and its verdict against the best before it
+# ("faster", "within noise", "slower": the climb stopped, "failed": not safe with the margin, the climb stopped).
+CLIMBED = pa.list_(pa.struct([("n_cpu_moe", INT), *SPEED, ("verdict", TEXT)]))
+# Each finalist: its server starts, each start's median, the speed pooled over every request of every start, and
+# whether every start survived every workload with the margin (only then can it win).
+FINALISTS = pa.list_(
+    pa.struct(
+        [
+            ("n_cpu_moe", INT),
+            ("config_id", TEXT),
+            ("starts", INT),
+            ("start_medians", pa.list_(FLOAT)),
+            *SPEED,
+            ("survived", BOOL),
+        ]
+    )
+)
+START_ORDER = pa.list_(pa.struct([("n_cpu_moe", INT), ("start", INT)]))  # the finalists' starts 2, 3, ... in order
 
 
 def setting(name: str) -> str:
@@ -55,6 +74,11 @@ def setting(name: str) -> str:
 def stat(metric: str, name: str) -> str:
     """The column of one statistic of a metric: ``stat("decode_tps", "median") == "decode_tps_median"``."""
     return f"{metric}_{name}"
+
+
+def start_medians(metric: str) -> str:
+    """The column of a metric's median in each server start: ``decode_tps_start_medians``."""
+    return f"{metric}_start_medians"
 
 
 def settings_columns(leave_out: tuple[str, ...] = ()) -> dict[str, pa.DataType]:
@@ -110,7 +134,8 @@ CONFIGS: dict[str, pa.DataType] = {
     "n_threads_batch": INT,
     "layers_offloaded": INT,
     "buffers": BUFFERS,
-    "started_at": TEXT,
+    "started_at": TEXT,  # of the first server start
+    "starts": INT,  # server starts pooled in this row: 1, or a search finalist's starts
 }
 
 WORKLOAD: dict[str, pa.DataType] = {
@@ -120,7 +145,8 @@ WORKLOAD: dict[str, pa.DataType] = {
     "concurrency": INT,
     "workload_outcome": TEXT,
     "workload_message": TEXT,
-    **_stat_columns(),
+    **_stat_columns(),  # over every request of every repetition of every start
+    **{start_medians(metric): pa.list_(FLOAT) for metric in METRICS},  # one median per start
     "workload_peak_rss_mib": FLOAT,
     "workload_peak_gpu_mib": FLOAT,
     "cpu_server_cores": FLOAT,
@@ -143,15 +169,30 @@ SEARCHES: dict[str, pa.DataType] = {
     "range_lo": INT,
     "range_hi": INT,
     "limit_mib": INT,
+    "compute_rows": pa.list_(pa.struct([("ubatch", INT), ("mib", FLOAT)])),  # the calibration's compute buffers
+    "rest_mib": FLOAT,  # the calibration's rest (CUDA context, small buffers): with compute_rows, suggest.what_if
     "margin_mib": INT,
     "predicted_lowest": INT,
     "arithmetic": TEXT,
     "full_residency": TEXT,
     "boundary": INT,
-    "recommended_n_cpu_moe": INT,
-    "server_starts": INT,
+    "lowest_with_margin": INT,  # the lowest value that survived every workload with the margin
+    "recommended_n_cpu_moe": INT,  # the winner: the fastest finalist (without a climb, lowest_with_margin)
+    "server_starts": INT,  # every record the search used, starts 2, 3, ... of finalists included
     "probe_rows": PROBE_ROWS,
     "value_rows": VALUE_ROWS,
+    "objective_metric": TEXT,  # what the climb and the finalists are ranked by (empty without a climb)
+    "objective_workload": TEXT,
+    "climb_limit": INT,  # the most values measured above lowest_with_margin (config key climb; 0: no climb)
+    "climbed": CLIMBED,
+    "climb_stop": TEXT,  # why the climb stopped
+    "starts_per_finalist": INT,  # config key starts: server starts of each finalist, the first included
+    "finalists": FINALISTS,
+    "start_order": START_ORDER,
+    "runner_up": INT,  # the finalist with the second pooled median
+    "lead_won": INT,  # start pairs (start k of each) in which the winner's median beat the runner-up's ...
+    "lead_pairs": INT,  # ... of this many
+    "lead_held": TEXT,  # the same in words
 }
 
 

@@ -1,5 +1,6 @@
-"""Predict a configuration's VRAM before running it, and find the n_cpu_moe boundary by search
-instead of by trying every value.
+"""Predict a configuration's VRAM before running it, find the n_cpu_moe boundary by search
+instead of by trying every value, and find the fastest value above it (pure functions: each takes
+the measurement as a callback).
 
 Prediction, as a person would do it on paper:
   weights on the GPU  = the non-expert tensors of every offloaded layer
@@ -13,6 +14,7 @@ Prediction, as a person would do it on paper:
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 MIB = 1 << 20
 # Bytes per element of each KV cache type (block formats: bytes per 32-element block / 32).
@@ -165,3 +167,185 @@ def search_lowest(
         else:
             bad = mid
     return good, probes
+
+
+# -- the fastest value near the boundary: the climb, the finalists, the interleaved starts -------------------------
+
+MAX_FINALISTS = 3  # values re-measured in interleaved starts after the climb (a challenger may join later)
+
+
+@dataclass(frozen=True)
+class Speed:
+    """One value's speed by the objective: the median and the range [low, high] over ``n`` requests (every request
+    of every repetition, of one server start or pooled over several)."""
+
+    median: float
+    low: float
+    high: float
+    n: int = 1
+
+    @classmethod
+    def of(cls, stats: dict | None) -> Speed | None:
+        """From a workload's statistics (``workloads.stats``: median, min, max, n); None where there are none."""
+        if not stats or stats.get("median") is None:
+            return None
+        return cls(stats["median"], stats["min"], stats["max"], stats.get("n") or 0)
+
+    def text(self) -> str:
+        return f"{self.median:,.1f} [{self.low:,.1f}–{self.high:,.1f}]"
+
+
+def within_noise(a: Speed, b: Speed) -> bool:
+    """The noise rule: two speeds are within noise of each other when their ranges (min–max over every request of
+    every repetition) overlap. One is clearly faster than the other only when its whole range lies above the other's
+    (the rule ``recommend`` uses for "within the spread of the repetitions")."""
+    return a.low <= b.high and b.low <= a.high
+
+
+def _key(n: int, speed: Speed) -> tuple[float, int]:
+    """Ranking key: the higher median first; on a tie the higher n_cpu_moe (more VRAM to spare)."""
+    return (speed.median, n)
+
+
+@dataclass(frozen=True)
+class Step:
+    """One value the climb measured: its speed (None: it did not survive every workload with the margin), its
+    verdict against the best value before it ("faster", "within noise", "slower", "failed"), and the best after it."""
+
+    n_cpu_moe: int
+    speed: Speed | None
+    verdict: str
+    best: int
+
+
+def climb(
+    speed: Callable[[int], Speed | None],
+    lowest: int,
+    hi: int,
+    most: int,
+    on_step: Callable[[Step, int], None] | None = None,
+) -> tuple[list[Step], str]:
+    """Above ``lowest`` (the lowest n_cpu_moe that survives with the margin: measured), measure lowest + 1, + 2, ...
+    while each is faster than the best value so far or within noise of it (``within_noise``), since speed is not
+    monotonic in n_cpu_moe near the boundary. Stops at the first value clearly slower than the best (its whole range
+    below the best's), at the first that does not survive with the margin (``speed`` gives None), after ``most``
+    values, or at ``hi``. ``on_step(step, index)`` is called after each value. Returns the steps and why it stopped.
+    """
+    best_n, best = lowest, speed(lowest)
+    steps: list[Step] = []
+    if best is None:
+        return steps, f"n_cpu_moe {lowest} has no speed at the objective workload to compare with"
+    top = min(hi, lowest + most)
+    for n in range(lowest + 1, top + 1):
+        s = speed(n)
+        if s is None:
+            verdict = "failed"
+        elif s.high < best.low:
+            verdict = "slower"
+        elif s.low > best.high:
+            verdict = "faster"
+        else:
+            verdict = "within noise"
+        if s is not None and _key(n, s) > _key(best_n, best):
+            best_n, best = n, s
+        steps.append(Step(n, s, verdict, best_n))
+        if on_step:
+            on_step(steps[-1], len(steps))
+        if verdict == "failed":
+            return steps, f"n_cpu_moe {n} did not survive every workload with the margin"
+        if verdict == "slower":
+            return steps, f"n_cpu_moe {n} is clearly slower than n_cpu_moe {best_n} (ranges apart)"
+    if not most:
+        return steps, "no climb asked for"
+    if top < lowest + most:
+        return steps, f"reached the top of the range ({hi})"
+    return steps, f"tried {most} value(s) above {lowest}, the most asked for"
+
+
+def finalists(speeds: dict[int, Speed], most: int = MAX_FINALISTS) -> list[int]:
+    """The values to measure again: the fastest by median and every value within noise of it, fastest first, at most
+    ``most``. Where none is within noise, the runner-up all the same: one start's range holds the noise within that
+    start, not between starts (decode varied up to 27% between starts of one configuration on the H200), so one start
+    cannot rule the runner-up out."""
+    ranked = sorted(speeds, key=lambda n: _key(n, speeds[n]), reverse=True)
+    if not ranked:
+        return []
+    best = ranked[0]
+    close = [n for n in ranked[1:] if within_noise(speeds[n], speeds[best])]
+    return [best, *(close or ranked[1:2])][: max(most, 1)]
+
+
+def rank(per_start: dict[int, list[Speed | None]], pooled: dict[int, Speed | None]) -> dict:
+    """The winner among the finalists: the highest pooled median (every request of every start) among those that
+    survived every start with the margin (a start that did not leaves None); the runner-up likewise; and in how many
+    start pairs (start k of one against start k of the other) the winner's median was the higher."""
+    eligible = {n: pooled[n] for n in per_start if pooled.get(n) and all(s is not None for s in per_start[n])}
+    ranked = sorted(eligible, key=lambda n: _key(n, eligible[n]), reverse=True)
+    out = {"winner": ranked[0] if ranked else None, "runner_up": None, "won": None, "pairs": None}
+    if not ranked:
+        return {**out, "lead_held": "no finalist survived every start with the margin"}
+    winner = ranked[0]
+    if len(ranked) == 1:
+        alone = "the only finalist" if len(per_start) == 1 else "the only finalist that survived every start"
+        return {**out, "lead_held": f"n_cpu_moe {winner}: {alone}"}
+    runner = ranked[1]
+    pairs = list(zip(per_start[winner], per_start[runner], strict=False))
+    won = [a.median > b.median for a, b in pairs]
+    text = (
+        f"n_cpu_moe {winner} faster than n_cpu_moe {runner} (the runner-up) in {sum(won)} of {len(won)} "
+        f"interleaved start pairs"
+    )
+    if len(won) > 1:
+        text += f"; in {sum(won[1:])} of {len(won) - 1} after the first, which chose the finalists"
+    return {**out, "runner_up": runner, "won": sum(won), "pairs": len(won), "lead_held": text}
+
+
+def settle(
+    start: Callable[[int, int], Speed | None],
+    pooled: Callable[[int], Speed | None],
+    speeds: dict[int, Speed],
+    starts: int,
+    most: int = MAX_FINALISTS,
+) -> dict:
+    """Measure the finalists again and pick the winner.
+
+    ``speeds``: the first start's speed of every value measured that survived every workload with the margin, in the
+    order they were measured. ``start(n, k)`` runs start k (2, 3, ...) of value n and gives its speed (None: it failed
+    or fell under the margin); ``pooled(n)`` the speed over every start of n so far.
+
+    The finalists (``finalists``) get ``starts`` starts each, round by round in the order they were first measured
+    (A B A B ...: start 1 of each, then start 2 of each, ...). Then ``rank``. A value measured in fewer starts whose
+    median is above the winner's pooled median (or any, when no finalist survived every start) would make the answer
+    depend on one start: the fastest such challenger joins the finalists and gets its starts, until there is none.
+    Returns ``rank``'s result with ``finalists`` (in order), ``per_start``, ``pooled`` and ``order`` ((n, k) of every
+    start run here, in order).
+    """
+    chosen = finalists(speeds, most)
+    final = [n for n in speeds if n in chosen]
+    per_start = {n: [speeds[n]] for n in speeds}
+    order: list[tuple[int, int]] = []
+    pending = final
+    while True:
+        for k in range(2, starts + 1):
+            for n in pending:
+                per_start[n].append(start(n, k))
+                order.append((n, k))
+        speeds_pooled = {n: pooled(n) for n in final}
+        result = rank({n: per_start[n] for n in final}, speeds_pooled)
+        winner = result["winner"]
+        rest = [n for n in speeds if n not in final]
+        if winner is not None:
+            bar = _key(winner, speeds_pooled[winner])
+            rest = [n for n in rest if _key(n, speeds[n]) > bar]
+        if not rest:
+            break
+        challenger = max(rest, key=lambda n: _key(n, speeds[n]))
+        final.append(challenger)
+        pending = [challenger]
+    return {
+        **result,
+        "finalists": final,
+        "per_start": {n: per_start[n] for n in final},
+        "pooled": speeds_pooled,
+        "order": order,
+    }

@@ -15,13 +15,14 @@ import pandas as pd
 from .atomic import atomic_path, read_json
 from .boundary import crash_lines
 from .columns import SETTING_PREFIX, setting
-from .config import expand, expand_searches, objective_workload
+from .config import expand, expand_searches, objective_workload, resolve_objective
 from .needle_table import recall_failures, recall_grid
 from .present import correction, html, markdown, sections
 from .present import figures as figures_mod
 from .present.doc import Figure, Stat
 from .present.compact import distinguishing, runs, split_common, wrapped
 from .recommend import failure_reason, recommend
+from .paths import Layout
 from .thresholds import missing, shared, too_wide
 
 N_CPU_MOE = setting("n_cpu_moe")
@@ -368,6 +369,7 @@ def _per_model(model: str, configs, measurements, recs: list[dict], lines: list[
     common, rest = split_common(list(c["server_args"]))
     differs = dict(zip(c["config_id"], rest, strict=True))
     model_recs = [_answer(dict(r), list(c["server_args"]), m) for r in recs if r["model"] == model]
+    tradeoff = [{**t, "differs": differs.get(t["config_id"], "")} for r in model_recs for t in r.get("tradeoff", [])]
     rows = _results(c, m, {(r["model"], r["winner"]) for r in recs})
     for row in [*rows, *(lim := limits(m, c, workload))]:
         row["differs"] = differs[row["config_id"]]
@@ -380,6 +382,7 @@ def _per_model(model: str, configs, measurements, recs: list[dict], lines: list[
         "crash_lines": [e for e in lines if e["model"] == model],
         "fit": fit_comparison(c, m, model_recs, metric, workload),
         "limits": lim,
+        "tradeoff": tradeoff,
         "cold_warm": cold_warm(c, m),
         "searches": [],
     }
@@ -414,9 +417,10 @@ def context(
     recall_failures: dict | None = None,
 ) -> dict:
     """What the report says, section by section, as data (``present.sections`` lays it out)."""
-    metric, workload = config["objective"]["metric"], objective_workload(config)
+    objective = resolve_objective(config)
+    metric, workload = objective["metric"], objective["workload"]
     margin = config["budget"]["margin_mib"]
-    recs = recommend(configs, measurements, metric, workload, margin, recall_failures or {})
+    recs = recommend(configs, measurements, margin_mib=margin, recall_failures=recall_failures or {}, **objective)
     short = min(config["workloads"], key=lambda w: (w["prompt_tokens"], w["gen_tokens"]))["name"]
     lines = crash_lines(configs, measurements, short, margin)
     residency = configs["page_cache_resident_at_start"].dropna()
@@ -436,9 +440,6 @@ def context(
         ],
         "suspect_columns": SUSPECT_COLUMNS,
         "objective_workload": workload,
-        "objective_concurrency": next(
-            (w.get("concurrency", 1) for w in config["workloads"] if w["name"] == workload), 1
-        ),
     }
 
 
@@ -495,7 +496,68 @@ def planner_ranges(values: list[dict], probed: dict, limit, chosen, margin: int)
     return out
 
 
-def searches(table: pd.DataFrame, model: str, configs: pd.DataFrame) -> list[dict]:
+def _speed(entry: dict) -> str:
+    return f"{entry['median']:,.1f} [{entry['min']:,.1f}–{entry['max']:,.1f}]" if not missing(entry["median"]) else "–"
+
+
+def climb_text(row) -> str | None:
+    """The climb above the lowest value with the margin, in a sentence."""
+    climbed = list(row.get("climbed") if row.get("climbed") is not None else [])
+    if not climbed:
+        return None
+    steps = "; ".join(f"{c['n_cpu_moe']} {_speed(c)} {c['verdict']}" for c in climbed)
+    stop = f" ({row['climb_stop']})" if not missing(row.get("climb_stop")) else ""
+    metric = (row.get("objective_metric") or "decode_tps").removesuffix("_tps")
+    return (
+        f"Climb from n_cpu_moe {row['lowest_with_margin']}, the lowest with the margin, {metric} t/s at "
+        f"{row.get('objective_workload')}: {steps}{stop}."
+    )
+
+
+def finalists_text(row) -> str | None:
+    """The finalists' interleaved server starts and how long the winner's lead held."""
+    finalists = list(row.get("finalists") if row.get("finalists") is not None else [])
+    if not finalists:
+        return None
+    each = "; ".join(
+        f"{f['n_cpu_moe']}: {f['starts']} starts, medians {', '.join(f'{m:,.1f}' for m in f['start_medians'])}, "
+        f"pooled {_speed(f)}" + ("" if f["survived"] else ", failed a start")
+        for f in finalists
+    )
+    lead = f" {row['lead_held']}." if not missing(row.get("lead_held")) else ""
+    return f"Finalists, started again interleaved: {each}.{lead}"
+
+
+def what_if_table(row, manifest: dict | None) -> dict | None:
+    """Predicted lowest safe n_cpu_moe for other cards and contexts, from this search's calibration."""
+    from .suggest import SuggestError, what_if
+
+    compute = row.get("compute_rows")
+    if manifest is None or compute is None or not len(compute) or missing(row.get("rest_mib")):
+        return None
+    calibration = {
+        "compute_mib": {int(c["ubatch"]): c["mib"] for c in compute},
+        "rest_mib": row["rest_mib"],
+        "ctx": row["s_ctx"],
+        "model": row["model"],
+        "group": row["group"],
+    }
+    try:
+        table = what_if(
+            manifest,
+            calibration,
+            ubatches=(int(row["s_ubatch"]),),
+            cache_type_k=row["s_cache_type_k"],
+            cache_type_v=row["s_cache_type_v"],
+            parallel=int(row["s_parallel"]) if not missing(row.get("s_parallel")) else 1,
+            margin_mib=int(row["margin_mib"]),
+        )
+    except SuggestError:
+        return None
+    return table
+
+
+def searches(table: pd.DataFrame, model: str, configs: pd.DataFrame, manifest: dict | None = None) -> list[dict]:
     out = []
     for _, row in table[table["model"] == model].iterrows() if not table.empty else []:
         probed = _probed(row, configs)
@@ -511,6 +573,9 @@ def searches(table: pd.DataFrame, model: str, configs: pd.DataFrame) -> list[dic
                 "value_rows": values,
                 "ranges": planner_ranges(list(row["value_rows"]), probed, row["limit_mib"], chosen, row["margin_mib"]),
                 "range": f"[{row['range_lo']}, {row['range_hi']}]",
+                "climb": climb_text(row),
+                "finalists_text": finalists_text(row),
+                "what_if": what_if_table(row, manifest),
             }
         )
     return out
@@ -560,7 +625,9 @@ def render(
     figures_dir = md_path.parent / FIGURES
     figures_mod.write(drawn, figures_dir)
     for m in ctx["per_model"]:
-        m["searches"] = searches(search_table, m["name"], configs)
+        manifest_path = Layout(results_dir or md_path.parent).manifest(m["name"])
+        manifest = read_json(manifest_path) if manifest_path.exists() else None
+        m["searches"] = searches(search_table, m["name"], configs, manifest)
         m["figures"] = [Figure(f.title, f.svg, f"{FIGURES}/{f.file}", f.series) for f in drawn.get(m["name"], [])]
     doc = sections.document(ctx, recall_grid(needle_table), correction.report_section(config, configs, measurements))
     _write(md_path, markdown.page(doc))

@@ -81,6 +81,22 @@ SETTINGS: dict[str, Setting] = {
             ("auto", "none", "mmap", "mlock", "mmap+mlock", "dio"),
         ),
         Setting("fit", "--fit", "choice", "off", "let llama.cpp choose placement itself (--fit on)", ("on", "off")),
+        Setting(
+            "fit_target",
+            "--fit-target",
+            "int",
+            None,
+            "MiB of VRAM --fit on leaves free on each device (with fit on, default: budget.margin_mib)",
+        ),
+        Setting(
+            "fit_ctx",
+            "--fit-ctx",
+            "int",
+            None,
+            "the smallest context --fit on may cut the context to (with fit on, default: ctx)",
+            minimum=1,
+            maximum=MAX_CTX,
+        ),
         Setting("kv_unified", None, "bool", None, "one KV buffer shared by all slots (-kvu / -no-kvu)"),
         Setting("cont_batching", None, "bool", True, "continuous batching (-cb / -nocb)"),
         Setting("draft_model", "-md", "str", None, "name of a model in `models:` used as speculative draft"),
@@ -185,11 +201,42 @@ def resolve(settings: dict[str, Any]) -> dict[str, Any]:
         if chosen:
             raise SettingsError(f"setting fit = 'on' lets llama.cpp choose placement; remove {', '.join(chosen)}")
         resolved["n_gpu_layers"] = resolved["n_cpu_moe"] = None
+    else:
+        aims = [k for k in FIT_AIMS if resolved[k] is not None]
+        if aims:
+            reason = (
+                f"{aims[0]} = {resolved[aims[0]]} aims llama.cpp's --fit placement, which runs only with fit = 'on'; "
+                "set fit: on or remove it"
+            )
+            raise SettingsError(f"setting {reason}", reason)
     if resolved["extra_args"] is None:
         resolved["extra_args"] = []
     resolved["extra_args"] = list(resolved["extra_args"])
     _check_extra_args(resolved["extra_args"])
     return resolved
+
+
+# The aims of llama.cpp's --fit placement: the VRAM it leaves free per device, the smallest context it may cut to.
+FIT_AIMS = ("fit_target", "fit_ctx")
+FIT_AIM_FLAGS = {"fit_target": ("--fit-target", "-fitt"), "fit_ctx": ("--fit-ctx", "-fitc")}
+
+
+def aim_fit(resolved: dict[str, Any], margin_mib: int | None) -> dict[str, Any]:
+    """With ``fit: on``, llama.cpp's --fit aims at crashline's headroom: --fit-target is the budget's margin
+    (MiB left free on each device, which is what a survivor needs to be recommended) and --fit-ctx the
+    configuration's ctx, unless the settings (or extra_args) set them. Other configurations are unchanged.
+
+    llama.cpp's own defaults are --fit-target 1024 and --fit-ctx 4096. With -c given, --fit never cuts the
+    context (common/fit.cpp: "context size set by user"), so --fit-ctx only states the intent there."""
+    if resolved.get("fit") != "on":
+        return resolved
+    aimed = dict(resolved)
+    extra = {a.split("=", 1)[0] for a in resolved.get("extra_args") or []}
+    wanted = {"fit_target": margin_mib, "fit_ctx": resolved.get("ctx")}
+    for name, value in wanted.items():
+        if aimed.get(name) is None and value is not None and not extra & set(FIT_AIM_FLAGS[name]):
+            aimed[name] = int(value)
+    return aimed
 
 
 # crashline sets these itself on every start (loopback only, a free port, the placement log level).

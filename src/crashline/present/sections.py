@@ -148,10 +148,11 @@ def _models(models: list[dict]) -> Table:
 
 def model_section(m: dict, ctx: dict) -> Section:
     blocks = [
-        *(recommendation(r, ctx["objective_concurrency"]) for r in m["recommendations"]),
+        *(recommendation(r) for r in m["recommendations"]),
         *m.get("figures", []),
         *common_settings(m["common_args"]),
         results(m["rows"]),
+        *tradeoff(m["tradeoff"]),
         *fit(m),
         *(b for s in m["searches"] for b in planner(s)),
         *crash_line(m["crash_lines"]),
@@ -162,17 +163,17 @@ def model_section(m: dict, ctx: dict) -> Section:
     return Section(m["name"], blocks, anchor=f"model-{m['name']}")
 
 
-def recommendation(r: dict, concurrency: int):
+def recommendation(r: dict):
     """The answer first (the settings that set the winner apart), its speed and memory, the whole command to
     copy, its id; then why each other configuration lost."""
     if not r["winner"]:
-        return Para([Strong("No configuration survived every workload"), ", so there is no recommendation."], "fail")
+        why = r.get("no_winner") or "no configuration survived every workload"
+        return Para([Strong(f"No recommendation: {why}"), "."], "fail")
     answer = Para([Strong(["Use ", Code(r["use"])])], "answer")
     said = [
-        f"{r['metric_label'].capitalize()} {r['winner_speed']:.1f} t/s per request at workload ",
-        Code(r["workload"]),
-        f" ({plural(concurrency, 'request')} at once), the fastest of the configurations that survived every "
-        "workload with the margin",
+        f"{r['metric_label'].capitalize()} {r['winner_speed']:.1f} t/s, the best by "
+        f"{r.get('objective_text') or r['workload']} among the configurations that survived every workload "
+        "with the margin",
         f"; {r['memory']}." if r.get("memory") else ".",
     ]
     blocks = [answer, Para(said), CodeBlock(r["command"], copy=True), Para(["Configuration id ", Code(r["winner"])])]
@@ -267,6 +268,39 @@ def results(rows: list[dict]) -> list:
     return compacted(RESULT_HEADER, out, frozenset({0, 1, 2, 3, 7}), frozenset({4, *range(6, 15)}), marks)
 
 
+def tradeoff(rows: list[dict]) -> list:
+    """Per request against aggregate for the workloads that ran several requests at once: what each slot count
+    gives one user and all of them; ★ the recommendation, ◆ the best trade-offs (nothing beats them on both)."""
+    if not rows:
+        return []
+    lead = [
+        Strong("Per request against all requests together"),
+        " (medians; ◆ no other eligible configuration is faster on both; ★ recommended; "
+        "✗ not eligible: it failed the margin, recall or a workload):",
+    ]
+    header = ["config", "settings that differ", "workload", "requests at once", "-np", "decode t/s per request"]
+    header += ["aggregate t/s (end to end)", "time to first token s", ""]
+    table = [
+        [
+            Code(t["config_id"]),
+            _settings_cell(t),
+            t["workload"],
+            t["concurrency"],
+            _or_dash(t["parallel"]),
+            _num(t["decode_tps_median"], 1),
+            _num(t["aggregate_tps_median"], 1),
+            _num(t["ttft_s_median"], 3),
+            ("★" if t["winner"] else "") + ("◆" if t["frontier"] else "") + ("" if t["eligible"] else "✗"),
+        ]
+        for t in rows
+    ]
+    return [Para(lead), Table(header, table, frozenset({3, 4, 5, 6, 7}))]
+
+
+def _num(value, digits: int) -> str:
+    return "–" if missing(value) else f"{value:,.{digits}f}"
+
+
 def fit(m: dict) -> list:
     """llama.cpp's own placement (--fit on) beside the recommendation."""
     if not m["fit"]:
@@ -325,7 +359,34 @@ def planner(s: dict) -> list:
     )
     rows = [[v["n_cpu_moe"], f"{v['predicted_mib']:,.0f}", v["status"]] for v in s["value_rows"]]
     table = Table(["n_cpu_moe", "predicted MiB", "status"], rows, frozenset({0, 1}))
-    return [Para(text), Bullets(s["ranges"]), Details(f"every value of {s['range']}", [table])]
+    blocks = [Para(text), Bullets(s["ranges"])]
+    blocks += [Para(t) for t in (s.get("climb"), s.get("finalists_text")) if t]
+    blocks.append(Details(f"every value of {s['range']}", [table]))
+    return blocks + what_if(s.get("what_if"))
+
+
+def what_if(w: dict | None) -> list:
+    """The predicted lowest safe n_cpu_moe on other cards and at other contexts, from this search's calibration."""
+    if not w:
+        return []
+    ctxs = w["ctxs"]
+    by = {(r["card"], r["ctx"]): r for r in w["rows"]}
+    rows = []
+    for card in w["cards"]:
+        cells = []
+        for ctx in ctxs:
+            r = by.get((card["card"], ctx))
+            cells.append("–" if r is None else (f"{r['n_cpu_moe']}" if r["n_cpu_moe"] is not None else r["status"]))
+        rows.append([f"{card['card']} ({card['vram_mib']:,} MiB)", *cells])
+    lead = [
+        Strong("What if"),
+        f" (a prediction from this search's calibration, not measured; -ub {w['ubatches'][0]}, "
+        f"{w['margin_mib']:,} MiB margin): the lowest ",
+        Code("--n-cpu-moe"),
+        " predicted to fit each card and context.",
+    ]
+    header = ["card", *(f"ctx {c:,}" for c in ctxs)]
+    return [Para(lead), Table(header, rows, frozenset(range(1, len(header)))), Bullets(w["assumptions"])]
 
 
 def crash_line(lines: list[dict]) -> list:
