@@ -93,7 +93,7 @@ def job_spec(job):
     reruns it, and the job reads exactly this."""
 
     def spec(wildcards):
-        job_id = wildcards.gid if job == "search" else wildcards.cid
+        job_id = wildcards.gid if job in ("search", "search_needle") else wildcards.cid
         return crashline_jobs.as_param(
             crashline_jobs.spec(job, CFG, wildcards.model, job_id)
         )
@@ -112,4 +112,7 @@ def all_records(wildcards):
 
 
 def all_needle_records(wildcards):
-    return [LAYOUT.needle_record(c["model"], c["id"]) for c in CONFIGURATIONS]
+    """Every configuration's needle record, and every search's recall check (standing for its candidates')."""
+    return [LAYOUT.needle_record(c["model"], c["id"]) for c in CONFIGURATIONS] + [
+        LAYOUT.search_recall(g["model"], g["id"]) for g in SEARCHES
+    ]

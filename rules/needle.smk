@@ -23,6 +23,31 @@ rule needle:
         "../scripts/job.py"
 
 
+# A search's winner is checked the same way before it is recommended; one that fails is replaced by the
+# next fastest of the search, checked in the same job.
+rule search_needle:
+    input:
+        fetch=LAYOUT.fetch("{model}"),
+        manifest=LAYOUT.manifest("{model}"),
+        warmup=LAYOUT.warmup("{model}"),
+        server=LAYOUT.provenance(),
+        search=LAYOUT.search("{model}", "{gid}"),
+    output:
+        summary=LAYOUT.search_recall("{model}", "{gid}"),
+    log:
+        f"{RESULTS}/logs/search_needle/{{model}}/{{gid}}.log",
+    benchmark:
+        f"{RESULTS}/benchmarks/search_needle/{{model}}/{{gid}}.tsv"
+    conda:
+        "../envs/crashline.yaml"
+    resources:
+        server=1,
+    params:
+        spec=job_spec("search_needle"),
+    script:
+        "../scripts/job.py"
+
+
 rule needle_table:
     input:
         all_needle_records,

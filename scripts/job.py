@@ -13,7 +13,13 @@ from crashline import progress
 from crashline.cli import main
 
 smk = snakemake  # noqa: F821 (given by Snakemake)
-SERVER_INPUTS = {"fetch": "--fetch", "manifest": "--manifest", "server": "--server", "draft": "--draft"}
+SERVER_INPUTS = {
+    "fetch": "--fetch",
+    "manifest": "--manifest",
+    "server": "--server",
+    "draft": "--draft",
+    "search": "--search",
+}
 SERVER_OUTPUTS = {"record": "--out", "summary": "--out", "server_log": "--log", "telemetry": "--telemetry"}
 
 
@@ -33,6 +39,7 @@ ARGV = {
     "measure": lambda s: ["measure", *server_job(s)],
     "search": lambda s: ["search", *server_job(s)],
     "needle": lambda s: ["needle", *server_job(s)],
+    "search_needle": lambda s: ["search-needle", *server_job(s)],
     "needle_table": lambda s: ["needle-table", "--out", s.output[0], *s.input],
     "aggregate": lambda s: [
         "aggregate",

@@ -90,12 +90,13 @@ def _server_job(args) -> int:
     from . import jobs
 
     cfg, layout = _load(args)
+    job = args.verb.replace("-", "_")
     if args.spec:
         job_spec = json.loads(args.spec)
         model, job_id = job_spec["model"], (job_spec.get("item") or job_spec.get("group"))["id"]
     elif args.model and args.id:
         model, job_id = args.model, args.id
-        job_spec = jobs.spec(args.verb, cfg, model, job_id)
+        job_spec = jobs.spec(job, cfg, model, job_id)
     else:
         raise config_mod.ConfigError(f"{args.verb} needs --model and --id (see `plan`), or --spec")
     draft = (job_spec.get("item") or {}).get("settings", {}).get("draft_model")
@@ -105,9 +106,14 @@ def _server_job(args) -> int:
         Path(args.server or layout.provenance()),
         Path(args.draft or layout.fetch(draft)) if draft else None,
     )
-    if args.verb == "search":
+    if job == "search":
         outputs = {"summary": args.out or layout.search(model, job_id)}
-    elif args.verb == "needle":
+    elif job == "search_needle":
+        outputs = {
+            "summary": args.out or layout.search_recall(model, job_id),
+            "search": args.search or layout.search(model, job_id),
+        }
+    elif job == "needle":
         outputs = {
             "record": args.out or layout.needle_record(model, job_id),
             "server_log": args.log or layout.needle_server_log(model, job_id),
@@ -126,8 +132,8 @@ def cmd_needle_table(args) -> int:
     from .needle_table import write_table
 
     cfg, layout = _load(args)
-    records = args.records or [layout.needle_record(i["model"], i["id"]) for i in config_mod.expand(cfg)]
-    write_table(records, Path(args.out or layout.needle_table()))
+    given = args.records or [layout.needle_record(i["model"], i["id"]) for i in config_mod.expand(cfg)]
+    write_table(needle_records_from(given), Path(args.out or layout.needle_table()))
     return 0
 
 
@@ -140,6 +146,21 @@ def records_from(paths: list[Path]) -> list[Path]:
     for p in map(Path, paths):
         if p.name == "search.json":
             out += [p.parent / "records" / cid / "measure.json" for cid in records.load(p, "search")["records"]]
+        else:
+            out.append(p)
+    return out
+
+
+def needle_records_from(paths: list[Path]) -> list[Path]:
+    """needle.json paths as they are; a search's recall.json stands for the needle records of the candidates it
+    tested."""
+    from . import records
+
+    out = []
+    for p in map(Path, paths):
+        if p.name == "recall.json":
+            tested = records.load(p, "search_needle")["records"]
+            out += [p.parent / "needle" / cid / "needle.json" for cid in tested]
         else:
             out.append(p)
     return out
@@ -280,13 +301,14 @@ def parser() -> argparse.ArgumentParser:
     for name, help_text in (
         ("measure", "measure one model x configuration"),
         ("needle", "needle recall for one model x configuration"),
-        ("search", "find the lowest surviving n_cpu_moe of one search group (see `plan`)"),
+        ("search", "find the fastest n_cpu_moe that survives with the margin, for one search group (see `plan`)"),
+        ("search-needle", "needle recall for a search's winner, and the next fastest until one recalls"),
     ):
         s = verb(name, _server_job, help_text)
         s.add_argument("--model")
         s.add_argument("--id", help="configuration or search group id (see `plan`)")
         s.add_argument("--spec", help="the job's spec as JSON (what the workflow passes) instead of --model/--id")
-        for option in ("--fetch", "--manifest", "--server", "--draft"):
+        for option in ("--fetch", "--manifest", "--server", "--draft", "--search"):
             s.add_argument(option, help="input record (default: the results layout's)")
         s.add_argument("--out")
         s.add_argument("--log")

@@ -33,13 +33,20 @@ def measure_spec(config: dict, model: str, cid: str) -> dict:
 
 
 def search_spec(config: dict, model: str, gid: str) -> dict:
-    """What a search reads: the group (settings and range) and what each probe reads."""
-    return {
-        "job": "search",
-        "model": model,
-        "group": config_mod.find_search(config, model, gid),
-        "config": _measurement_config(config),
-    }
+    """What a search reads: the group (settings, range, climb and starts, and the objective its climb and finalists
+    are ranked by) and what each probe reads (``config``: the probes' job key does not hold the objective, so a
+    new objective reruns the search, which reuses its records)."""
+    group = config_mod.find_search(config, model, gid)
+    if group.get("climb"):
+        group = {**group, "objective": search_objective(config)}
+    return {"job": "search", "model": model, "group": group, "config": _measurement_config(config)}
+
+
+def search_objective(config: dict) -> dict:
+    """The objective block with its workload resolved (the metric, the workload, and any other key of the block,
+    such as per-request limits, which the search's ranking honours where it knows them)."""
+    block = config["objective"]
+    return {**block, "metric": block.get("metric") or "decode_tps", "workload": config_mod.objective_workload(config)}
 
 
 def needle_spec(config: dict, model: str, cid: str) -> dict:
@@ -60,6 +67,25 @@ def needle_spec(config: dict, model: str, cid: str) -> dict:
     }
 
 
+def search_needle_spec(config: dict, model: str, gid: str) -> dict:
+    """What a search's recall check reads: the group, the objective its candidates are ordered by, and what a
+    needle job reads (the model's source and prompt style, server limits, the budget and margin, the grid)."""
+    from .needle_prompts import needle_settings
+
+    return {
+        "job": "search_needle",
+        "model": model,
+        "group": {"id": gid},
+        "objective": search_objective(config),
+        "config": {
+            "models": {model: config["models"][model]},
+            "server": _server(config),
+            "budget": config["budget"],
+            "needle": needle_settings(config),
+        },
+    }
+
+
 def _measurement_config(config: dict) -> dict:
     return {
         "server": _server(config),
@@ -70,7 +96,7 @@ def _measurement_config(config: dict) -> dict:
     }
 
 
-SPECS = {"measure": measure_spec, "search": search_spec, "needle": needle_spec}
+SPECS = {"measure": measure_spec, "search": search_spec, "needle": needle_spec, "search_needle": search_needle_spec}
 
 
 def spec(job: str, config: dict, model: str, job_id: str) -> dict:
@@ -123,9 +149,22 @@ def run(job_spec: dict, inputs: dict, outputs: dict) -> str:
             log_path=Path(outputs["server_log"]),
         )
         return f"{model} {job_spec['item']['id']}: recall {rec['recall']}"
+    inputs = {k: v for k, v in inputs.items() if k != "draft_path"}
+    if job_spec["job"] == "search_needle":
+        from .needle_job import run_search_needle
+
+        rec = run_search_needle(
+            model_name=model,
+            summary_path=Path(outputs["search"]),
+            objective=job_spec["objective"],
+            config=job_spec["config"],
+            **inputs,
+            out_path=Path(outputs["summary"]),
+        )
+        tested = ", ".join(rec["records"]) or "none"
+        return f"{model} search {job_spec['group']['id']}: recall checked for {tested}; recalled: {rec['recalled']}"
     from .search import run_search
 
-    inputs = {k: v for k, v in inputs.items() if k != "draft_path"}
     summary = run_search(
         model_name=model,
         group=job_spec["group"],

@@ -580,3 +580,66 @@ def _note(log_path: Path, text: str) -> None:
     """The server log is a job output: say in it why there is no server output."""
     Path(log_path).parent.mkdir(parents=True, exist_ok=True)
     Path(log_path).write_text(text)
+
+
+# --- a search's recall check ---------------------------------------------------------------------------------
+
+
+def search_candidates(summary_path: Path, objective: dict, margin_mib: int) -> list[dict]:
+    """The configurations a search measured that may be recommended (every workload survived with the margin), as
+    needle items, the search's winner first, then by the objective's median at its workload, fastest first."""
+    summary = records.load(summary_path, "search")
+    metric, workload = objective.get("metric") or "decode_tps", objective.get("workload")
+    candidates = []
+    for rel in summary["records"]:
+        if "/" in rel:  # a finalist's later start: the same configuration
+            continue
+        rec = records.load(summary_path.parent / "records" / rel / "measure.json", "measure")
+        headroom = (rec.get("memory") or {}).get("headroom_mib")
+        if rec["outcome"] != "ok" or (headroom is not None and headroom < margin_mib):
+            continue
+        runs = {w["name"]: w for w in rec.get("workloads") or []}
+        median = ((runs.get(workload) or {}).get(metric) or {}).get("median")
+        first = rec["settings"].get("n_cpu_moe") == summary.get("recommended_n_cpu_moe")
+        item = {"id": rec["config_id"], "settings": rec["settings"], "given": rec.get("given") or {}}
+        candidates.append((not first, -(median or 0.0), item))
+    return [item for *_, item in sorted(candidates, key=lambda c: (c[0], c[1]))]
+
+
+def run_search_needle(
+    *,
+    model_name: str,
+    summary_path: Path,
+    objective: dict,
+    config: dict,
+    fetch_record: dict,
+    provenance: dict,
+    out_path: Path,
+    manifest: dict | None = None,
+) -> dict:
+    """Recall for a search's winner before it is recommended: the candidates in order (the winner, then the next
+    fastest), one needle job each, until one recalls at every required length; a winner that fails is replaced
+    by the next. A model whose recall does not apply (random weights) stops at the first."""
+    margin = (config.get("budget") or {}).get("margin_mib", 0)
+    tested, passed = [], None
+    for item in search_candidates(Path(summary_path), objective, margin):
+        folder = out_path.parent / "needle" / item["id"]
+        record = run_needle(
+            model_name=model_name,
+            item=item,
+            config=config,
+            fetch_record=fetch_record,
+            provenance=provenance,
+            record_path=folder / "needle.json",
+            log_path=folder / "needle-server.log",
+            manifest=manifest,
+        )
+        tested.append(item["id"])
+        if not record["applicable"]:
+            break
+        if record["outcome"] == "ok" and not record["failed_required"]:
+            passed = item["id"]
+            break
+        progress.say(f"needle: {item['id']} failed recall; the next fastest of the search is checked")
+    summary = {"model": model_name, "search": str(summary_path), "records": tested, "recalled": passed}
+    return records.write(out_path, "search_needle", summary)

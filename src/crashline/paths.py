@@ -42,6 +42,10 @@ class Layout:
     def search(self, model: str, gid: str) -> Path:
         return self.root / "search" / model / gid / "search.json"
 
+    def search_recall(self, model: str, gid: str) -> Path:
+        """A search's recall check: which candidates were tested (their needle.json in ``needle/ID/``)."""
+        return self.root / "search" / model / gid / "recall.json"
+
     def configs_table(self) -> Path:
         return self.root / "tables" / "configs.parquet"
 

@@ -9,6 +9,8 @@ Versions (bump one, and add its upgrade, whenever a field is renamed, removed or
 
 - measure 1: ``"schema": 1`` (the version under its first name). 2: ``schema_version``.
 - needle 1: as measure 1. 2: ``schema_version`` (needle.py still writes version 1; ``load`` upgrades it).
+- search_needle 1: a search's recall check (``needle_job.run_search_needle``): which candidates it tested,
+  in order, and the first that recalled (``records``: their needle.json folders, relative to its own).
 - search 0: no version, no kind, and maybe no ``records``. 1: ``kind``, ``schema_version`` and
   ``records`` (the probes' configuration ids), always present.
 """
@@ -47,7 +49,7 @@ KIND_KEY = "kind"
 VERSION_KEY = "schema_version"
 LEGACY_VERSION_KEY = "schema"  # measure and needle version 1 named their version so
 
-CURRENT = {"measure": 2, "needle": 2, "search": 1}
+CURRENT = {"measure": 2, "needle": 2, "search": 1, "search_needle": 1}
 
 
 class RecordError(ValueError):

