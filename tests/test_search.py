@@ -255,3 +255,16 @@ def test_starts_of_one_configuration_pool_into_one_row(tmp_path):
     records.write(paths[1], "measure", second)
     (config,) = aggregate.tables(paths, [search_dir / "search.json"])[0].to_dict("records")
     assert (config["outcome"], config["phase"], config["starts"]) == ("crashed", "short", 2)
+
+
+def test_calibration_counts_only_the_cards_buffers():
+    """The H200 record at n_cpu_moe 29 (ub 2048): CUDA0 holds weights 6,691.09, KV 3,072 and a compute buffer of
+    476.05 MiB; CUDA_Host's 192.07 MiB of pinned compute is RAM. The rest is the load peak less the card's
+    buffers; the total the planner predicts at this ubatch is the same either way."""
+    from conftest import FIXTURES
+    from crashline.atomic import read_json
+    from crashline.search import calibration
+
+    compute, rest = calibration(read_json(FIXTURES / "h200-records" / "ncmoe29.json"), 2048)
+    assert compute(2048) == 476.05
+    assert rest == pytest.approx(10830 - 6691.09 - 3072 - 476.05)

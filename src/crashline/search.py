@@ -32,6 +32,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from . import config as config_mod
+from . import logparse
 from . import planner, progress, records
 from . import settings as settings_mod
 from .measure import job_key, measure, outcome_text
@@ -45,9 +46,11 @@ def _headroom_ok(rec: dict, margin_mib: int) -> bool:
 
 
 def calibration(rec: dict, ubatch: int) -> tuple[planner.ComputeModel, float]:
-    """Compute buffer (GPU) and the rest, from a measured record."""
+    """Compute buffer (GPU) and the rest, from a measured record. Pinned host buffers (``CUDA_Host``) are the
+    machine's RAM, not the card's: counted as GPU they made the compute buffer 192 MiB too big and the rest as
+    much too small on the H200, which only cancels at the ubatch measured."""
     bufs = rec["placement"].get("buffers_mib") or {}
-    gpu = {k: v for k, v in bufs.items() if k.startswith("CUDA")}
+    gpu = {k: v for k, v in bufs.items() if not logparse.on_host(k.split(":", 1)[0])}
     compute = sum(v for k, v in gpu.items() if k.endswith(":compute"))
     load_peak = ((rec.get("memory") or {}).get("per_phase") or {}).get("load", {}).get("gpu_mib")
     rest = max(0.0, load_peak - sum(gpu.values())) if load_peak is not None else 0.0
