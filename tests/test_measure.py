@@ -358,3 +358,32 @@ def test_fit_on_starts_aimed_at_the_margin_and_the_context(tmp_path, tiny_moe, s
     rec = run(tmp_path / "older", tiny_moe, older, {"fit": "on", "ctx": 2048}, short, reps=1)
     assert rec["outcome"] == "ok" and rec["flags_left_out"] == {"fit_target": "--fit-target", "fit_ctx": "--fit-ctx"}
     assert "--fit-target" not in rec["command"] and "--fit-ctx" not in rec["command"] and "--fit" in rec["command"]
+
+
+def test_every_record_says_where_its_time_went(tmp_path, tiny_moe, server_provenance):
+    """#18: the job's wall time in laps (setup, waiting for the lock, ballast, server start to ready, the untimed
+    warm-up request, the workloads, stop, the telemetry written, the analysis) that add up to its total."""
+    rec = run(tmp_path, tiny_moe, server_provenance, {}, [{"name": "w", "prompt_tokens": 64, "gen_tokens": 8}], reps=2)
+    budget = rec["time_budget_s"]
+    laps = ("setup", "lock_wait", "ballast", "server_start", "warmup_request", "workloads", "stop", "telemetry")
+    assert list(budget) == [*laps, "analysis", "total"]
+    assert sum(v for k, v in budget.items() if k != "total") == pytest.approx(budget["total"], abs=0.02)
+    assert budget["server_start"] >= rec["load_s"] - 0.01 and budget["workloads"] > 0
+    requests = sum(r["wall_s"] for w in rec["workloads"] for r in w["runs"])
+    assert budget["workloads"] >= requests  # the measured requests are inside the workloads' lap
+
+
+def test_host_memory_bandwidth_is_measured_once_per_machine(monkeypatch):
+    """Provisioning measures it and provenance.json keeps it with the hostname; a job on that machine reads it
+    instead of spending 1.5 s measuring again, and a job elsewhere measures its own."""
+    import platform
+
+    from crashline import host
+
+    calls = []
+    monkeypatch.setattr(host, "memory_bandwidth_gbs", lambda: calls.append(1) or 12.5)
+    here = {"host_memory_bandwidth": {"hostname": platform.node(), "gbs": 31.0}}
+    assert host.memory_bandwidth_from(here) == 31.0 and not calls
+    elsewhere = {"host_memory_bandwidth": {"hostname": platform.node() + "-other", "gbs": 31.0}}
+    assert host.memory_bandwidth_from(elsewhere) == 12.5 and host.memory_bandwidth_from({}) == 12.5
+    assert len(calls) == 2 and host.measured_memory_bandwidth() == {"hostname": platform.node(), "gbs": 12.5}

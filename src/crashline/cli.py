@@ -77,8 +77,11 @@ def cmd_provision(args) -> int:
     from . import provision
 
     cfg, layout = _load(args)
+    from .host import measured_memory_bandwidth
+
     info = provision.provide(cfg["server"], config_mod.cache_dir(cfg), log=sys.stderr)
     config_mod.check_flags(cfg, provision.supported_flags(info), info["version"])
+    info["host_memory_bandwidth"] = measured_memory_bandwidth()  # once here, not in every job (1.5 s each)
     write_json(args.out or layout.provenance(), info)
     print(info["binary"])
     return 0

@@ -101,6 +101,20 @@ def memory_bandwidth_gbs(threads: int | None = None, total_mib: int = 512, repea
     return round(2 * threads * src[0].nbytes / best / 1e9, 2)
 
 
+def measured_memory_bandwidth() -> dict:
+    """This machine's memory bandwidth with the machine it was measured on (provenance.json keeps it)."""
+    return {"hostname": platform.node(), "gbs": memory_bandwidth_gbs()}
+
+
+def memory_bandwidth_from(provenance: dict) -> float:
+    """The bandwidth provisioning measured on this machine, else measured now (a first measurement in a
+    process costs about 1.5 s: the copies' memory is faulted in)."""
+    known = provenance.get("host_memory_bandwidth") or {}
+    if known.get("hostname") == platform.node() and known.get("gbs"):
+        return known["gbs"]
+    return memory_bandwidth_gbs()
+
+
 def environment_key(host: dict) -> str:
     """What must match for two measurements to be combined: machine, CPU, GPU and driver."""
     gpu = host.get("gpu", {})

@@ -9,6 +9,7 @@ import datetime as dt
 import signal
 import statistics
 import subprocess
+import time
 from pathlib import Path
 
 import pandas as pd
@@ -260,6 +261,23 @@ def _ended(server: ServerProcess, within_s: float = ENDING_S) -> bool:
     return not server.alive()
 
 
+class Stopwatch:
+    """Where a job's time goes: ``lap(name)`` adds the seconds since the previous lap to ``name``; ``budget()``
+    is every lap and the total, rounded to milliseconds."""
+
+    def __init__(self):
+        self.started = self.last = time.monotonic()
+        self.laps: dict[str, float] = {}
+
+    def lap(self, name: str) -> None:
+        now = time.monotonic()
+        self.laps[name] = self.laps.get(name, 0.0) + now - self.last
+        self.last = now
+
+    def budget(self) -> dict[str, float]:
+        return {**{k: round(v, 3) for k, v in self.laps.items()}, "total": round(self.last - self.started, 3)}
+
+
 def run_workloads(
     server: ServerProcess,
     sampler: Sampler,
@@ -268,15 +286,29 @@ def run_workloads(
     request_timeout_s: float,
     settings: dict,
     limit_mib: float | None = None,
+    clock: Stopwatch | None = None,
 ) -> tuple[list[dict], dict | None]:
     """Every workload R times. Returns per-workload results and the server-level failure, if any.
-    Each repetition says its speeds (and VRAM against ``limit_mib``) on the console."""
+    Each repetition says its speeds (and VRAM against ``limit_mib``) on the console; ``clock`` gets the
+    untimed warm-up request apart, and the workloads (prompts sized on the way) as the rest."""
+    clock = clock or Stopwatch()
     client = Client(server.url, request_timeout_s)
     sampler.phase("prepare")
     prompts = PromptSource(client)
     # One untimed request first: the first request after a load pays for page faults and lazy
     # allocations, which would otherwise land in the first repetition of the first workload.
     client.complete(prompts.prompt(min(64, workloads[0]["prompt_tokens"]), 0), 4, timeout_s=client.setup_timeout_s)
+    clock.lap("warmup_request")
+    try:
+        return _run_each(
+            server, sampler, client, prompts, workloads, repetitions, request_timeout_s, settings, limit_mib
+        )
+    finally:
+        clock.lap("workloads")
+
+
+def _run_each(server, sampler, client, prompts, workloads, repetitions, request_timeout_s, settings, limit_mib):
+    """The workloads of ``run_workloads``, each R times."""
     results = []
     for workload in workloads:
         sampler.phase(workload["name"])
@@ -375,6 +407,7 @@ def _measure(
     draft_path: str | None,
     telemetry_path: Path | None,
 ) -> dict:
+    clock = Stopwatch()
     server_cfg = config["server"]
     resolved = item["settings"]
     model_path = fetch_record["files"][0]["path"]
@@ -393,7 +426,7 @@ def _measure(
         "repetitions": config["repetitions"],
         "page_cache": page_cache_state(fetch_record, draft_path, resolved["page_cache"]),
         "page_cache_resident_at_start": round(pagecache.resident_fraction(model_path), 4),
-        "cpu_memory_bandwidth_gbs": host.memory_bandwidth_gbs(),
+        "cpu_memory_bandwidth_gbs": host.memory_bandwidth_from(provenance),
         "started_at": _now(),
     }
     server = ServerProcess(command, log_path)
@@ -402,36 +435,42 @@ def _measure(
     sampler = None
     budget_mib = config["budget"].get("vram_budget_mib")
     exit_with_workflow()
+    clock.lap("setup")
     try:
-        with (
-            server_lock(f"measure {model_name} {item['id']}"),
-            Ballast(budget_mib) if budget_mib else contextlib.nullcontext() as ballast,
-        ):
-            record["ballast"] = ballast.info if ballast else None
-            sampler = Sampler(interval_s=config["telemetry"]["interval_s"])
-            with sampler:
-                say_start(model_name, command, budget_mib)
-                state = server.start_ready(server_cfg["startup_timeout_s"], lambda srv: sampler.follow(srv.proc.pid))
-                record["command"] = server.command
-                if state == "ready":
-                    record["load_s"] = round(server.ready_after_s, 2)
-                    say_loaded(server, None)
-                    workloads, failure = run_workloads(
-                        server,
-                        sampler,
-                        config["workloads"],
-                        config["repetitions"],
-                        server_cfg["request_timeout_s"],
-                        resolved,
-                        vram_limit_mib(budget_mib, record["host"]),
+        with server_lock(f"measure {model_name} {item['id']}"):
+            clock.lap("lock_wait")
+            with Ballast(budget_mib) if budget_mib else contextlib.nullcontext() as ballast:
+                record["ballast"] = ballast.info if ballast else None
+                clock.lap("ballast")
+                sampler = Sampler(interval_s=config["telemetry"]["interval_s"])
+                with sampler:
+                    say_start(model_name, command, budget_mib)
+                    state = server.start_ready(
+                        server_cfg["startup_timeout_s"], lambda srv: sampler.follow(srv.proc.pid)
                     )
-                else:
-                    failure = server_failure(server, "load", timed_out=(state == "timeout"))
-                    say_loaded(server, failure)
-                sampler.phase("stop")
-                if failure is None and not server.alive():  # it answered every request, then quit by itself
-                    failure = server_failure(server, "stop")
-                server.stop(server_cfg["stop_timeout_s"])
+                    clock.lap("server_start")
+                    record["command"] = server.command
+                    if state == "ready":
+                        record["load_s"] = round(server.ready_after_s, 2)
+                        say_loaded(server, None)
+                        workloads, failure = run_workloads(
+                            server,
+                            sampler,
+                            config["workloads"],
+                            config["repetitions"],
+                            server_cfg["request_timeout_s"],
+                            resolved,
+                            vram_limit_mib(budget_mib, record["host"]),
+                            clock,
+                        )
+                    else:
+                        failure = server_failure(server, "load", timed_out=(state == "timeout"))
+                        say_loaded(server, failure)
+                    sampler.phase("stop")
+                    if failure is None and not server.alive():  # it answered every request, then quit by itself
+                        failure = server_failure(server, "stop")
+                    server.stop(server_cfg["stop_timeout_s"])
+                    clock.lap("stop")
     except BudgetError as exc:
         failure = {"outcome": Outcome.BUDGET_REFUSED, "failure": "budget", "phase": "start", "message": str(exc)}
         log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -450,6 +489,7 @@ def _measure(
     if sampler:
         sampler.close()
     write_frame(frame, telemetry_path or record_path.parent / "telemetry.parquet")
+    clock.lap("telemetry")
     for w in workloads:
         w["telemetry"] = {k: window_summary(frame, v) for k, v in w.get("windows", {}).items()}
     log = server.log_text()
@@ -476,4 +516,6 @@ def _measure(
         workloads=workloads,
         finished_at=_now(),
     )
+    clock.lap("analysis")
+    record["time_budget_s"] = clock.budget()
     return records.write(record_path, "measure", record)
