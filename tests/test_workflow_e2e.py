@@ -114,6 +114,18 @@ def test_html_report_of_the_run_in_a_real_browser(workflow, tmp_path):
         assert len(json.loads((results / "tables" / f"{table}.json").read_text())) == len(frame)
 
 
+def test_snakemake_report_carries_the_report_figures_and_tables(workflow, tmp_path):
+    """`snakemake --report` (Snakemake's own report) holds what report() flags: both reports, every figure, the CSV
+    and JSON tables."""
+    import zipfile
+
+    work, _ = workflow
+    snakemake(work, "--report", str(tmp_path / "report.zip"))
+    names = {name.rsplit("/", 1)[-1] for name in zipfile.ZipFile(tmp_path / "report.zip").namelist()}
+    figures = {p.name for p in (work / "results" / "figures").glob("*.svg")}
+    assert {"report.md", "report.html", "configs.csv", "measurements.json"} <= names and figures <= names
+
+
 def test_records_are_complete(workflow):
     work, _ = workflow
     for record in (work / "results" / "records").glob("*/*/measure.json"):
