@@ -42,23 +42,38 @@ def servers_of(tmp_path) -> list[psutil.Process]:
     return out
 
 
-def kill_when(tmp_path, marker: str, count: int, sig: int, delay_s: float = 0.0) -> threading.Thread:
-    """Send ``sig`` to the test's llama-server once its log shows ``marker`` ``count`` times."""
+# The watcher runs as a process of its own: a thread of the test process shares its interpreter with the
+# measurement (streaming, parsing, sampling) and was once seen to act only after a 4-second request had ended.
+WATCHER = """
+import sys, time
+from pathlib import Path
+import psutil
+log, marker, count, sig, delay, parent = sys.argv[1:7]
+deadline, text, offset = time.monotonic() + 120, "", 0
+while time.monotonic() < deadline:
+    if Path(log).exists():
+        with open(log, errors="replace") as f:
+            f.seek(offset)
+            text += f.read()
+            offset = f.tell()
+        if text.count(marker) >= int(count):
+            time.sleep(float(delay))
+            for p in psutil.Process(int(parent)).children(recursive=True):
+                try:
+                    if p.name() == "llama-server" and p.status() != psutil.STATUS_ZOMBIE and "--port" in p.cmdline():
+                        p.send_signal(int(sig))
+                except psutil.NoSuchProcess:
+                    pass
+            break
+    time.sleep(0.005)
+"""
 
-    def watch():
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            log = tmp_path / "server.log"
-            if log.exists() and log.read_text(errors="replace").count(marker) >= count:
-                time.sleep(delay_s)
-                for p in servers_of(tmp_path):
-                    p.send_signal(sig)
-                return
-            time.sleep(0.01)
 
-    thread = threading.Thread(target=watch, daemon=True)
-    thread.start()
-    return thread
+def kill_when(tmp_path, marker: str, count: int, sig: int, delay_s: float = 0.0) -> subprocess.Popen:
+    """Send ``sig`` to the test's llama-server once its log shows ``marker`` ``count`` times (from a watcher
+    process that reads only what the log gained since its last look)."""
+    args = [str(tmp_path / "server.log"), marker, str(count), str(int(sig)), str(delay_s), str(os.getpid())]
+    return subprocess.Popen([sys.executable, "-c", WATCHER, *args])
 
 
 # The untimed warm-up request is the first "new prompt"; the workload's first request the second. The decode
