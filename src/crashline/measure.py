@@ -356,33 +356,11 @@ def _run_each(server, sampler, client, prompts, workloads, repetitions, request_
     return results, None
 
 
-def measure(
-    *,
-    model_name: str,
-    item: dict,
-    config: dict,
-    fetch_record: dict,
-    manifest: dict,
-    provenance: dict,
-    record_path: Path,
-    log_path: Path,
-    draft_path: str | None = None,
-    telemetry_path: Path | None = None,
-) -> dict:
-    """Start the server for one configuration, run the workloads, stop it, write the record."""
+def measure(*, model_name: str, item: dict, **job) -> dict:
+    """Start the server for one configuration, run the workloads, stop it, write the record (``_measure`` takes
+    the job's other inputs and paths), saying its outcome on the console."""
     with progress.job(f"measure {model_name} {item['id']}"):
-        record = _measure(
-            model_name=model_name,
-            item=item,
-            config=config,
-            fetch_record=fetch_record,
-            manifest=manifest,
-            provenance=provenance,
-            record_path=record_path,
-            log_path=log_path,
-            draft_path=draft_path,
-            telemetry_path=telemetry_path,
-        )
+        record = _measure(model_name=model_name, item=item, **job)
         progress.say(_final_text(record))
         return record
 
@@ -404,8 +382,8 @@ def _measure(
     provenance: dict,
     record_path: Path,
     log_path: Path,
-    draft_path: str | None,
-    telemetry_path: Path | None,
+    draft_path: str | None = None,
+    telemetry_path: Path | None = None,
 ) -> dict:
     clock = Stopwatch()
     server_cfg = config["server"]
