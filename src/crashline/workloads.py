@@ -115,7 +115,12 @@ def stats(values: list[float]) -> dict | None:
 
 def stream_request(url: str, prompt: list[int], n_predict: int, timeout_s: float, on_chunk=None) -> dict:
     """One streamed completion on its own connection: timings from the server, time to first
-    token from the client; ``on_chunk(t)`` is called with the arrival time of each streamed token."""
+    token from the client; ``on_chunk(t)`` is called with the arrival time of each streamed token.
+
+    ``timeout_s`` bounds the whole request, not each read: llama-server sends an SSE ping (":")
+    every 30 s while it waits for its own results, so a server that hangs mid-answer (it did, in
+    its SIGTERM handler) keeps a read timeout from ever firing. At the deadline the socket is shut
+    down from a timer thread, which ends the blocked read."""
     body = {
         "prompt": prompt,
         "n_predict": n_predict,
@@ -128,28 +133,40 @@ def stream_request(url: str, prompt: list[int], n_predict: int, timeout_s: float
     started = time.monotonic()
     first = None
     final: dict = {}
+    expired = threading.Event()
     try:
         with requests.post(f"{url}/completion", json=body, timeout=timeout_s, stream=True) as resp:
             if resp.status_code != 200:
                 raise RequestFailed(resp.status_code, _error_message(resp))
-            for line in resp.iter_lines():
-                if not line.startswith(b"data: "):
-                    continue
-                chunk = json.loads(line[6:])
-                now = time.monotonic()
-                if first is None:
-                    first = now
-                if on_chunk and not chunk.get("stop"):
-                    on_chunk(now)
-                if chunk.get("stop"):
-                    final = chunk
-                    break
-    except requests.exceptions.ChunkedEncodingError as exc:  # the server went away mid-answer
-        raise requests.ConnectionError(str(exc)) from exc
-    except requests.ConnectionError as exc:  # a read timeout while streaming arrives wrapped
-        if exc.args and isinstance(exc.args[0], urllib3.exceptions.ReadTimeoutError):
-            raise requests.Timeout(str(exc)) from exc
-        raise
+
+            def expire():
+                expired.set()
+                resp.raw.shutdown()
+
+            deadline = threading.Timer(max(0.0, timeout_s - (time.monotonic() - started)), expire)
+            deadline.daemon = True
+            deadline.start()
+            try:
+                for line in resp.iter_lines():
+                    if not line.startswith(b"data: "):
+                        continue  # SSE pings and blank lines carry no token
+                    chunk = json.loads(line[6:])
+                    now = time.monotonic()
+                    if first is None:
+                        first = now
+                    if on_chunk and not chunk.get("stop"):
+                        on_chunk(now)
+                    if chunk.get("stop"):
+                        final = chunk
+                        break
+            finally:
+                deadline.cancel()
+    except (requests.exceptions.ChunkedEncodingError, requests.ConnectionError, urllib3.exceptions.HTTPError) as exc:
+        if expired.is_set() or (exc.args and isinstance(exc.args[0], urllib3.exceptions.ReadTimeoutError)):
+            raise requests.Timeout(f"no answer within {timeout_s} s") from exc
+        raise requests.ConnectionError(str(exc)) from exc  # the server went away mid-answer
+    if expired.is_set() and not final:
+        raise requests.Timeout(f"no answer within {timeout_s} s")
     t = final.get("timings", {})
     return {
         "prompt_n": t.get("prompt_n"),
