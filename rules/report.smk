@@ -9,12 +9,14 @@ rule aggregate:
         configs=LAYOUT.configs_table(),
         measurements=LAYOUT.measurements_table(),
         searches=LAYOUT.searches_table(),
+        conversations=LAYOUT.conversations_table(),
         readable=[
             report(path, category="Tables")
             for table in (
                 LAYOUT.configs_table(),
                 LAYOUT.measurements_table(),
                 LAYOUT.searches_table(),
+                LAYOUT.conversations_table(),
             )
             for path in crashline_table_files(table)[1:]
         ],
@@ -31,6 +33,7 @@ rule report:
         configs=LAYOUT.configs_table(),
         measurements=LAYOUT.measurements_table(),
         searches=LAYOUT.searches_table(),
+        conversations=LAYOUT.conversations_table(),
         needle=LAYOUT.needle_table(),
         server=LAYOUT.provenance(),
         claims=CFG["claims"],

@@ -49,6 +49,8 @@ ARGV = {
         s.output.measurements,
         "--searches",
         s.output.searches,
+        "--conversations",
+        s.output.conversations,
         *s.input,
     ],
     "report": lambda s: [
@@ -59,6 +61,8 @@ ARGV = {
         s.input.measurements,
         "--searches",
         s.input.searches,
+        "--conversations",
+        s.input.conversations,
         "--needle",
         s.input.needle,
         "--server",

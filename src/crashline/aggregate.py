@@ -2,6 +2,7 @@
 
 ``configs``: one row per model × configuration (outcome, failure phase, placement, memory).
 ``measurements``: one row per model × configuration × workload, every setting a column.
+``conversations``: one row per model × configuration × conversation workload, its turns a nested list.
 ``searches``: one row per n_cpu_moe search.
 
 A search's finalist has several server starts (``records/ID/`` and ``records/ID/start-K/``): its starts
@@ -114,6 +115,7 @@ def _workload_columns(w: dict, peak: dict) -> dict:
         "workload_message": w.get("message"),
         **_stat_columns(w),
         **_start_medians(w),
+        **{f"draft_{k}": (w.get("draft") or {}).get(k) for k in ("drafted", "accepted", "acceptance")},
         "workload_peak_rss_mib": peak.get("rss_mib"),
         "workload_peak_gpu_mib": peak.get("gpu_mib"),
         "cpu_server_cores": peak.get("cpu_server_cores"),
@@ -124,6 +126,25 @@ def _workload_columns(w: dict, peak: dict) -> dict:
         "decode_bound_unknown": (w.get("decode_bound") or {}).get("unknown"),
         "bottleneck_verdict": (w.get("bottleneck") or {}).get("verdict"),
         "bottleneck_rows": rows,
+    }
+
+
+def _conversation_columns(talk: dict) -> dict:
+    """The columns a conversation workload adds to its configuration's row in ``conversations``."""
+    restart = talk.get("restart_turn") or {}
+    return {
+        "conversation": talk["name"],
+        **{k: talk[k] for k in ("turn_tokens", "reply_tokens", "depth_tokens", "restart")},
+        "at_once": talk["conversations"],
+        "conversation_outcome": talk["outcome"],
+        "conversation_message": talk.get("message"),
+        **{k: talk.get(k) for k in ("failed_at", "turns_planned", "turns_done", "depth_reached", "reused_median")},
+        **{k: talk.get(k) for k in ("gpu_mib_per_1k", "rss_mib_per_1k")},
+        "restart_ttft_s": restart.get("ttft_s"),
+        "restart_prefill_tps": restart.get("prefill_tps"),
+        "restart_gpu_mib": restart.get("gpu_mib"),
+        "restart_rss_mib": restart.get("rss_mib"),
+        "turn_rows": [{**t, "turn": str(t["turn"])} for t in talk["turns"]],
     }
 
 
@@ -176,7 +197,7 @@ def _pool_workload(ws: list[dict]) -> dict:
     bad = next((w for w in ws if w["outcome"] != "ok"), None)
     if bad is not None:
         out.update(outcome=bad["outcome"], message=bad.get("message"))
-        out.update(dict.fromkeys(cols.METRICS))
+        out.update(dict.fromkeys([*cols.METRICS, "draft"]))
     else:
         out.update(summarize([run for w in ws for run in w.get("runs") or []]))
         bound = dict(out.get("decode_bound") or {})
@@ -190,7 +211,8 @@ def _pool_workload(ws: list[dict]) -> dict:
 def pool_starts(recs: list[dict]) -> dict:
     """Server starts of one configuration as one record (a search's finalists): the first start's record with
     ``starts``; the outcome of the first start that failed, if one did; the peaks over every start
-    (``_pool_memory``); per workload, the statistics over every request of every start (``_pool_workload``)."""
+    (``_pool_memory``); per workload, the statistics over every request of every start (``_pool_workload``); per
+    conversation workload, the first start's, or the first that failed."""
     if len(recs) == 1:
         return recs[0]
     out = {**recs[0], "starts": len(recs)}
@@ -204,6 +226,10 @@ def pool_starts(recs: list[dict]) -> dict:
     names = [w["name"] for w in recs[0].get("workloads") or []]
     out["workloads"] = [
         _pool_workload([w for r in recs for w in r.get("workloads") or [] if w["name"] == name]) for name in names
+    ]
+    talks = [r.get("conversations") or [] for r in recs]
+    out["conversations"] = [
+        next((t[i] for t in talks if i < len(t) and t[i]["outcome"] != "ok"), first) for i, first in enumerate(talks[0])
     ]
     return out
 
@@ -233,25 +259,27 @@ def _pooled_records(record_paths: list[Path], starts: list[list[Path]]):
             yield pool_starts([records.load(p, "measure") for p in group if Path(p).absolute() in given])
 
 
-def arrow_tables(record_paths: list[Path], starts: list[list[Path]] = ()) -> tuple[pa.Table, pa.Table]:
-    """``configs`` and ``measurements`` from measure records; the records in one list of ``starts`` (server starts of
-    one configuration, ``start_groups``) become one row, pooled (``pool_starts``)."""
-    configs, measurements = [], []
+def arrow_tables(record_paths: list[Path], starts: list[list[Path]] = ()) -> dict[str, pa.Table]:
+    """``configs``, ``measurements`` and ``conversations`` from measure records; the records in one list of
+    ``starts`` (server starts of one configuration, ``start_groups``) become one row, pooled (``pool_starts``)."""
+    rows: dict[str, list[dict]] = {"configs": [], "measurements": [], "conversations": []}
     for rec in _pooled_records(record_paths, list(starts)):
         row = _config_row(rec)
-        configs.append(row)
+        rows["configs"].append(row)
         per_phase = (rec.get("memory") or {}).get("per_phase") or {}
-        measurements += [
+        rows["measurements"] += [
             {**row, **_workload_columns(w, per_phase.get(w["name"], {}))} for w in rec.get("workloads", [])
         ]
-    return _table(configs, cols.CONFIGS), _table(measurements, cols.MEASUREMENTS)
+        rows["conversations"] += [{**row, **_conversation_columns(t)} for t in rec.get("conversations") or []]
+    types = {"configs": cols.CONFIGS, "measurements": cols.MEASUREMENTS, "conversations": cols.CONVERSATIONS}
+    return {name: _table(table_rows, types[name]) for name, table_rows in rows.items()}
 
 
 def tables(record_paths: list[Path], search_paths: list[Path] = ()) -> tuple[pd.DataFrame, pd.DataFrame]:
     """``configs`` and ``measurements`` as a reader of the Parquet files sees them (starts pooled as the searches
     given list them)."""
-    configs, measurements = arrow_tables(record_paths, start_groups(list(search_paths)))
-    return configs.to_pandas(), measurements.to_pandas()
+    found = arrow_tables(record_paths, start_groups(list(search_paths)))
+    return found["configs"].to_pandas(), found["measurements"].to_pandas()
 
 
 def _finalist_row(f: dict) -> dict:
@@ -314,12 +342,15 @@ def write(
     measurements_path: Path,
     search_paths: list[Path] = (),
     searches_path: Path | None = None,
+    conversations_path: Path | None = None,
 ) -> tuple[pd.DataFrame, pd.DataFrame]:
     search_paths = [Path(p) for p in search_paths]
-    configs, measurements = arrow_tables([Path(p) for p in record_paths], start_groups(search_paths))
-    outputs = [(configs, configs_path), (measurements, measurements_path)]
+    found = arrow_tables([Path(p) for p in record_paths], start_groups(search_paths))
+    outputs = [(found["configs"], configs_path), (found["measurements"], measurements_path)]
     if searches_path is not None:
         outputs.append((arrow_search_table(search_paths), searches_path))
+    if conversations_path is not None:
+        outputs.append((found["conversations"], conversations_path))
     for table, path in outputs:
         tablefiles.write(table, path)
-    return configs.to_pandas(), measurements.to_pandas()
+    return found["configs"].to_pandas(), found["measurements"].to_pandas()

@@ -182,6 +182,7 @@ def cmd_aggregate(args) -> int:
         Path(args.measurements or layout.measurements_table()),
         [p for p in given if p.name == "search.json"],
         Path(args.searches or layout.searches_table()),
+        Path(args.conversations or layout.conversations_table()),
     )
     return 0
 
@@ -200,6 +201,7 @@ def cmd_report(args) -> int:
         Path(args.html or layout.report_html()),
         Path(args.searches or layout.searches_table()),
         Path(args.needle or layout.needle_table()),
+        conversations_path=Path(args.conversations or layout.conversations_table()),
     )
     print(md)
     return 0
@@ -323,9 +325,19 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--configs")
     s.add_argument("--measurements")
     s.add_argument("--searches")
+    s.add_argument("--conversations")
     s.add_argument("records", nargs="*", help="measure.json and search.json files (default: all the config asks for)")
     s = verb("report", cmd_report, "render results/report.md and results/report.html")
-    for option in ("--configs", "--measurements", "--searches", "--needle", "--server", "--md", "--html"):
+    for option in (
+        "--configs",
+        "--measurements",
+        "--searches",
+        "--conversations",
+        "--needle",
+        "--server",
+        "--md",
+        "--html",
+    ):
         s.add_argument(option, help="path (default: the results layout's)")
     s = verb(
         "suggest",

@@ -19,6 +19,7 @@ SETTING_PREFIX = "s_"  # every setting of a configuration is a column: s_ctx, s_
 
 CONFIGS_KEY = ("model", "config_id")
 MEASUREMENTS_KEY = (*CONFIGS_KEY, "workload")
+CONVERSATIONS_KEY = (*CONFIGS_KEY, "conversation")
 SEARCHES_KEY = ("model", "group")
 
 STATS = ("median", "min", "max", "n", "spread_pct")  # of each metric, over the requests of every repetition
@@ -147,6 +148,9 @@ WORKLOAD: dict[str, pa.DataType] = {
     "workload_message": TEXT,
     **_stat_columns(),  # over every request of every repetition of every start
     **{start_medians(metric): pa.list_(FLOAT) for metric in METRICS},  # one median per start
+    "draft_drafted": INT,  # with a draft model: tokens drafted over every request ...
+    "draft_accepted": INT,  # ... the model accepted ...
+    "draft_acceptance": FLOAT,  # ... and their ratio
     "workload_peak_rss_mib": FLOAT,
     "workload_peak_gpu_mib": FLOAT,
     "cpu_server_cores": FLOAT,
@@ -160,6 +164,52 @@ WORKLOAD: dict[str, pa.DataType] = {
 }
 
 MEASUREMENTS: dict[str, pa.DataType] = {**CONFIGS, **WORKLOAD}
+
+# Each turn of a conversation workload: which of the conversations at once, its number (or "restart"), the
+# history sent, what the server reused of it (cache_n) and evaluated (prompt_n), speeds, its phase's peaks.
+TURN_ROWS = pa.list_(
+    pa.struct(
+        [
+            ("conversation", INT),
+            ("turn", TEXT),
+            ("history_tokens", INT),
+            ("cache_n", INT),
+            ("prompt_n", INT),
+            ("ttft_s", FLOAT),
+            ("prefill_tps", FLOAT),
+            ("decode_tps", FLOAT),
+            ("predicted_n", INT),
+            ("gpu_mib", FLOAT),
+            ("rss_mib", FLOAT),
+            ("outcome", TEXT),
+        ]
+    )
+)
+
+CONVERSATION: dict[str, pa.DataType] = {
+    "conversation": TEXT,
+    "turn_tokens": INT,
+    "reply_tokens": INT,
+    "depth_tokens": INT,
+    "at_once": INT,  # conversations run at once ("slots" resolved)
+    "restart": BOOL,  # whether the restart case was asked for
+    "conversation_outcome": TEXT,
+    "conversation_message": TEXT,
+    "failed_at": TEXT,  # the phase it failed in: "NAME:turn-K", "NAME:restart-load" or "NAME:restart"
+    "turns_planned": INT,
+    "turns_done": INT,  # turns every conversation completed
+    "depth_reached": INT,  # the longest history plus its reply, in tokens
+    "reused_median": FLOAT,  # of turns 2 onwards: the share of the history the server took from its cache
+    "gpu_mib_per_1k": FLOAT,  # peak VRAM growth per 1,000 tokens of history (least squares over the turns)
+    "rss_mib_per_1k": FLOAT,
+    "restart_ttft_s": FLOAT,
+    "restart_prefill_tps": FLOAT,
+    "restart_gpu_mib": FLOAT,
+    "restart_rss_mib": FLOAT,
+    "turn_rows": TURN_ROWS,
+}
+
+CONVERSATIONS: dict[str, pa.DataType] = {**CONFIGS, **CONVERSATION}
 
 SEARCHES: dict[str, pa.DataType] = {
     "model": TEXT,

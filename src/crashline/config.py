@@ -168,12 +168,20 @@ def _check_places(config: dict) -> None:
 
 
 def _check_references(config: dict) -> None:
-    """Workload names, the objective, every combination of settings, search ranges, concurrency, needle lengths."""
+    """Workload and conversation names, the objective, every combination of settings, search ranges,
+    concurrency, needle lengths."""
     names = [w["name"] for w in config["workloads"]]
     dupes = sorted({n for n in names if names.count(n) > 1})
     if dupes:
         raise ConfigError(
             f"config key workloads: duplicate workload name(s) {', '.join(dupes)}; each workload needs its own name"
+        )
+    talks = [c["name"] for c in config["conversations"]]
+    clash = sorted({n for n in talks if talks.count(n) > 1 or n in names})
+    if clash:
+        raise ConfigError(
+            f"config key conversations: name(s) {', '.join(clash)} used twice among workloads and conversations; "
+            "each needs its own name (it names its phases in records and reports)"
         )
     objective = config["objective"].get("workload")
     if objective is not None and objective not in names:

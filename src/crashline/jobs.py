@@ -87,9 +87,11 @@ def search_needle_spec(config: dict, model: str, gid: str) -> dict:
 
 
 def _measurement_config(config: dict) -> dict:
+    """A config without conversations has no key for them: records measured before they existed stay current."""
     return {
         "server": _server(config),
         "workloads": config["workloads"],
+        **({"conversations": config["conversations"]} if config["conversations"] else {}),
         "repetitions": config["repetitions"],
         "budget": config["budget"],
         "telemetry": config["telemetry"],

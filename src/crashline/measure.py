@@ -15,7 +15,7 @@ from pathlib import Path
 import pandas as pd
 import requests
 
-from . import bottleneck, host, logparse, pagecache, progress, records
+from . import bottleneck, conversations as conv, host, logparse, pagecache, progress, records
 from .ballast import Ballast, BudgetError
 from .provision import supported_flags
 from . import settings as settings_mod
@@ -27,7 +27,8 @@ from .supervision import exit_with_workflow
 from .telemetry import Sampler, window_summary, write_frame
 from .workloads import Client, PromptSource, RequestFailed, check_run, concurrency, one_run, summarize, windows
 
-NO_SPEEDS = {"prefill_tps": None, "decode_tps": None, "ttft_s": None, "aggregate_tps": None}  # a workload that failed
+# a workload that failed
+NO_SPEEDS = {"prefill_tps": None, "decode_tps": None, "ttft_s": None, "aggregate_tps": None, "draft": None}
 SERVER_FIELDS = ("binary", "obtained", "sha256", "version", "backend", "source", "build_flags")  # of provenance
 ENDING_S = 3  # how long a server that refused or dropped a request may take to die of it
 
@@ -281,17 +282,17 @@ class Stopwatch:
 def run_workloads(
     server: ServerProcess,
     sampler: Sampler,
-    workloads: list[dict],
-    repetitions: int,
-    request_timeout_s: float,
+    config: dict,
     settings: dict,
     limit_mib: float | None = None,
     clock: Stopwatch | None = None,
-) -> tuple[list[dict], dict | None]:
-    """Every workload R times. Returns per-workload results and the server-level failure, if any.
-    Each repetition says its speeds (and VRAM against ``limit_mib``) on the console; ``clock`` gets the
-    untimed warm-up request apart, and the workloads (prompts sized on the way) as the rest."""
+) -> tuple[list[dict], list[dict], dict | None]:
+    """Every workload R times, then every conversation. Returns per-workload results, per-conversation results
+    and the server-level failure, if any. Each repetition and turn says its speeds (and VRAM against
+    ``limit_mib``) on the console; ``clock`` gets the untimed warm-up request apart, and the workloads (prompts
+    sized on the way) and conversations as the rest."""
     clock = clock or Stopwatch()
+    workloads, request_timeout_s = config["workloads"], config["server"]["request_timeout_s"]
     client = Client(server.url, request_timeout_s)
     sampler.phase("prepare")
     prompts = PromptSource(client)
@@ -300,11 +301,89 @@ def run_workloads(
     client.complete(prompts.prompt(min(64, workloads[0]["prompt_tokens"]), 0), 4, timeout_s=client.setup_timeout_s)
     clock.lap("warmup_request")
     try:
-        return _run_each(
-            server, sampler, client, prompts, workloads, repetitions, request_timeout_s, settings, limit_mib
+        results, failure = _run_each(
+            server, sampler, client, prompts, workloads, config["repetitions"], request_timeout_s, settings, limit_mib
         )
     finally:
         clock.lap("workloads")
+    talks: list[dict] = []
+    try:
+        for spec in config.get("conversations") or []:
+            if failure is not None:
+                break
+            result, failure = run_conversation(server, sampler, prompts, spec, settings, config["server"])
+            talks.append(result)
+    finally:
+        clock.lap("conversations")
+    return results, talks, failure
+
+
+def request_failure(server: ServerProcess, exc: Exception, phase: str, request_timeout_s: float):
+    """What a failed request means: (the server's failure, or None while it lives on; the outcome; the message)."""
+    if isinstance(exc, requests.Timeout):
+        return server_failure(server, phase, timed_out=True), Outcome.TIMEOUT, f"no answer within {request_timeout_s} s"
+    if not isinstance(exc, (RequestFailed, requests.ConnectionError)):
+        raise exc
+    if _ended(server):
+        failure = server_failure(server, phase)
+        return failure, failure["outcome"], failure["message"]
+    message = exc.message if isinstance(exc, RequestFailed) else str(exc)[:300]
+    return None, Outcome.CONTEXT_EXCEEDED if "context" in message.lower() else Outcome.REQUEST_FAILED, message
+
+
+def run_conversation(
+    server: ServerProcess, sampler: Sampler, prompts: PromptSource, spec: dict, settings: dict, server_cfg: dict
+) -> tuple[dict, dict | None]:
+    """One conversation workload (crashline.conversations): its rounds of turns, then the restart case. Returns
+    its summary (per-turn memory is added from the record's phases) and the server's failure, if any."""
+    talks = [conv.Conversation(spec, i) for i in range(concurrency({"concurrency": spec["at_once"]}, settings))]
+    timeout_s = server_cfg["request_timeout_s"]
+    rounds = [*range(1, conv.planned_turns(spec) + 1), *(["restart"] if spec["restart"] else [])]
+    for turn in rounds:
+        live = [c for c in talks if c.outcome == Outcome.OK]
+        if not live:
+            break
+        if turn == "restart":
+            live = [max(live, key=lambda c: len(c.history))]
+            failure = _restart(server, sampler, server_cfg, conv.phase(spec, "restart-load"))
+            if failure:
+                live[0].fail(failure["phase"], failure["outcome"], failure["message"])
+                return conv.summary(spec, talks), failure
+        where = conv.phase(spec, turn)
+        sampler.phase(where)
+        for c, prompt, answer in conv.send_round(server.url, live, prompts, turn, timeout_s):
+            if isinstance(answer, Exception):
+                failure, outcome, message = request_failure(server, answer, where, timeout_s)
+                c.fail(where, outcome, message)
+                progress.say(f"{where} ({c.index + 1} of {len(talks)}): {outcome} ({message})")
+                if failure:
+                    return conv.summary(spec, talks), failure
+                continue
+            problem = c.add(where, turn, prompt, answer)
+            progress.say(_turn_text(where, c.index, len(talks), c.turns[-1], problem))
+    return conv.summary(spec, talks), None
+
+
+def _turn_text(where: str, index: int, n: int, turn: dict, problem: str | None) -> str:
+    """A turn on the console: its history, what the cache held, the speeds of the new part."""
+    who = f" ({index + 1} of {n})" if n > 1 else ""
+    text = (
+        f"{where}{who}: history {turn['history_tokens']:,} tokens, {turn['cache_n'] or 0:,} from the cache; "
+        f"prefill {_rate([turn['prefill_tps']])}, decode {_rate([turn['decode_tps']])}"
+    )
+    return f"{text}; {problem}" if problem else text
+
+
+def _restart(server: ServerProcess, sampler: Sampler, server_cfg: dict, where: str) -> dict | None:
+    """crashline stops the server and starts it again on the same command (its log goes on in the same file);
+    the failure of the new start, or None once it is ready."""
+    sampler.phase(where)
+    server.stop(server_cfg["stop_timeout_s"])
+    state = server.start_ready(server_cfg["startup_timeout_s"], lambda srv: sampler.follow(srv.proc.pid), append=True)
+    if state == "ready":
+        progress.say(f"llama-server started again for the restart case, ready in {server.ready_after_s:.1f} s")
+        return None
+    return server_failure(server, where, timed_out=(state == "timeout"))
 
 
 def _run_each(server, sampler, client, prompts, workloads, repetitions, request_timeout_s, settings, limit_mib):
@@ -327,21 +406,13 @@ def _run_each(server, sampler, client, prompts, workloads, repetitions, request_
         for i in range(repetitions):
             try:
                 run = one_run(client, prompts, workload, i, n_requests)
-            except requests.Timeout:
-                result.update(outcome=Outcome.TIMEOUT, message=f"no answer within {request_timeout_s} s")
-                failure = server_failure(server, workload["name"], timed_out=True)
-                progress.say(f"{workload['name']} {i + 1}/{repetitions}: {outcome_text(failure)}")
-                return results, failure
-            except (RequestFailed, requests.ConnectionError) as exc:
-                if _ended(server):
-                    failure = server_failure(server, workload["name"])
-                    result.update(outcome=failure["outcome"], message=failure["message"])
-                    progress.say(f"{workload['name']} {i + 1}/{repetitions}: {outcome_text(failure)}")
-                    return results, failure
-                message = exc.message if isinstance(exc, RequestFailed) else str(exc)[:300]
-                outcome = Outcome.CONTEXT_EXCEEDED if "context" in message.lower() else Outcome.REQUEST_FAILED
+            except (requests.Timeout, RequestFailed, requests.ConnectionError) as exc:
+                failure, outcome, message = request_failure(server, exc, workload["name"], request_timeout_s)
                 result.update(outcome=outcome, message=message)
-                progress.say(f"{workload['name']} {i + 1}/{repetitions}: {outcome} ({message})")
+                said = outcome_text(failure) if failure else f"{outcome} ({message})"
+                progress.say(f"{workload['name']} {i + 1}/{repetitions}: {said}")
+                if failure:
+                    return results, failure
                 break
             result["runs"].append(run)
             say_run(workload, i, repetitions, run, sampler.peaks.get(workload["name"], {}).get("gpu_mib"), limit_mib)
@@ -368,7 +439,7 @@ def measure(*, model_name: str, item: dict, **job) -> dict:
 def _final_text(record: dict) -> str:
     if record["outcome"] != Outcome.OK:
         return f"measurement {outcome_text(record)}"
-    names = ", ".join(w["name"] for w in record["workloads"])
+    names = ", ".join(w["name"] for w in [*record["workloads"], *record["conversations"]])
     return f"measurement ok: every workload survived ({names})"
 
 
@@ -409,6 +480,7 @@ def _measure(
     }
     server = ServerProcess(command, log_path)
     workloads: list[dict] = []
+    talks: list[dict] = []
     failure = None
     sampler = None
     budget_mib = config["budget"].get("vram_budget_mib")
@@ -431,15 +503,8 @@ def _measure(
                     if state == "ready":
                         record["load_s"] = round(server.ready_after_s, 2)
                         say_loaded(server, None)
-                        workloads, failure = run_workloads(
-                            server,
-                            sampler,
-                            config["workloads"],
-                            config["repetitions"],
-                            server_cfg["request_timeout_s"],
-                            resolved,
-                            vram_limit_mib(budget_mib, record["host"]),
-                            clock,
+                        workloads, talks, failure = run_workloads(
+                            server, sampler, config, resolved, vram_limit_mib(budget_mib, record["host"]), clock
                         )
                     else:
                         failure = server_failure(server, "load", timed_out=(state == "timeout"))
@@ -463,6 +528,7 @@ def _measure(
     finally:
         server.stop(5)
     record["memory"] = memory_summary(sampler.result(), budget_mib, record["host"]) if sampler else None
+    talks = [conv.with_memory(t, (record["memory"] or {}).get("per_phase") or {}) for t in talks]
     frame = sampler.frame() if sampler else pd.DataFrame()
     if sampler:
         sampler.close()
@@ -476,12 +542,12 @@ def _measure(
     record["settings_used"] = settings_used(resolved, record["placement"])
     if failure is None:
         failure = logparse.classify(log, server.returncode, phase_hint="stop")
-        bad = next((w for w in workloads if w["outcome"] != Outcome.OK), None)
+        bad = next((w for w in [*workloads, *talks] if w["outcome"] != Outcome.OK), None)
         if failure["outcome"] == Outcome.OK and bad:
             failure = {
                 "outcome": bad["outcome"],
                 "failure": bad["outcome"],
-                "phase": bad["name"],
+                "phase": bad.get("failed_at") or bad["name"],
                 "message": bad["message"],
             }
     add_bottlenecks(workloads, record, manifest, resolved)
@@ -492,6 +558,7 @@ def _measure(
         message=failure.get("message"),
         log_tail=record["placement"].get("tail") if failure["outcome"] != Outcome.OK else None,
         workloads=workloads,
+        conversations=talks,
         finished_at=_now(),
     )
     clock.lap("analysis")

@@ -55,6 +55,9 @@ class Layout:
     def searches_table(self) -> Path:
         return self.root / "tables" / "searches.parquet"
 
+    def conversations_table(self) -> Path:
+        return self.root / "tables" / "conversations.parquet"
+
     def report_md(self) -> Path:
         return self.root / "report.md"
 

@@ -22,6 +22,7 @@ from .present import figures as figures_mod
 from .present.doc import Figure, Stat
 from .present.compact import distinguishing, runs, split_common, wrapped
 from .recommend import failure_reason, recommend
+from .records import Outcome
 from .paths import Layout
 from .thresholds import missing, shared, too_wide
 
@@ -309,6 +310,7 @@ def _result_row(cfg, w, recommended: bool) -> dict:
     }
     if w is None:
         blank = dict.fromkeys(("workload", "prefill", "decode", "concurrency", "aggregate", "ttft", "cpu"), "–")
+        blank["draft"] = ""
         return {
             **row,
             **blank,
@@ -325,6 +327,7 @@ def _result_row(cfg, w, recommended: bool) -> dict:
         "ttft": _fmt_stat(w, "ttft_s", 3),
         "prefill": _fmt_stat(w, "prefill_tps"),
         "decode": _fmt_stat(w, "decode_tps"),
+        "draft": "" if missing(w["draft_acceptance"]) else f"{w['draft_acceptance']:.0%} of {w['draft_drafted']:,}",
         "rss": _num(w["workload_peak_rss_mib"]),
         "vram": _num(w["workload_peak_gpu_mib"]),
         "cpu": _cpu(w),
@@ -361,7 +364,47 @@ def _answer(r: dict, all_args: list[str], measurements: pd.DataFrame) -> dict:
     }
 
 
-def _per_model(model: str, configs, measurements, recs: list[dict], lines: list[dict], metric: str, workload: str):
+def conversation_rows(conversations: pd.DataFrame, model: str, differs: dict[str, str]) -> list[dict]:
+    """The conversations table's rows of one model, as the report says them."""
+    if conversations.empty:
+        return []
+    out = []
+    for r in conversations[conversations["model"] == model].to_dict("records"):
+        survived = r["conversation_outcome"] == Outcome.OK
+        restart = r["restart_ttft_s"]
+        out.append(
+            {
+                "config_id": r["config_id"],
+                "differs": differs.get(r["config_id"], ""),
+                "shape": f"{r['conversation']}: {r['turn_tokens']:,} + {r['reply_tokens']:,} tokens a turn to "
+                f"{r['depth_tokens']:,}, {r['at_once']} at once",
+                "survived": survived,
+                "outcome_text": "survived"
+                if survived
+                else f"{r['conversation_outcome']} at {r['failed_at']}: {r['conversation_message']}",
+                "turns": f"{r['turns_done']} of {r['turns_planned']}",
+                "depth": _num(r["depth_reached"]),
+                "reused": "–" if missing(r["reused_median"]) else f"{r['reused_median']:.0%}",
+                "gpu_per_1k": _num(r["gpu_mib_per_1k"], 1),
+                "rss_per_1k": _num(r["rss_mib_per_1k"], 1),
+                "restart": "not asked"
+                if not r["restart"]
+                else ("–" if missing(restart) else f"{restart:.2f} s, {_num(r['restart_prefill_tps'])} t/s"),
+            }
+        )
+    return out
+
+
+def _per_model(
+    model: str,
+    configs,
+    measurements,
+    conversations,
+    recs: list[dict],
+    lines: list[dict],
+    metric: str,
+    workload: str,
+):
     """Everything the report says about one model: the settings its configurations share are said once, and
     each configuration is named by the rest."""
     c = configs[configs["model"] == model]
@@ -384,6 +427,7 @@ def _per_model(model: str, configs, measurements, recs: list[dict], lines: list[
         "limits": lim,
         "tradeoff": tradeoff,
         "cold_warm": cold_warm(c, m),
+        "conversations": conversation_rows(conversations, model, differs),
         "searches": [],
     }
 
@@ -415,8 +459,10 @@ def context(
     provenance: dict,
     config: dict,
     recall_failures: dict | None = None,
+    conversations: pd.DataFrame | None = None,
 ) -> dict:
     """What the report says, section by section, as data (``present.sections`` lays it out)."""
+    conversations = conversations if conversations is not None else pd.DataFrame()
     objective = resolve_objective(config)
     metric, workload = objective["metric"], objective["workload"]
     margin = config["budget"]["margin_mib"]
@@ -435,7 +481,7 @@ def context(
         "workloads": _workloads(measurements, config),
         "models": _models(configs),
         "per_model": [
-            _per_model(model, configs, measurements, recs, lines, metric, workload)
+            _per_model(model, configs, measurements, conversations, recs, lines, metric, workload)
             for model in configs["model"].drop_duplicates()
         ],
         "suspect_columns": SUSPECT_COLUMNS,
@@ -600,6 +646,7 @@ def render(
     searches_path: Path | None = None,
     needle_path: Path | None = None,
     results_dir: Path | None = None,
+    conversations_path: Path | None = None,
 ) -> None:
     """Both reports from the tables: the same document, printed as Markdown and as HTML, and its figures as
     SVG files in ``figures/`` beside the Markdown (the recommended configurations' time series are read from
@@ -607,7 +654,8 @@ def render(
     configs = pd.read_parquet(configs_path)
     measurements = pd.read_parquet(measurements_path)
     needle_table = _table(needle_path)
-    ctx = context(configs, measurements, read_json(provenance_path), config, recall_failures(needle_table))
+    talks = _table(conversations_path)
+    ctx = context(configs, measurements, read_json(provenance_path), config, recall_failures(needle_table), talks)
     search_table = _table(searches_path)
     winners = {m["name"]: [r["winner"] for r in m["recommendations"] if r["winner"]] for m in ctx["per_model"]}
     telemetry = {}
@@ -621,6 +669,7 @@ def render(
         objective_workload(config),
         telemetry,
         [cid for ids in winners.values() for cid in ids],
+        talks,
     )
     figures_dir = md_path.parent / FIGURES
     figures_mod.write(drawn, figures_dir)

@@ -104,13 +104,13 @@ class ServerProcess:
             time.sleep(0.1)
         return "timeout"
 
-    def start_ready(self, timeout_s: float, on_start=None, attempts: int = PORT_ATTEMPTS) -> str:
+    def start_ready(self, timeout_s: float, on_start=None, attempts: int = PORT_ATTEMPTS, append: bool = False) -> str:
         """Start and wait until ready; when another program took the port between choosing and
         binding it, start again on another one (up to ``attempts`` times). ``on_start(self)`` is
-        called after each start."""
+        called after each start. ``append``: the log goes on after what an earlier start wrote."""
         for attempt in range(attempts):
             self.returncode = None
-            self.start(append=attempt > 0)
+            self.start(append=append or attempt > 0)
             if on_start:
                 on_start(self)
             state = self.wait_ready(timeout_s)

@@ -99,9 +99,49 @@ SETTINGS: dict[str, Setting] = {
         ),
         Setting("kv_unified", None, "bool", None, "one KV buffer shared by all slots (-kvu / -no-kvu)"),
         Setting("cont_batching", None, "bool", True, "continuous batching (-cb / -nocb)"),
+        Setting(
+            "cache_ram",
+            "--cache-ram",
+            "int",
+            None,
+            "MiB of host RAM for the prompt cache (-1: no limit, 0: off; llama.cpp's default 8192)",
+            minimum=-1,
+        ),
+        Setting(
+            "ctx_checkpoints", "--ctx-checkpoints", "int", None, "context checkpoints per slot (llama.cpp's default 32)"
+        ),
+        Setting(
+            "checkpoint_min_step",
+            "--checkpoint-min-step",
+            "int",
+            None,
+            "tokens between context checkpoints (llama.cpp's default 8192)",
+        ),
+        Setting(
+            "cache_reuse",
+            "--cache-reuse",
+            "int",
+            None,
+            "smallest chunk reused from the prompt cache by shifting the KV cache (llama.cpp's default 0: off)",
+        ),
+        Setting(
+            "cache_idle_slots",
+            None,
+            "bool",
+            None,
+            "save idle slots to the prompt cache when a new task starts (--cache-idle-slots / --no-cache-idle-slots)",
+        ),
         Setting("draft_model", "-md", "str", None, "name of a model in `models:` used as speculative draft"),
-        Setting("draft_max", "--draft-max", "int", None, "tokens drafted per step"),
-        Setting("draft_min", "--draft-min", "int", None, "minimum drafted tokens"),
+        Setting(
+            "spec_type",
+            "--spec-type",
+            "str",
+            None,
+            "speculative decoding: draft-simple, ngram-simple, ... comma-separated (with a draft_model, default "
+            "draft-simple: the pinned llama.cpp loads a draft model but drafts nothing without it)",
+        ),
+        Setting("draft_max", "--spec-draft-n-max", "int", None, "tokens drafted per step"),
+        Setting("draft_min", "--spec-draft-n-min", "int", None, "minimum drafted tokens"),
         Setting("draft_n_gpu_layers", "-ngld", "int", None, "draft model layers on the GPU"),
         Setting("extra_args", None, "list", (), "further llama-server arguments, passed through verbatim"),
         Setting(
@@ -116,7 +156,11 @@ SETTINGS: dict[str, Setting] = {
     ]
 }
 
-_BOOL_FLAGS = {"kv_unified": ("-kvu", "-no-kvu"), "cont_batching": ("-cb", "-nocb")}
+_BOOL_FLAGS = {
+    "kv_unified": ("-kvu", "-no-kvu"),
+    "cont_batching": ("-cb", "-nocb"),
+    "cache_idle_slots": ("--cache-idle-slots", "--no-cache-idle-slots"),
+}
 
 
 def _int_expected(setting: Setting, value: Any) -> str:
@@ -209,6 +253,8 @@ def resolve(settings: dict[str, Any]) -> dict[str, Any]:
                 "set fit: on or remove it"
             )
             raise SettingsError(f"setting {reason}", reason)
+    if resolved["draft_model"] and resolved["spec_type"] is None:
+        resolved["spec_type"] = "draft-simple"
     if resolved["extra_args"] is None:
         resolved["extra_args"] = []
     resolved["extra_args"] = list(resolved["extra_args"])

@@ -89,14 +89,16 @@ class PromptSource:
 
     def prompt(self, n_tokens: int, index: int) -> list[int]:
         """Exactly ``n_tokens`` ids: the special prefix, then prose from an offset that differs per index."""
-        body = n_tokens - len(self.special)
+        return self.special + self.prose(n_tokens - len(self.special), index)
+
+    def prose(self, n_tokens: int, index: int) -> list[int]:
+        """Exactly ``n_tokens`` ids of prose (no special prefix) from an offset that differs per index."""
         start = (index * 7919 + 13) % len(self.tokens)  # a prime stride: no two repetitions share a prefix
         out: list[int] = []
-        while len(out) < body:
-            take = self.tokens[start : start + body - len(out)]
-            out += take
+        while len(out) < n_tokens:
+            out += self.tokens[start : start + n_tokens - len(out)]
             start = 0
-        return self.special + out
+        return out
 
 
 def stats(values: list[float]) -> dict | None:
@@ -113,9 +115,13 @@ def stats(values: list[float]) -> dict | None:
     }
 
 
-def stream_request(url: str, prompt: list[int], n_predict: int, timeout_s: float, on_chunk=None) -> dict:
+def stream_request(
+    url: str, prompt: list[int], n_predict: int, timeout_s: float, on_chunk=None, cache_prompt: bool = False
+) -> dict:
     """One streamed completion on its own connection: timings from the server, time to first
     token from the client; ``on_chunk(t)`` is called with the arrival time of each streamed token.
+    With ``cache_prompt`` the server reuses what its slot holds of the prompt (``cache_n``), and the
+    reply's token ids come back (``tokens``), so that a conversation can send them as its history.
 
     ``timeout_s`` bounds the whole request, not each read: llama-server sends an SSE ping (":")
     every 30 s while it waits for its own results, so a server that hangs mid-answer (it did, in
@@ -124,7 +130,8 @@ def stream_request(url: str, prompt: list[int], n_predict: int, timeout_s: float
     body = {
         "prompt": prompt,
         "n_predict": n_predict,
-        "cache_prompt": False,
+        "cache_prompt": cache_prompt,
+        "return_tokens": cache_prompt,
         "temperature": 0.0,
         "top_k": 1,
         "ignore_eos": True,
@@ -133,6 +140,7 @@ def stream_request(url: str, prompt: list[int], n_predict: int, timeout_s: float
     started = time.monotonic()
     first = None
     final: dict = {}
+    reply: list[int] = []
     expired = threading.Event()
     try:
         with requests.post(f"{url}/completion", json=body, timeout=timeout_s, stream=True) as resp:
@@ -156,6 +164,7 @@ def stream_request(url: str, prompt: list[int], n_predict: int, timeout_s: float
                         first = now
                     if on_chunk and not chunk.get("stop"):
                         on_chunk(now)
+                    reply += chunk.get("tokens") or []
                     if chunk.get("stop"):
                         final = chunk
                         break
@@ -170,15 +179,19 @@ def stream_request(url: str, prompt: list[int], n_predict: int, timeout_s: float
     t = final.get("timings", {})
     return {
         "prompt_n": t.get("prompt_n"),
+        "cache_n": t.get("cache_n"),
         "prompt_ms": t.get("prompt_ms"),
         "prefill_tps": t.get("prompt_per_second"),
         "predicted_n": t.get("predicted_n"),
         "predicted_ms": t.get("predicted_ms"),
         "decode_tps": t.get("predicted_per_second"),
+        "draft_n": t.get("draft_n"),  # with a draft model: tokens it drafted, and how many the model accepted
+        "draft_n_accepted": t.get("draft_n_accepted"),
         "truncated": final.get("truncated"),
         "ttft_s": round(first - started, 4) if first is not None else None,
         "end_s": time.monotonic() - started,
         "t_start": started,  # time.monotonic(), the clock the telemetry sampler uses
+        **({"tokens": reply} if cache_prompt else {}),
     }
 
 
@@ -214,13 +227,17 @@ def check_run(run: dict, workload: dict) -> str | None:
 
 
 def summarize(runs: list[dict]) -> dict:
-    """Per-request speeds over every request of every run; the aggregate over runs."""
+    """Per-request speeds over every request of every run; the aggregate over runs; with a draft model, the tokens
+    it drafted and the share the model accepted, over every request."""
     reqs = [r for run in runs for r in run["requests"]]
+    drafted = sum(r.get("draft_n") or 0 for r in reqs)
+    accepted = sum(r.get("draft_n_accepted") or 0 for r in reqs)
     return {
         "prefill_tps": stats([r["prefill_tps"] for r in reqs if r.get("prefill_tps")]),
         "decode_tps": stats([r["decode_tps"] for r in reqs if r.get("decode_tps")]),
         "ttft_s": stats([r["ttft_s"] for r in reqs if r.get("ttft_s") is not None]),
         "aggregate_tps": stats([run["aggregate_tps"] for run in runs if run.get("aggregate_tps")]),
+        "draft": {"drafted": drafted, "accepted": accepted, "acceptance": accepted / drafted} if drafted else None,
     }
 
 

@@ -92,7 +92,7 @@ class Figure:
     title: str  # a sentence saying what it shows (the caption; the SVG's <title> and its heading too)
     svg: str  # the whole <svg> element, no XML declaration or doctype: ready to inline in HTML
     series: list[str] = field(default_factory=list)  # labels of the plotted data series, in legend order
-    kind: str = ""  # vram | speed | depth | concurrency | memory
+    kind: str = ""  # vram | speed | depth | concurrency | memory | conversation
 
     @property
     def file(self) -> str:
@@ -682,13 +682,15 @@ def figures(
     objective_workload: str,
     telemetry: Mapping[str, pd.DataFrame] | None = None,
     recommended: Iterable[str] = (),
+    conversations: pd.DataFrame | None = None,
 ) -> dict[str, list[Figure]]:
     """Every figure the tables give meaning to, per model (in the order of ``configs``).
 
     ``budget`` is the config's ``budget`` block (``vram_budget_mib`` may be None: then the limit is the
     card's total memory, the ``vram_limit_mib`` of the rows). ``telemetry`` maps a configuration id to
     its run's time series (``read_telemetry``), drawn as memory over time; ``recommended`` names the
-    recommended configuration ids, which the speed-against-prompt-length figure draws first.
+    recommended configuration ids, which the speed-against-prompt-length figure draws first;
+    ``conversations`` is the conversations table (memory over the turns).
     """
     if not _has(configs, "model"):
         return {}
@@ -706,8 +708,51 @@ def figures(
                 *_depth(model, measurements, objective_workload, recommended),
                 *_concurrency(model, measurements),
                 *_memory(model, configs, telemetry or {}, budget),
+                *_conversation_memory(model, conversations),
             ]
     return out
+
+
+def _conversation_memory(model: str, conversations: pd.DataFrame | None) -> list[Figure]:
+    """Peak VRAM (with a GPU) and host RSS of each turn against the history it sent, one series per
+    configuration and conversation workload; a conversation that failed ends in a marker at its last turn."""
+    if not _has(conversations, "model", "turn_rows", "conversation"):
+        return []
+    rows = conversations[conversations["model"] == model]
+    if rows.empty:
+        return []
+    names = _label_columns(rows, _present(rows, SETTING_COLUMNS))
+    several_talks = rows["conversation"].nunique() > 1
+    panels = [("gpu_mib", "peak VRAM (MiB)"), ("rss_mib", "peak host RSS (MiB)")]
+    panels = [(k, word) for k, word in panels if any(t[k] is not None for ts in rows["turn_rows"] for t in ts)]
+    if not panels:
+        return []
+    title = (
+        f"Memory of {model} as each conversation grows with the prompt cache on: the peak of each turn against "
+        "the history it sent (the restart case left out); ✕ marks the turn a conversation failed at."
+    )
+    fig, axes = _new(title, panels=len(panels))
+    series = []
+    for i, (_, row) in enumerate(rows.iterrows()):
+        label = ", ".join(t for t in (_label(row, names), row["conversation"] if several_talks else "") if t)
+        label = label or row["conversation"]
+        colour = SERIES_COLOURS[i % len(SERIES_COLOURS)]
+        turns = [t for t in row["turn_rows"] if t["turn"] != "restart"]
+        for ax, (key, _word) in zip(axes, panels, strict=True):
+            done = [t for t in turns if t["outcome"] == Outcome.OK and t[key] is not None]
+            (line,) = ax.plot(
+                [t["history_tokens"] for t in done], [t[key] for t in done], "o-", color=colour, label=label
+            )
+            line.set_gid(f"series-{len(series)}")
+            cut = [t for t in turns if t["outcome"] != Outcome.OK and t[key] is not None]
+            if cut:
+                ax.scatter([t["history_tokens"] for t in cut], [t[key] for t in cut], marker="X", s=64, color=colour)
+        series.append(label)
+    for ax, (_key, word) in zip(axes, panels, strict=True):
+        ax.set_ylabel(word)
+        ax.set_ylim(bottom=0)
+    axes[-1].set_xlabel("history sent (tokens)")
+    return [_finish(fig, axes, f"conversation-memory-{model}", title, series, "conversation")]
 
 
 def telemetry_path(results_dir: str | Path, model: str, config_id: str) -> Path | None:

@@ -158,6 +158,7 @@ def model_section(m: dict, ctx: dict) -> Section:
         *crash_line(m["crash_lines"]),
         *limits(m["limits"], ctx),
         *cold_warm(m["cold_warm"]),
+        *conversations(m["conversations"]),
         *failures(m["failures"]),
     ]
     return Section(m["name"], blocks, anchor=f"model-{m['name']}")
@@ -232,6 +233,7 @@ RESULT_HEADER = [
     "slots",
     "prefill t/s per request",
     "decode t/s per request",
+    "draft tokens accepted",
     "aggregate generated t/s (all requests, end to end)",
     "time to first token s",
     "CPU cores server / others",
@@ -247,6 +249,7 @@ RESULT_KEYS = (
     "slots",
     "prefill",
     "decode",
+    "draft",
     "aggregate",
     "ttft",
     "cpu",
@@ -265,7 +268,7 @@ def results(rows: list[dict]) -> list:
         cells = [row[k] if k else outcome for k in RESULT_KEYS]
         out.append([[Code(row["config_id"]), " ★" if row["recommended"] else ""], _settings_cell(row), *cells])
     marks = ["rec" if row["recommended"] else None for row in rows]
-    return compacted(RESULT_HEADER, out, frozenset({0, 1, 2, 3, 7}), frozenset({4, *range(6, 15)}), marks)
+    return compacted(RESULT_HEADER, out, frozenset({0, 1, 2, 3, 7}), frozenset({4, *range(6, 16)}), marks)
 
 
 def tradeoff(rows: list[dict]) -> list:
@@ -450,6 +453,48 @@ def cold_warm(rows: list[dict]) -> list:
     ]
     lead = Para([Strong("Cold versus warm page cache"), " (never mixed in one figure):"])
     return [lead, Table(header, table, frozenset({4, 5, 6, 7}))]
+
+
+def conversations(rows: list[dict]) -> list:
+    """Each configuration under each conversation workload: survived or where it failed, how far it grew, what the
+    cache reused, memory growth per 1,000 tokens of history, and the restart case."""
+    if not rows:
+        return []
+    header = [
+        "config",
+        "settings that differ",
+        "conversation",
+        "outcome",
+        "turns done",
+        "depth reached",
+        "reused from the cache",
+        "VRAM MiB per 1K tokens",
+        "RSS MiB per 1K tokens",
+        "restart: TTFT s, prefill t/s",
+    ]
+    table = [
+        [
+            Code(r["config_id"]),
+            _settings_cell(r),
+            r["shape"],
+            Cell(r["outcome_text"], None if r["survived"] else "fail"),
+            r["turns"],
+            r["depth"],
+            r["reused"],
+            r["gpu_per_1k"],
+            r["rss_per_1k"],
+            r["restart"],
+        ]
+        for r in rows
+    ]
+    lead = Para(
+        [
+            Strong("Conversations"),
+            " (prompt cache on: each turn resends the whole history with new text, and the server evaluates what "
+            "its slot does not hold; a configuration that fails one is not recommended):",
+        ]
+    )
+    return [lead, Table(header, table, frozenset({4, 5, 6, 7, 8}))]
 
 
 TEXTS = ("failure", "phase", "message")

@@ -1,0 +1,150 @@
+"""Conversations: the workload of chat clients and coding agents. Each turn resends the whole history (every
+earlier turn's text and the model's replies, as token ids) with new prose of a declared size, the prompt cache on,
+so the server reuses what its slot holds and evaluates only the new part. Several conversations run at once,
+interleaved: each round sends the next turn of every one together, and with more conversations than slots the
+server evicts, saves and restores prompt caches. After the last round the restart case sends the longest
+history, with one more turn, to a freshly started server in one request (no cache: one long prefill).
+
+This module is the protocol (what each turn sends, what its answer must hold, what a conversation adds up to);
+measure.py runs it against its server and classifies a server that fails under it.
+"""
+
+from __future__ import annotations
+
+import statistics
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+from .records import Outcome
+from .workloads import PromptSource, stream_request
+
+SEED_STRIDE = 1000  # prose offsets: conversation c's turn t reads from index SEED_STRIDE * (c + 1) + t
+
+
+def planned_turns(spec: dict) -> int:
+    """Turns until the history (prompt and reply of the last turn) would pass ``depth_tokens``; at least one."""
+    return max(1, spec["depth_tokens"] // (spec["turn_tokens"] + spec["reply_tokens"]))
+
+
+def phase(spec: dict, turn: int | str) -> str:
+    """The telemetry and failure phase of a turn ("chat:turn-3") or of the restart ("chat:restart")."""
+    return f"{spec['name']}:turn-{turn}" if isinstance(turn, int) else f"{spec['name']}:{turn}"
+
+
+@dataclass
+class Conversation:
+    spec: dict
+    index: int  # which of the conversations run at once
+    history: list[int] = field(default_factory=list)
+    turns: list[dict] = field(default_factory=list)
+    outcome: str = Outcome.OK
+    message: str | None = None
+    failed_at: str | None = None  # the phase it failed in
+
+    def next_prompt(self, prompts: PromptSource, turn: int) -> list[int]:
+        """The history and ``turn_tokens`` of new prose (the first turn starts with the model's special prefix)."""
+        n, seed = self.spec["turn_tokens"], SEED_STRIDE * (self.index + 1) + turn
+        return self.history + (prompts.prompt(n, seed) if not self.history else prompts.prose(n, seed))
+
+    def fail(self, where: str, outcome: str, message: str) -> None:
+        self.outcome, self.message, self.failed_at = outcome, message, where
+
+    def add(self, where: str, turn: int | str, prompt: list[int], answer: dict) -> str | None:
+        """Record a turn's answer and grow the history by the reply; why it does not count, or None."""
+        reply = self.spec["reply_tokens"]
+        self.turns.append(
+            {
+                "conversation": self.index,
+                "turn": turn,
+                "phase": where,
+                "history_tokens": len(prompt),
+                "cache_n": answer["cache_n"],
+                "prompt_n": answer["prompt_n"],
+                "ttft_s": answer["ttft_s"],
+                "prefill_tps": answer["prefill_tps"],
+                "decode_tps": answer["decode_tps"],
+                "predicted_n": answer["predicted_n"],
+                "outcome": Outcome.OK,
+            }
+        )
+        problem = check_answer(prompt, reply, answer)
+        if problem:
+            self.turns[-1]["outcome"] = problem[0]
+            self.fail(where, *problem)
+            return problem[1]
+        self.history = prompt + answer["tokens"]
+        return None
+
+
+def check_answer(prompt: list[int], reply_tokens: int, answer: dict) -> tuple[str, str] | None:
+    """(outcome, message) when a turn's answer does not count: the prompt not evaluated whole (reused plus
+    evaluated tokens short of what was sent), or the reply cut (the slot's context filled)."""
+    seen = (answer["cache_n"] or 0) + (answer["prompt_n"] or 0)
+    if seen != len(prompt):
+        return Outcome.TRUNCATED, f"the server took {seen} of the {len(prompt)} history tokens sent"
+    got = len(answer["tokens"])
+    if got != reply_tokens or answer["truncated"]:
+        return (
+            Outcome.CONTEXT_EXCEEDED,
+            f"the context filled: {got} of {reply_tokens} reply tokens after a history of {len(prompt)}",
+        )
+    return None
+
+
+def send_round(url: str, conversations: list[Conversation], prompts: PromptSource, turn: int | str, timeout_s: float):
+    """The next turn of every conversation, sent together: [(conversation, prompt, answer or the exception)]."""
+    sent = [(c, c.next_prompt(prompts, turn if isinstance(turn, int) else len(c.turns) + 1)) for c in conversations]
+
+    def go(prompt):
+        try:
+            return stream_request(url, prompt, sent[0][0].spec["reply_tokens"], timeout_s, cache_prompt=True)
+        except Exception as exc:  # noqa: BLE001 - measure classifies it against the server's state
+            return exc
+
+    with ThreadPoolExecutor(max_workers=len(sent)) as pool:
+        answers = list(pool.map(go, [p for _, p in sent]))
+    return [(c, p, a) for (c, p), a in zip(sent, answers)]
+
+
+def _slope(points: list[tuple[float, float]]) -> float | None:
+    """Least-squares growth of y per 1,000 of x (None with fewer than two distinct x)."""
+    if len({x for x, _ in points}) < 2:
+        return None
+    xs, ys = zip(*points)
+    return round(statistics.linear_regression(xs, ys).slope * 1000, 3)
+
+
+def summary(spec: dict, conversations: list[Conversation]) -> dict:
+    """A conversation workload's result: survival, where it failed, how much each turn reused, every turn."""
+    turns = [t for c in conversations for t in c.turns]
+    grown = [t for t in turns if t["turn"] != "restart"]
+    reused = [t["cache_n"] / t["history_tokens"] for t in grown if t["turn"] != 1 and t["cache_n"] is not None]
+    failed = next((c for c in conversations if c.outcome != Outcome.OK), None)
+    return {
+        **spec,
+        "conversations": len(conversations),
+        "turns_planned": planned_turns(spec),
+        "turns_done": min(
+            sum(t["turn"] != "restart" and t["outcome"] == Outcome.OK for t in c.turns) for c in conversations
+        ),
+        "outcome": failed.outcome if failed else Outcome.OK,
+        "message": failed.message if failed else None,
+        "failed_at": failed.failed_at if failed else None,
+        "depth_reached": max((t["history_tokens"] + (t["predicted_n"] or 0) for t in grown), default=0),
+        "reused_median": round(statistics.median(reused), 4) if reused else None,
+        "restart_turn": next((t for t in turns if t["turn"] == "restart"), None),
+        "turns": turns,
+    }
+
+
+def with_memory(result: dict, per_phase: dict) -> dict:
+    """Each turn's peak VRAM and RSS (the peaks of its phase) and their growth per 1,000 tokens of history."""
+    for t in result["turns"]:
+        peak = per_phase.get(t["phase"]) or {}
+        t.update(gpu_mib=peak.get("gpu_mib"), rss_mib=peak.get("rss_mib"))
+    grown = [t for t in result["turns"] if t["turn"] != "restart"]
+    return {
+        **result,
+        "gpu_mib_per_1k": _slope([(t["history_tokens"], t["gpu_mib"]) for t in grown if t["gpu_mib"] is not None]),
+        "rss_mib_per_1k": _slope([(t["history_tokens"], t["rss_mib"]) for t in grown if t["rss_mib"]]),
+    }

@@ -1,0 +1,130 @@
+"""Conversations against a real llama-server on the real gemma-3-270m: the history grows turn by turn with the
+prompt cache on, the server reuses it, the restart case sends it to a fresh server in one request, and a
+conversation that outgrows the context is classified at its turn (the server lives on)."""
+
+from __future__ import annotations
+
+import pytest
+
+import pyarrow.parquet as pq
+
+from crashline import aggregate, config as C
+from crashline import measure as M
+from crashline.present import figures
+from crashline.atomic import read_json
+from crashline.records import Outcome
+
+from test_measure import SCHEMA
+
+pytestmark = pytest.mark.e2e
+
+
+def measure_talk(tmp_path, gemma_fetch, provenance, settings, conversation) -> dict:
+    cfg = C.validate(
+        {
+            "models": {"gemma": {"source": f"file:{gemma_fetch['files'][0]['path']}"}},
+            "defaults": {"threads": 2},
+            "configurations": [{"settings": settings}],
+            "workloads": [{"name": "short", "prompt_tokens": 64, "gen_tokens": 8}],
+            "conversations": [{"name": "chat", **conversation}],
+            "repetitions": 1,
+        },
+        SCHEMA,
+    )
+    (item,) = C.expand(cfg)
+    M.measure(
+        model_name="gemma",
+        item=item,
+        config=cfg,
+        fetch_record=gemma_fetch,
+        manifest={},
+        provenance=provenance,
+        record_path=tmp_path / "measure.json",
+        log_path=tmp_path / "server.log",
+    )
+    return read_json(tmp_path / "measure.json")
+
+
+def test_a_conversation_reuses_its_history_and_survives_a_restart(tmp_path, gemma_fetch, server_provenance):
+    rec = measure_talk(
+        tmp_path,
+        gemma_fetch,
+        server_provenance,
+        {"ctx": 4096},
+        {"turn_tokens": 256, "reply_tokens": 32, "depth_tokens": 2048},
+    )
+    assert rec["outcome"] == Outcome.OK, rec["message"]
+    (talk,) = rec["conversations"]
+    assert (talk["outcome"], talk["turns_planned"], talk["turns_done"]) == (Outcome.OK, 7, 7)
+    turns = [t for t in talk["turns"] if t["turn"] != "restart"]
+    assert [t["history_tokens"] for t in turns] == [256 + 288 * k for k in range(7)]
+    for before, t in zip(turns, turns[1:]):
+        # the server evaluates what its slot does not hold: at most the new turn, the last reply token (never
+        # evaluated) and, on gemma's sliding-window layers, what lies past llama.cpp's last context checkpoint
+        assert t["cache_n"] + t["prompt_n"] == t["history_tokens"]
+        assert t["cache_n"] >= before["history_tokens"] - 64 and t["prompt_n"] < 256 + 32 + 64
+    assert talk["reused_median"] > 0.5
+    restart = talk["restart_turn"]
+    assert restart["phase"] == "chat:restart" and restart["history_tokens"] == turns[-1]["history_tokens"] + 32 + 256
+    assert (restart["cache_n"], restart["prompt_n"]) == (0, restart["history_tokens"]), "a fresh server has no cache"
+    # every turn has its phase's memory; the server was started twice, in one log
+    phases = rec["memory"]["per_phase"]
+    assert all(phases[t["phase"]]["rss_mib"] > 0 and t["rss_mib"] == phases[t["phase"]]["rss_mib"] for t in turns)
+    assert "chat:restart-load" in phases and talk["rss_mib_per_1k"] is not None
+    assert (tmp_path / "server.log").read_text().count("llama_server: listening on") == 2
+    # the table says what the record says; the figure draws every turn
+    tables = {name: tmp_path / f"{name}.parquet" for name in ("configs", "measurements", "conversations")}
+    aggregate.write(
+        [tmp_path / "measure.json"], tables["configs"], tables["measurements"], [], None, tables["conversations"]
+    )
+    (row,) = pq.read_table(tables["conversations"]).to_pylist()
+    assert (row["conversation"], row["conversation_outcome"], row["turns_done"], row["at_once"]) == ("chat", "ok", 7, 1)
+    assert [(t["turn"], t["cache_n"], t["rss_mib"]) for t in row["turn_rows"]] == [
+        (str(t["turn"]), t["cache_n"], t["rss_mib"]) for t in talk["turns"]
+    ]
+    assert (row["restart_ttft_s"], row["rss_mib_per_1k"]) == (restart["ttft_s"], talk["rss_mib_per_1k"])
+    (figure,) = figures._conversation_memory("gemma", pq.read_table(tables["conversations"]).to_pandas())
+    assert figure.kind == "conversation" and len(figure.series) == 1 and "peak host RSS" in figure.svg
+
+
+def test_a_conversation_that_outgrows_the_context_is_classified_at_its_turn(tmp_path, gemma_fetch, server_provenance):
+    rec = measure_talk(
+        tmp_path,
+        gemma_fetch,
+        server_provenance,
+        {"ctx": 1024},
+        {"turn_tokens": 256, "reply_tokens": 32, "depth_tokens": 4096},
+    )
+    (talk,) = rec["conversations"]
+    # turn 4 sends 1120 tokens to a 1024-token context
+    assert (talk["outcome"], talk["failed_at"], talk["turns_done"]) == (Outcome.CONTEXT_EXCEEDED, "chat:turn-4", 3)
+    assert (rec["outcome"], rec["phase"]) == (Outcome.CONTEXT_EXCEEDED, "chat:turn-4")
+    assert talk["restart_turn"] is None, "a conversation that failed is not restarted"
+    assert rec["returncode"] == 0, "crashline stopped the server, which lived on after the refused turn"
+
+
+@pytest.mark.parametrize("cache_ram, reused", [(None, True), (0, False)])
+def test_two_conversations_on_one_slot_restore_from_the_host_cache(
+    tmp_path, gemma_fetch, server_provenance, cache_ram, reused
+):
+    """Two conversations take turns on one slot: each turn finds the other's history in the slot. With the host
+    prompt cache (llama.cpp's default 8192 MiB) the slot is restored from it; with --cache-ram 0 it is not."""
+    settings = {"ctx": 4096, "parallel": 1, **({"cache_ram": cache_ram} if cache_ram is not None else {})}
+    rec = measure_talk(
+        tmp_path,
+        gemma_fetch,
+        server_provenance,
+        settings,
+        {"turn_tokens": 256, "reply_tokens": 16, "depth_tokens": 1400, "at_once": 2, "restart": False},
+    )
+    assert rec["outcome"] == Outcome.OK, rec["message"]
+    assert ("--cache-ram" in rec["command"]) == (cache_ram is not None)
+    (talk,) = rec["conversations"]
+    assert (talk["conversations"], talk["turns_done"]) == (2, 5)
+    for k in range(2, 6):
+        pair = [t for t in talk["turns"] if t["turn"] == k]
+        before = {t["conversation"]: t["history_tokens"] for t in talk["turns"] if t["turn"] == k - 1}
+        if reused:  # each turn finds its own history, saved when the other conversation took the slot
+            assert all(t["cache_n"] >= before[t["conversation"]] - 64 for t in pair), pair
+        else:  # only a conversation served twice in a row (last of one round, first of the next) finds its own
+            assert min(t["cache_n"] for t in pair) == 0, pair
