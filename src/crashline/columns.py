@@ -198,8 +198,8 @@ CONVERSATION: dict[str, pa.DataType] = {
     "failed_at": TEXT,  # the phase it failed in: "NAME:turn-K", "NAME:restart-load" or "NAME:restart"
     "turns_planned": INT,
     "turns_done": INT,  # turns every conversation completed
-    "depth_reached": INT,  # the longest history plus its reply, in tokens
-    "reused_median": FLOAT,  # of turns 2 onwards: the share of the history the server took from its cache
+    "depth_reached": INT,  # the longest history answered whole plus its reply, in tokens
+    "reused_median": FLOAT,  # of turns 2 onwards: cache_n over what had been sent before (history - turn_tokens)
     "gpu_mib_per_1k": FLOAT,  # peak VRAM growth per 1,000 tokens of history (least squares over the turns)
     "rss_mib_per_1k": FLOAT,
     "restart_ttft_s": FLOAT,

@@ -46,32 +46,30 @@ class Conversation:
         n, seed = self.spec["turn_tokens"], SEED_STRIDE * (self.index + 1) + turn
         return self.history + (prompts.prompt(n, seed) if not self.history else prompts.prose(n, seed))
 
-    def fail(self, where: str, outcome: str, message: str) -> None:
+    def fail(self, where: str, turn: int | str, prompt: list[int], outcome: str, message: str) -> None:
+        """The turn failed: recorded with its outcome (no answer, no speeds), and the conversation ends."""
+        self.turns.append({**self._turn(where, turn, prompt, {}), "outcome": outcome})
         self.outcome, self.message, self.failed_at = outcome, message, where
+
+    def _turn(self, where: str, turn: int | str, prompt: list[int], answer: dict) -> dict:
+        keys = ("cache_n", "prompt_n", "ttft_s", "prefill_tps", "decode_tps", "predicted_n")
+        return {
+            "conversation": self.index,
+            "turn": turn,
+            "phase": where,
+            "history_tokens": len(prompt),
+            **{k: answer.get(k) for k in keys},
+            "outcome": Outcome.OK,
+        }
 
     def add(self, where: str, turn: int | str, prompt: list[int], answer: dict) -> str | None:
         """Record a turn's answer and grow the history by the reply; why it does not count, or None."""
-        reply = self.spec["reply_tokens"]
-        self.turns.append(
-            {
-                "conversation": self.index,
-                "turn": turn,
-                "phase": where,
-                "history_tokens": len(prompt),
-                "cache_n": answer["cache_n"],
-                "prompt_n": answer["prompt_n"],
-                "ttft_s": answer["ttft_s"],
-                "prefill_tps": answer["prefill_tps"],
-                "decode_tps": answer["decode_tps"],
-                "predicted_n": answer["predicted_n"],
-                "outcome": Outcome.OK,
-            }
-        )
-        problem = check_answer(prompt, reply, answer)
+        problem = check_answer(prompt, self.spec["reply_tokens"], answer)
         if problem:
-            self.turns[-1]["outcome"] = problem[0]
-            self.fail(where, *problem)
+            self.turns.append({**self._turn(where, turn, prompt, answer), "outcome": problem[0]})
+            self.outcome, self.message, self.failed_at = problem[0], problem[1], where
             return problem[1]
+        self.turns.append(self._turn(where, turn, prompt, answer))
         self.history = prompt + answer["tokens"]
         return None
 
@@ -118,7 +116,11 @@ def summary(spec: dict, conversations: list[Conversation]) -> dict:
     """A conversation workload's result: survival, where it failed, how much each turn reused, every turn."""
     turns = [t for c in conversations for t in c.turns]
     grown = [t for t in turns if t["turn"] != "restart"]
-    reused = [t["cache_n"] / t["history_tokens"] for t in grown if t["turn"] != 1 and t["cache_n"] is not None]
+    # what the cache held of what had been sent before (the history without the turn's new text): 1 is all of it
+    turn_tokens = spec["turn_tokens"]
+    reused = [
+        t["cache_n"] / (t["history_tokens"] - turn_tokens) for t in grown if t["turn"] != 1 and t["cache_n"] is not None
+    ]
     failed = next((c for c in conversations if c.outcome != Outcome.OK), None)
     return {
         **spec,
@@ -130,7 +132,9 @@ def summary(spec: dict, conversations: list[Conversation]) -> dict:
         "outcome": failed.outcome if failed else Outcome.OK,
         "message": failed.message if failed else None,
         "failed_at": failed.failed_at if failed else None,
-        "depth_reached": max((t["history_tokens"] + (t["predicted_n"] or 0) for t in grown), default=0),
+        "depth_reached": max(
+            (t["history_tokens"] + (t["predicted_n"] or 0) for t in grown if t["outcome"] == Outcome.OK), default=0
+        ),
         "reused_median": round(statistics.median(reused), 4) if reused else None,
         "restart_turn": next((t for t in turns if t["turn"] == "restart"), None),
         "turns": turns,
@@ -142,7 +146,7 @@ def with_memory(result: dict, per_phase: dict) -> dict:
     for t in result["turns"]:
         peak = per_phase.get(t["phase"]) or {}
         t.update(gpu_mib=peak.get("gpu_mib"), rss_mib=peak.get("rss_mib"))
-    grown = [t for t in result["turns"] if t["turn"] != "restart"]
+    grown = [t for t in result["turns"] if t["turn"] != "restart" and t["outcome"] == Outcome.OK]
     return {
         **result,
         "gpu_mib_per_1k": _slope([(t["history_tokens"], t["gpu_mib"]) for t in grown if t["gpu_mib"] is not None]),

@@ -347,14 +347,14 @@ def run_conversation(
             live = [max(live, key=lambda c: len(c.history))]
             failure = _restart(server, sampler, server_cfg, conv.phase(spec, "restart-load"))
             if failure:
-                live[0].fail(failure["phase"], failure["outcome"], failure["message"])
+                live[0].fail(failure["phase"], turn, live[0].history, failure["outcome"], failure["message"])
                 return conv.summary(spec, talks), failure
         where = conv.phase(spec, turn)
         sampler.phase(where)
         for c, prompt, answer in conv.send_round(server.url, live, prompts, turn, timeout_s):
             if isinstance(answer, Exception):
                 failure, outcome, message = request_failure(server, answer, where, timeout_s)
-                c.fail(where, outcome, message)
+                c.fail(where, turn, prompt, outcome, message)
                 progress.say(f"{where} ({c.index + 1} of {len(talks)}): {outcome} ({message})")
                 if failure:
                     return conv.summary(spec, talks), failure

@@ -383,13 +383,13 @@ def conversation_rows(conversations: pd.DataFrame, model: str, differs: dict[str
                 if survived
                 else f"{r['conversation_outcome']} at {r['failed_at']}: {r['conversation_message']}",
                 "turns": f"{r['turns_done']} of {r['turns_planned']}",
-                "depth": _num(r["depth_reached"]),
-                "reused": "–" if missing(r["reused_median"]) else f"{r['reused_median']:.0%}",
-                "gpu_per_1k": _num(r["gpu_mib_per_1k"], 1),
-                "rss_per_1k": _num(r["rss_mib_per_1k"], 1),
+                "depth": f"{r['depth_reached']:,}",
+                "reused": "" if missing(r["reused_median"]) else f"{r['reused_median']:.0%}",
+                "gpu_per_1k": "" if missing(r["gpu_mib_per_1k"]) else f"{r['gpu_mib_per_1k']:.1f}",
+                "rss_per_1k": "" if missing(r["rss_mib_per_1k"]) else f"{r['rss_mib_per_1k']:.1f}",
                 "restart": "not asked"
                 if not r["restart"]
-                else ("–" if missing(restart) else f"{restart:.2f} s, {_num(r['restart_prefill_tps'])} t/s"),
+                else ("" if missing(restart) else f"{restart:.2f} s, {r['restart_prefill_tps']:,.0f} t/s"),
             }
         )
     return out

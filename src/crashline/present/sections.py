@@ -494,7 +494,7 @@ def conversations(rows: list[dict]) -> list:
             "its slot does not hold; a configuration that fails one is not recommended):",
         ]
     )
-    return [lead, Table(header, table, frozenset({4, 5, 6, 7, 8}))]
+    return [lead, *compacted(header, table, frozenset({0, 1, 3}), frozenset({4, 5, 6, 7, 8}))]
 
 
 TEXTS = ("failure", "phase", "message")
