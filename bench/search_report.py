@@ -1,5 +1,5 @@
 """A whole crashline run without Snakemake, verb by verb, in the order the workflow runs them: fetch,
-inspect, provision, every measure, every search, aggregate, report. For machines without Snakemake
+inspect, provision, every measure, every search, aggregate, validity, report. For machines without Snakemake
 (the GPU machine has none); each verb's console lines pass through, so the output is the run's
 console transcript.
 
@@ -41,6 +41,7 @@ def main(config_path: str) -> None:
     for group in C.expand_searches(cfg):
         verb(config_path, "search", "--model", group["model"], "--id", group["id"])
     verb(config_path, "aggregate")
+    verb(config_path, "validity")
     verb(config_path, "report")
 
 

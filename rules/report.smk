@@ -28,12 +28,35 @@ rule aggregate:
         "../scripts/job.py"
 
 
+# llama-bench beside crashline for each model's recommended configuration (and those validity.configs names).
+rule validity:
+    input:
+        configs=LAYOUT.configs_table(),
+        measurements=LAYOUT.measurements_table(),
+        needle=LAYOUT.needle_table(),
+        server=LAYOUT.provenance(),
+        fetch=[LAYOUT.fetch(model) for model in CFG["models"]],
+    output:
+        LAYOUT.validity(),
+    log:
+        f"{RESULTS}/logs/validity.log",
+    conda:
+        "../envs/crashline.yaml"
+    resources:
+        server=1,
+    params:
+        validity=json.dumps(CFG["validity"], sort_keys=True),
+    script:
+        "../scripts/job.py"
+
+
 rule report:
     input:
         configs=LAYOUT.configs_table(),
         measurements=LAYOUT.measurements_table(),
         searches=LAYOUT.searches_table(),
         conversations=LAYOUT.conversations_table(),
+        validity=LAYOUT.validity(),
         needle=LAYOUT.needle_table(),
         server=LAYOUT.provenance(),
         claims=CFG["claims"],

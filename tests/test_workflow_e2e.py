@@ -81,6 +81,21 @@ def test_default_run_writes_report_and_tables(workflow):
     for cid in configs[configs["s_page_cache"] == "cold"]["config_id"]:
         assert f"(`{cid}`) — measured from a cold page cache" in md
     assert "<table>" in html and "Why the others lost" in html
+    # Every configuration ran the conversation after the workloads; the small context fails it at its second turn.
+    talks = pd.read_parquet(work / "results" / "tables" / "conversations.parquet")
+    assert len(talks) == len(configs) and set(talks["conversation"]) == {"chat"}
+    failed = talks[talks["s_ctx"] == 1024]
+    assert list(zip(failed["conversation_outcome"], failed["failed_at"])) == [("context_exceeded", "chat:turn-2")]
+    survived = talks[talks["s_ctx"] != 1024]
+    assert (survived["turns_done"] == 5).all() and (survived["reused_median"] > 0.9).all()
+    assert survived["restart_ttft_s"].notna().all() and "**Conversations**" in md
+    # llama-bench beside crashline for each model's recommended configuration
+    checked = json.loads((work / "results" / "validity" / "llama-bench.json").read_text())["checked"]
+    assert sorted(c["model"] for c in checked) == sorted(cfg["models"])
+    for c in checked:  # every workload it ran one request at a time
+        alone = measurements[(measurements["config_id"] == c["config_id"]) & (measurements["concurrency"] == 1)]
+        assert c["outcome"] == "ok" and [r["workload"] for r in c["rows"]] == list(alone["workload"])
+    assert "Cross-check with llama-bench" in md
 
 
 def test_html_report_of_the_run_in_a_real_browser(workflow, tmp_path):
@@ -108,7 +123,7 @@ def test_html_report_of_the_run_in_a_real_browser(workflow, tmp_path):
         assert f"memory-over-time-{model}-" in " ".join(figures)  # the recommended configuration's run
     assert "per-request-vs-total-throughput-gemma3-270m" in figures  # the two-slot configuration, 1 and 2 at once
     assert "nan" not in " ".join(figures.values())
-    for table in ("configs", "measurements", "searches"):
+    for table in ("configs", "measurements", "searches", "conversations"):
         frame = pd.read_parquet(results / "tables" / f"{table}.parquet")
         assert len(pd.read_csv(results / "tables" / f"{table}.csv")) == len(frame)
         assert len(json.loads((results / "tables" / f"{table}.json").read_text())) == len(frame)
@@ -147,7 +162,8 @@ def test_editing_one_configuration_remeasures_only_it(workflow):
     cfg_path = work / "config" / "config.yaml"
     cfg_path.write_text(cfg_path.read_text().replace("settings: {ctx: 1024}", "settings: {ctx: 1536}"))
     dry = snakemake(work, "-n", "report")
-    assert job_counts(dry) == {"measure": 1, "needle": 1, "aggregate": 1, "needle_table": 1, "report": 1}, dry
+    counts = {"measure": 1, "needle": 1, "aggregate": 1, "needle_table": 1, "validity": 1, "report": 1}
+    assert job_counts(dry) == counts, dry  # the llama-bench check follows the tables: the winner may change
 
     snakemake(work, "report")
     after = {p: p.stat().st_mtime_ns for p in (work / "results" / "records").glob("*/*/measure.json")}

@@ -80,8 +80,9 @@ def test_configfile_runs_that_file_alone_with_the_ids_plan_prints(tmp_path):
         "needle": 2,
         "aggregate": 1,
         "needle_table": 1,
+        "validity": 1,
         "report": 1,
-        "total": 11,
+        "total": 12,
     }, out
     assert "gemma3-270m" not in out and "tiny-moe" not in out.replace("synthetic:tiny-moe", "")
     plan = subprocess.run(

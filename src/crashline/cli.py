@@ -202,8 +202,26 @@ def cmd_report(args) -> int:
         Path(args.searches or layout.searches_table()),
         Path(args.needle or layout.needle_table()),
         conversations_path=Path(args.conversations or layout.conversations_table()),
+        validity_path=Path(args.validity or layout.validity()),
     )
     print(md)
+    return 0
+
+
+def cmd_validity(args) -> int:
+    from . import validity
+    from .atomic import read_json
+
+    cfg, layout = _load(args)
+    tables = {
+        "configs": Path(args.configs or layout.configs_table()),
+        "measurements": Path(args.measurements or layout.measurements_table()),
+        "needle": Path(args.needle or layout.needle_table()),
+    }
+    tables["needle"] = tables["needle"] if tables["needle"].exists() else None
+    models = {m: read_json(layout.fetch(m))["files"][0]["path"] for m in cfg["models"] if layout.fetch(m).exists()}
+    server = read_json(Path(args.server or layout.provenance()))
+    validity.job(cfg, tables, server, models, Path(args.out or layout.validity()))
     return 0
 
 
@@ -333,11 +351,15 @@ def parser() -> argparse.ArgumentParser:
         "--measurements",
         "--searches",
         "--conversations",
+        "--validity",
         "--needle",
         "--server",
         "--md",
         "--html",
     ):
+        s.add_argument(option, help="path (default: the results layout's)")
+    s = verb("validity", cmd_validity, "run llama-bench beside crashline for the recommended configurations")
+    for option in ("--configs", "--measurements", "--needle", "--server", "--out"):
         s.add_argument(option, help="path (default: the results layout's)")
     s = verb(
         "suggest",

@@ -58,6 +58,9 @@ class Layout:
     def conversations_table(self) -> Path:
         return self.root / "tables" / "conversations.parquet"
 
+    def validity(self) -> Path:
+        return self.root / "validity" / "llama-bench.json"
+
     def report_md(self) -> Path:
         return self.root / "report.md"
 

@@ -347,6 +347,12 @@ def build(cache_dir: Path, backend: str, variant: str = "native", jobs: int | No
         return info
 
 
+def bench_beside(server_binary: str | Path) -> str | None:
+    """llama-bench in the folder of llama-server (a build from source has both), for crashline.validity."""
+    bench = Path(server_binary).with_name("llama-bench")
+    return str(bench) if bench.is_file() and os.access(bench, os.X_OK) else None
+
+
 NINJA_STEP_RE = re.compile(r"^\[(\d+)/(\d+)\]")  # ninja: "[123/456] Building CXX object ..."
 MAKE_PERCENT_RE = re.compile(r"^\[\s*(\d+)%\]")  # make: "[ 27%] Building CXX object ..."
 
@@ -429,7 +435,7 @@ def provide(server_config: dict, cache_dir: Path, log=None) -> dict:
         result = _checked(path, cache_dir, log)
         if not result["ok"]:
             raise ProvisionError(servercheck.describe_failure(path, result))
-        return {**info, "check": result}
+        return {**info, "bench_binary": bench_beside(path), "check": result}
     failed = []
     for variant in VARIANTS:
         progress.say(f"building llama-server ({variant} CPU code) from the pinned sdist, or reusing that build")
@@ -447,6 +453,7 @@ def provide(server_config: dict, cache_dir: Path, log=None) -> dict:
                 "build_flags": built["configure_flags"],
                 "cmake_cache": built["cmake_cache"] or _cmake_flags(Path(built["build_dir"])),
                 "build_seconds": built["build_seconds"],
+                "bench_binary": bench_beside(binary),
                 "check": result,
                 "failed_builds": failed,
             }

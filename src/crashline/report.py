@@ -395,6 +395,34 @@ def conversation_rows(conversations: pd.DataFrame, model: str, differs: dict[str
     return out
 
 
+def validity_rows(record: dict, model: str) -> dict:
+    """llama-bench beside crashline for one model, as the report says it: each workload of each configuration
+    checked, the two speeds and their ratio, flagged past the tolerance; what llama-bench could not express."""
+    out = {"tolerance": record.get("tolerance"), "message": record.get("message"), "rows": []}
+    for c in record.get("checked") or []:
+        if c["model"] != model:
+            continue
+        if c["outcome"] != Outcome.OK:
+            out["rows"].append({"config_id": c["config_id"], "server_args": c["server_args"], "error": c["message"]})
+            continue
+        for r in c["rows"]:
+            cells = {}
+            for kind in ("prefill", "decode"):
+                ours, theirs, ratio = r[f"crashline_{kind}_tps"], r[f"bench_{kind}"]["mean_tps"], r[f"{kind}_ratio"]
+                cells[kind] = (f"{ours:,.1f} / {theirs:,.1f} ({ratio:.2f})", kind in r["flagged"])
+            out["rows"].append(
+                {
+                    "config_id": c["config_id"],
+                    "server_args": c["server_args"],
+                    "workload": f"{r['workload']} ({r['prompt_tokens']:,} + {r['gen_tokens']:,})",
+                    "cells": cells,
+                    "left_out": ", ".join(c["left_out"]),
+                    "command": " ".join(r["bench_decode"]["command"]),
+                }
+            )
+    return out
+
+
 def _per_model(
     model: str,
     configs,
@@ -647,6 +675,7 @@ def render(
     needle_path: Path | None = None,
     results_dir: Path | None = None,
     conversations_path: Path | None = None,
+    validity_path: Path | None = None,
 ) -> None:
     """Both reports from the tables: the same document, printed as Markdown and as HTML, and its figures as
     SVG files in ``figures/`` beside the Markdown (the recommended configurations' time series are read from
@@ -655,6 +684,7 @@ def render(
     measurements = pd.read_parquet(measurements_path)
     needle_table = _table(needle_path)
     talks = _table(conversations_path)
+    checked = read_json(validity_path) if validity_path and Path(validity_path).exists() else {}
     ctx = context(configs, measurements, read_json(provenance_path), config, recall_failures(needle_table), talks)
     search_table = _table(searches_path)
     winners = {m["name"]: [r["winner"] for r in m["recommendations"] if r["winner"]] for m in ctx["per_model"]}
@@ -678,6 +708,7 @@ def render(
         manifest = read_json(manifest_path) if manifest_path.exists() else None
         m["searches"] = searches(search_table, m["name"], configs, manifest)
         m["figures"] = [Figure(f.title, f.svg, f"{FIGURES}/{f.file}", f.series) for f in drawn.get(m["name"], [])]
+        m["validity"] = validity_rows(checked, m["name"])
     doc = sections.document(ctx, recall_grid(needle_table), correction.report_section(config, configs, measurements))
     _write(md_path, markdown.page(doc))
     _write(html_path, html.page(doc))

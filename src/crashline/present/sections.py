@@ -159,6 +159,7 @@ def model_section(m: dict, ctx: dict) -> Section:
         *limits(m["limits"], ctx),
         *cold_warm(m["cold_warm"]),
         *conversations(m["conversations"]),
+        *validity(m.get("validity")),
         *failures(m["failures"]),
     ]
     return Section(m["name"], blocks, anchor=f"model-{m['name']}")
@@ -495,6 +496,35 @@ def conversations(rows: list[dict]) -> list:
         ]
     )
     return [lead, *compacted(header, table, frozenset({0, 1, 3}), frozenset({4, 5, 6, 7, 8}))]
+
+
+def validity(v: dict | None) -> list:
+    """llama-bench beside crashline: per workload the two speeds and their ratio, ⚠ past the tolerance."""
+    if not v or not (v["rows"] or v["message"]):
+        return []
+    lead = Para(
+        [
+            Strong("Cross-check with llama-bench"),
+            f" (crashline's median / llama-bench's mean, t/s, and their ratio; ⚠ further than "
+            f"{v['tolerance']:.0%} from 1). llama-bench times the engine alone: no HTTP, no sampling, a context "
+            "of exactly its test's tokens. crashline reports the server's own timings of each request, what a "
+            "client of llama-server gets; where they differ, that gap is the server's.",
+        ]
+    )
+    if v["message"]:
+        return [lead, Para(v["message"], "warn")]
+    header = ["config", "llama-server settings", "workload", "prefill", "decode", "not in llama-bench"]
+    table = []
+    for r in v["rows"]:
+        if "error" in r:
+            table.append([Code(r["config_id"]), Code(r["server_args"]), Cell(r["error"], "fail"), "", "", ""])
+            continue
+        cells = [
+            Cell(text + (" ⚠" if flagged else ""), "warn" if flagged else None) for text, flagged in r["cells"].values()
+        ]
+        table.append([Code(r["config_id"]), Code(r["server_args"]), r["workload"], *cells, r["left_out"] or "–"])
+    commands = "\n".join(dict.fromkeys(r["command"] for r in v["rows"] if "command" in r))
+    return [lead, Table(header, table, frozenset({3, 4})), Details("llama-bench commands (decode tests)", commands)]
 
 
 TEXTS = ("failure", "phase", "message")

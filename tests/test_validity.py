@@ -1,0 +1,96 @@
+"""llama-bench beside crashline: a real gemma-3-270m measured by crashline, then the same configuration through
+the real llama-bench built beside llama-server; the record puts the two speeds side by side with their ratio,
+and the report says it."""
+
+from __future__ import annotations
+
+import pyarrow.parquet as pq
+import pytest
+
+from crashline import aggregate, config as C
+from crashline import measure as M
+from crashline import report, validity
+from crashline.atomic import read_json
+from crashline.present import sections
+from crashline.present.doc import Table
+
+from test_measure import SCHEMA
+
+
+def test_bench_arguments_follow_the_settings_and_name_what_llama_bench_cannot_express():
+    settings = {
+        "n_gpu_layers": 999,
+        "n_cpu_moe": 12,
+        "ubatch": 1024,
+        "cache_type_k": "q8_0",
+        "override_tensor": "blk\\.1\\.=CPU,blk\\.2\\.=CPU",
+        "threads": None,
+        "threads_batch": 8,
+        "draft_model": "small",
+        "ctx": 65536,
+        "parallel": 2,
+    }
+    args, left_out = validity.bench_args(settings, {"n_threads": 4, "n_threads_batch": 8})
+    assert args == ["-ngl", "999", "-ncmoe", "12", "-ub", "1024", "-ctk", "q8_0", "-ot"] + [
+        "blk\\.1\\.=CPU;blk\\.2\\.=CPU",
+        "-t",
+        "4",
+    ]
+    assert left_out == ["draft_model", "threads_batch 8 (llama-bench uses -t 4 for prefill too)"]
+
+
+@pytest.mark.e2e
+def test_llama_bench_beside_crashline_on_gemma(tmp_path, gemma_fetch, server_provenance):
+    path = gemma_fetch["files"][0]["path"]
+    cfg = C.validate(
+        {
+            "models": {"gemma": {"source": f"file:{path}"}},
+            "defaults": {"threads": 2},
+            "configurations": [{"settings": {"ubatch": 256, "parallel": 2, "ctx": 8192}}],
+            "workloads": [
+                {"name": "short", "prompt_tokens": 128, "gen_tokens": 32},
+                {"name": "long", "prompt_tokens": 1024, "gen_tokens": 32},
+                {"name": "two", "prompt_tokens": 128, "gen_tokens": 32, "concurrency": 2},
+            ],
+            "repetitions": 2,
+            "validity": {"repetitions": 2},
+        },
+        SCHEMA,
+    )
+    (item,) = C.expand(cfg)
+    record = tmp_path / "records" / "measure.json"
+    M.measure(
+        model_name="gemma",
+        item=item,
+        config=cfg,
+        fetch_record=gemma_fetch,
+        manifest={},
+        provenance=server_provenance,
+        record_path=record,
+        log_path=tmp_path / "records" / "server.log",
+    )
+    tables = {name: tmp_path / f"{name}.parquet" for name in ("configs", "measurements")}
+    aggregate.write([record], tables["configs"], tables["measurements"])
+    out = tmp_path / "llama-bench.json"
+    validity.job(cfg, {**tables, "needle": None}, server_provenance, {"gemma": path}, out)
+    written = read_json(out)
+    (checked,) = written["checked"]
+    assert (checked["model"], checked["config_id"], checked["outcome"]) == ("gemma", item["id"], "ok")
+    measured = {r["workload"]: r for r in pq.read_table(tables["measurements"]).to_pylist()}
+    # one request at a time only: the workload of two at once has no llama-bench counterpart
+    assert [r["workload"] for r in checked["rows"]] == ["short", "long"]
+    for r in checked["rows"]:
+        prefill, decode = r["bench_prefill"], r["bench_decode"]
+        test = ["-p", str(r["prompt_tokens"]), "-n", "0", "-d", "0"]
+        assert prefill["command"][-10:-4] == test and prefill["command"][-4:] == ["-r", "2", "-o", "json"]
+        assert prefill["command"][prefill["command"].index("-ub") + 1] == "256"
+        assert decode["command"][decode["command"].index("-d") + 1] == str(r["prompt_tokens"])
+        assert len(prefill["samples"]) == len(decode["samples"]) == 2 and prefill["mean_tps"] > 0
+        assert r["crashline_decode_tps"] == measured[r["workload"]]["decode_tps_median"]
+        assert r["decode_ratio"] == round(r["crashline_decode_tps"] / decode["mean_tps"], 4)
+        assert r["flagged"] == [k for k in ("prefill", "decode") if abs(r[f"{k}_ratio"] - 1) > validity.TOLERANCE]
+    # the report's table: both speeds and the ratio per workload
+    shown = report.validity_rows(written, "gemma")
+    (table,) = [b for b in sections.validity(shown) if isinstance(b, Table)]
+    assert [row[2] for row in table.rows] == ["short (128 + 32)", "long (1,024 + 32)"]
+    assert f"({checked['rows'][1]['decode_ratio']:.2f})" in table.rows[1][4].content
