@@ -522,9 +522,10 @@ def validity(v: dict | None) -> list:
         cells = [
             Cell(text + (" ⚠" if flagged else ""), "warn" if flagged else None) for text, flagged in r["cells"].values()
         ]
-        table.append([Code(r["config_id"]), Code(r["server_args"]), r["workload"], *cells, r["left_out"] or "–"])
+        table.append([Code(r["config_id"]), Code(r["server_args"]), r["workload"], *cells, r["left_out"]])
     commands = "\n".join(dict.fromkeys(r["command"] for r in v["rows"] if "command" in r))
-    return [lead, Table(header, table, frozenset({3, 4})), Details("llama-bench commands (decode tests)", commands)]
+    shown = compacted(header, table, frozenset({2, 3, 4}), frozenset({3, 4}))
+    return [lead, *shown, Details("llama-bench commands (decode tests)", commands)]
 
 
 TEXTS = ("failure", "phase", "message")
