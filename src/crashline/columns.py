@@ -171,6 +171,8 @@ TURN_ROWS = pa.list_(
     pa.struct(
         [
             ("conversation", INT),
+            ("soak", INT),  # its set: 0 the first, 1, 2, ... the soak's
+            ("t_s", FLOAT),  # seconds since the conversation workload began
             ("turn", TEXT),
             ("history_tokens", INT),
             ("cache_n", INT),
@@ -193,6 +195,9 @@ CONVERSATION: dict[str, pa.DataType] = {
     "depth_tokens": INT,
     "at_once": INT,  # conversations run at once ("slots" resolved)
     "restart": BOOL,  # whether the restart case was asked for
+    "soak_s": FLOAT,  # the soak asked for (0: the first set alone) ...
+    "soak_sets": INT,  # ... the sets of conversations that followed the first ...
+    "ran_s": FLOAT,  # ... and how long the whole workload ran, restart case included
     "conversation_outcome": TEXT,
     "conversation_message": TEXT,
     "failed_at": TEXT,  # the phase it failed in: "NAME:turn-K", "NAME:restart-load" or "NAME:restart"
@@ -202,6 +207,7 @@ CONVERSATION: dict[str, pa.DataType] = {
     "reused_median": FLOAT,  # of turns 2 onwards: cache_n over what had been sent before (history - turn_tokens)
     "gpu_mib_per_1k": FLOAT,  # peak VRAM growth per 1,000 tokens of history (least squares over the turns)
     "rss_mib_per_1k": FLOAT,
+    "rss_mib_per_hour": FLOAT,  # host RSS growth per hour of the workload (least squares over its turns' peaks)
     "restart_ttft_s": FLOAT,
     "restart_prefill_tps": FLOAT,
     "restart_gpu_mib": FLOAT,

@@ -334,34 +334,54 @@ def request_failure(server: ServerProcess, exc: Exception, phase: str, request_t
 def run_conversation(
     server: ServerProcess, sampler: Sampler, prompts: PromptSource, spec: dict, settings: dict, server_cfg: dict
 ) -> tuple[dict, dict | None]:
-    """One conversation workload (crashline.conversations): its rounds of turns, then the restart case. Returns
-    its summary (per-turn memory is added from the record's phases) and the server's failure, if any."""
-    talks = [conv.Conversation(spec, i) for i in range(concurrency({"concurrency": spec["at_once"]}, settings))]
-    timeout_s = server_cfg["request_timeout_s"]
-    rounds = [*range(1, conv.planned_turns(spec) + 1), *(["restart"] if spec["restart"] else [])]
-    for turn in rounds:
-        live = [c for c in talks if c.outcome == Outcome.OK]
-        if not live:
+    """One conversation workload (crashline.conversations): its conversations' rounds of turns, the soak's sets
+    while its time lasts, then the restart case. Returns its summary (per-turn memory is added from the record's
+    phases) and the server's failure, if any."""
+    n = concurrency({"concurrency": spec["at_once"]}, settings)
+    started = time.monotonic()
+    talks: list[conv.Conversation] = []
+    for soak, depth in conv.depths(spec):
+        if soak and time.monotonic() - started >= spec["soak_s"]:
             break
-        if turn == "restart":
-            live = [max(live, key=lambda c: len(c.history))]
-            failure = _restart(server, sampler, server_cfg, conv.phase(spec, "restart-load"))
-            if failure:
-                live[0].fail(failure["phase"], turn, live[0].history, failure["outcome"], failure["message"])
-                return conv.summary(spec, talks), failure
-        where = conv.phase(spec, turn)
+        group = [conv.Conversation(spec, len(talks) + i, soak, depth, started) for i in range(n)]
+        talks += group
+        failure = _rounds(
+            server, sampler, prompts, spec, group, range(1, conv.planned_turns(spec, depth) + 1), server_cfg
+        )
+        if failure or any(c.outcome != Outcome.OK for c in group):
+            return conv.summary(spec, talks), failure
+    if spec["restart"]:
+        longest = max(group, key=lambda c: len(c.history))
+        failure = _restart(server, sampler, server_cfg, conv.phase(spec, "restart-load"))
+        if failure:
+            longest.fail(failure["phase"], "restart", longest.history, failure["outcome"], failure["message"])
+            return conv.summary(spec, talks), failure
+        failure = _rounds(server, sampler, prompts, spec, [longest], ["restart"], server_cfg)
+        return conv.summary(spec, talks), failure
+    return conv.summary(spec, talks), None
+
+
+def _rounds(server, sampler, prompts, spec: dict, group: list, turns, server_cfg: dict) -> dict | None:
+    """The turns of a group of conversations, each round sent together; the server's failure, if any. A
+    conversation that fails a turn (the server living on) takes no further turns."""
+    timeout_s = server_cfg["request_timeout_s"]
+    for turn in turns:
+        live = [c for c in group if c.outcome == Outcome.OK]
+        if not live:
+            return None
+        where = conv.phase(spec, turn, live[0].soak)
         sampler.phase(where)
         for c, prompt, answer in conv.send_round(server.url, live, prompts, turn, timeout_s):
             if isinstance(answer, Exception):
                 failure, outcome, message = request_failure(server, answer, where, timeout_s)
                 c.fail(where, turn, prompt, outcome, message)
-                progress.say(f"{where} ({c.index + 1} of {len(talks)}): {outcome} ({message})")
+                progress.say(f"{where} ({c.index + 1} of {len(group)}): {outcome} ({message})")
                 if failure:
-                    return conv.summary(spec, talks), failure
+                    return failure
                 continue
             problem = c.add(where, turn, prompt, answer)
-            progress.say(_turn_text(where, c.index, len(talks), c.turns[-1], problem))
-    return conv.summary(spec, talks), None
+            progress.say(_turn_text(where, c.index % len(group), len(group), c.turns[-1], problem))
+    return None
 
 
 def _turn_text(where: str, index: int, n: int, turn: dict, problem: str | None) -> str:

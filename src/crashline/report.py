@@ -377,7 +377,8 @@ def conversation_rows(conversations: pd.DataFrame, model: str, differs: dict[str
                 "config_id": r["config_id"],
                 "differs": differs.get(r["config_id"], ""),
                 "shape": f"{r['conversation']}: {r['turn_tokens']:,} + {r['reply_tokens']:,} tokens a turn to "
-                f"{r['depth_tokens']:,}, {r['at_once']} at once",
+                f"{r['depth_tokens']:,}, {r['at_once']} at once"
+                + (f"; soak of {r['soak_s']:,.0f} s: {r['soak_sets']} more sets" if r["soak_s"] else ""),
                 "survived": survived,
                 "outcome_text": "survived"
                 if survived
@@ -387,6 +388,9 @@ def conversation_rows(conversations: pd.DataFrame, model: str, differs: dict[str
                 "reused": "" if missing(r["reused_median"]) else f"{r['reused_median']:.0%}",
                 "gpu_per_1k": "" if missing(r["gpu_mib_per_1k"]) else f"{r['gpu_mib_per_1k']:.1f}",
                 "rss_per_1k": "" if missing(r["rss_mib_per_1k"]) else f"{r['rss_mib_per_1k']:.1f}",
+                "rss_per_hour": ""
+                if missing(r["rss_mib_per_hour"]) or not r["soak_s"]
+                else f"{r['rss_mib_per_hour']:,.0f}",
                 "restart": "not asked"
                 if not r["restart"]
                 else ("" if missing(restart) else f"{restart:.2f} s, {r['restart_prefill_tps']:,.0f} t/s"),

@@ -471,6 +471,7 @@ def conversations(rows: list[dict]) -> list:
         "reused from the cache",
         "VRAM MiB per 1K tokens",
         "RSS MiB per 1K tokens",
+        "RSS MiB per hour (soak)",
         "restart: TTFT s, prefill t/s",
     ]
     table = [
@@ -484,6 +485,7 @@ def conversations(rows: list[dict]) -> list:
             r["reused"],
             r["gpu_per_1k"],
             r["rss_per_1k"],
+            r["rss_per_hour"],
             r["restart"],
         ]
         for r in rows
@@ -495,7 +497,7 @@ def conversations(rows: list[dict]) -> list:
             "its slot does not hold; a configuration that fails one is not recommended):",
         ]
     )
-    return [lead, *compacted(header, table, frozenset({0, 1, 3}), frozenset({4, 5, 6, 7, 8}))]
+    return [lead, *compacted(header, table, frozenset({0, 1, 3}), frozenset({4, 5, 6, 7, 8, 9}))]
 
 
 def validity(v: dict | None) -> list:
