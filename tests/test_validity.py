@@ -29,10 +29,16 @@ def test_bench_arguments_follow_the_settings_and_name_what_llama_bench_cannot_ex
         "draft_model": "small",
         "ctx": 65536,
         "parallel": 2,
+        "split_mode": "layer",
+        "tensor_split": "3,1",
     }
     args, left_out = validity.bench_args(settings, {"n_threads": 4, "n_threads_batch": 8})
     assert args == ["-ngl", "999", "-ncmoe", "12", "-ub", "1024", "-ctk", "q8_0", "-ot"] + [
         "blk\\.1\\.=CPU;blk\\.2\\.=CPU",
+        "-sm",
+        "layer",
+        "-ts",
+        "3/1",
         "-t",
         "4",
     ]

@@ -71,6 +71,16 @@ SETTINGS: dict[str, Setting] = {
             minimum=1,
         ),
         Setting("threads_batch", "-tb", "int", None, "prompt-processing threads (default: as threads)", minimum=1),
+        Setting(
+            "split_mode",
+            "-sm",
+            "choice",
+            None,
+            "how a model spans several GPUs (llama.cpp's default: layer)",
+            ("none", "layer", "row", "tensor"),
+        ),
+        Setting("tensor_split", "-ts", "str", None, "the share of the model on each GPU, e.g. 3,1"),
+        Setting("main_gpu", "-mg", "int", None, "the GPU for the whole model with split_mode none"),
         Setting("override_tensor", "-ot", "str", None, "tensor placement overrides, PATTERN=BUFFER,..."),
         Setting(
             "load_mode",

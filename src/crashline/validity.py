@@ -32,6 +32,9 @@ BENCH_FLAGS = {
     "flash_attn": "-fa",
     "load_mode": "-lm",
     "override_tensor": "-ot",
+    "split_mode": "-sm",
+    "tensor_split": "-ts",
+    "main_gpu": "-mg",
 }
 # Settings that do not change one request's speed at a time (or that llama-bench sizes itself: the context is
 # the test's tokens), so leaving them out is no difference worth naming.
@@ -50,7 +53,9 @@ def bench_args(settings: dict, placement: dict) -> tuple[list[str], list[str]]:
     for name, flag in BENCH_FLAGS.items():
         value = settings.get(name)
         if value is not None:
-            args += [flag, str(value).replace(",", ";") if name == "override_tensor" else str(value)]
+            # llama-bench separates -ot patterns with ";" and -ts shares with "/", where llama-server uses ","
+            separator = {"override_tensor": ";", "tensor_split": "/"}.get(name, ",")
+            args += [flag, str(value).replace(",", separator)]
     threads = settings.get("threads") or placement.get("n_threads")
     if threads:
         args += ["-t", str(threads)]
