@@ -17,6 +17,18 @@ include: "rules/report.smk"
 include: "rules/publish.smk"
 
 
+# With a cluster executor (profiles/slurm), these run on the machine that runs Snakemake: downloads, reading a
+# GGUF's header, tables and reports. The jobs that start llama-server go to the cluster.
+localrules:
+    fetch_model,
+    inspect_model,
+    warmup,
+    aggregate,
+    needle_table,
+    report,
+    publish_claim,
+
+
 rule all:
     default_target: True
     input:

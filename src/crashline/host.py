@@ -79,6 +79,7 @@ def describe() -> dict:
         "ram_mib": psutil.virtual_memory().total // (1 << 20),
         "python": platform.python_version(),
         "gpu": gpus(),
+        "slurm_job_id": os.environ.get("SLURM_JOB_ID"),  # the cluster job it ran in (profiles/slurm), else None
     }
 
 
