@@ -460,6 +460,7 @@ def test_two_workflows_at_once(tmp_path, server_provenance):
         (work / "slow.yaml").write_text(SLOW_CONFIG.replace("repetitions: 8", "repetitions: 12"))
     a = _snakemake(first)
     _wait_for_server(first)
+    b = _snakemake(second)  # at once: Snakemake's start takes seconds, and the first's measurement is short
     same = subprocess.run(
         [sys.executable, "-m", "snakemake", "--cores", "1", "report", "--configfile", "slow.yaml"],
         cwd=first,
@@ -471,7 +472,6 @@ def test_two_workflows_at_once(tmp_path, server_provenance):
     said = same.stdout + same.stderr
     assert same.returncode != 0 and ("cannot be locked" in said or "Incomplete files" in said), said[-2000:]
     assert len([p for p in servers_of(first) if "_server-check" not in p.command]) == 1
-    b = _snakemake(second)
     out_a, _ = a.communicate(timeout=600)
     out_b, _ = b.communicate(timeout=600)
     assert a.returncode == 0 and b.returncode == 0, out_a[-3000:] + out_b[-3000:]

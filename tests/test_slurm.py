@@ -4,7 +4,11 @@ that starts a llama-server runs as a SLURM job (its record names the job), the l
 
 The local cluster has no accounting database, so job states come from squeue (the plugin's
 --slurm-status-command squeue; with its default, sacct, it would wait forever), and it has no GPUs, so the
-profile's GPU requests are set to 0."""
+profile's GPU requests are set to 0.
+
+The plugin is installed into a virtual environment of this test's own (on top of the test's packages): imported
+where SLURM's client is installed but no cluster runs, it spends about 10 s in `scontrol show config` at every
+Snakemake start, which every other workflow test would pay."""
 
 from __future__ import annotations
 
@@ -108,13 +112,28 @@ def slurm_cluster(tmp_path_factory):
                 os.kill(int(munged.read_text().strip()), signal.SIGTERM)
 
 
+PLUGIN = "snakemake-executor-plugin-slurm==2.8.0"  # as pyproject.toml's extra `slurm`
+
+
+@pytest.fixture(scope="module")
+def slurm_python(tmp_path_factory) -> str:
+    """A Python with this test's packages and the SLURM executor plugin."""
+    venv = tmp_path_factory.mktemp("venv")
+    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], check=True)
+    python = str(venv / "bin" / "python")
+    got = subprocess.run([python, "-m", "pip", "install", "-q", PLUGIN], capture_output=True, text=True)
+    if got.returncode != 0:
+        pytest.skip(f"{PLUGIN} could not be installed: {got.stderr.strip()[-300:]}")
+    return python
+
+
 @pytest.mark.timeout(1800)  # the whole default workflow: about 7 minutes here
-def test_the_default_workflow_runs_its_server_jobs_as_slurm_jobs(tmp_path, slurm_cluster):
+def test_the_default_workflow_runs_its_server_jobs_as_slurm_jobs(tmp_path, slurm_cluster, slurm_python):
     copy_workflow(tmp_path)
     no_gpus = [f"{rule}:gpu=0" for rule in SERVER_RULES]
     done = subprocess.run(
         [
-            sys.executable,
+            slurm_python,
             "-m",
             "snakemake",
             "report",
