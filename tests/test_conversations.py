@@ -8,41 +8,25 @@ import pytest
 
 import pyarrow.parquet as pq
 
-from crashline import aggregate, config as C
-from crashline import measure as M
+from crashline import aggregate
 from crashline.present import figures
-from crashline.atomic import read_json
 from crashline.records import Outcome
 
-from test_measure import SCHEMA
+from test_measure import measure_gemma
 
 pytestmark = pytest.mark.e2e
 
 
 def measure_talk(tmp_path, gemma_fetch, provenance, settings, conversation) -> dict:
-    cfg = C.validate(
-        {
-            "models": {"gemma": {"source": f"file:{gemma_fetch['files'][0]['path']}"}},
-            "defaults": {"threads": 2},
-            "configurations": [{"settings": settings}],
-            "workloads": [{"name": "short", "prompt_tokens": 64, "gen_tokens": 8}],
-            "conversations": [{"name": "chat", **conversation}],
-            "repetitions": 1,
-        },
-        SCHEMA,
-    )
-    (item,) = C.expand(cfg)
-    M.measure(
-        model_name="gemma",
-        item=item,
-        config=cfg,
-        fetch_record=gemma_fetch,
-        manifest={},
-        provenance=provenance,
-        record_path=tmp_path / "measure.json",
-        log_path=tmp_path / "server.log",
-    )
-    return read_json(tmp_path / "measure.json")
+    config = {
+        "models": {"gemma": {"source": f"file:{gemma_fetch['files'][0]['path']}"}},
+        "defaults": {"threads": 2},
+        "configurations": [{"settings": settings}],
+        "workloads": [{"name": "short", "prompt_tokens": 64, "gen_tokens": 8}],
+        "conversations": [{"name": "chat", **conversation}],
+        "repetitions": 1,
+    }
+    return measure_gemma(tmp_path, gemma_fetch, provenance, config)
 
 
 def test_a_conversation_reuses_its_history_and_survives_a_restart(tmp_path, gemma_fetch, server_provenance):

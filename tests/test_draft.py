@@ -7,44 +7,27 @@ from __future__ import annotations
 import pyarrow.parquet as pq
 import pytest
 
-from crashline import aggregate, config as C
-from crashline import measure as M
+from crashline import aggregate
 from crashline import report
 from crashline.present import sections
 from crashline.present.doc import Table
-from crashline.atomic import read_json
 from crashline.records import Outcome
 
-from test_measure import SCHEMA
+from test_measure import measure_gemma
 
 pytestmark = pytest.mark.e2e
 
 
 def test_gemma_as_its_own_draft_is_accepted_and_recorded(tmp_path, gemma_fetch, server_provenance):
     path = gemma_fetch["files"][0]["path"]
-    cfg = C.validate(
-        {
-            "models": {"gemma": {"source": f"file:{path}"}, "draft": {"source": f"file:{path}"}},
-            "defaults": {"threads": 2, "ctx": 2048},
-            "configurations": [{"models": ["gemma"], "settings": {"draft_model": "draft", "draft_max": 8}}],
-            "workloads": [{"name": "w", "prompt_tokens": 128, "gen_tokens": 96}],
-            "repetitions": 2,
-        },
-        SCHEMA,
-    )
-    (item,) = C.expand(cfg)
-    M.measure(
-        model_name="gemma",
-        item=item,
-        config=cfg,
-        fetch_record=gemma_fetch,
-        manifest={},
-        provenance=server_provenance,
-        record_path=tmp_path / "measure.json",
-        log_path=tmp_path / "server.log",
-        draft_path=path,
-    )
-    rec = read_json(tmp_path / "measure.json")
+    config = {
+        "models": {"gemma": {"source": f"file:{path}"}, "draft": {"source": f"file:{path}"}},
+        "defaults": {"threads": 2, "ctx": 2048},
+        "configurations": [{"models": ["gemma"], "settings": {"draft_model": "draft", "draft_max": 8}}],
+        "workloads": [{"name": "w", "prompt_tokens": 128, "gen_tokens": 96}],
+        "repetitions": 2,
+    }
+    rec = measure_gemma(tmp_path, gemma_fetch, server_provenance, config, draft_path=path)
     assert rec["outcome"] == Outcome.OK, rec["message"]
     assert rec["command"][rec["command"].index("-md") + 1] == path and "--spec-draft-n-max" in rec["command"]
     assert rec["command"][rec["command"].index("--spec-type") + 1] == "draft-simple"

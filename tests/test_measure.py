@@ -33,6 +33,25 @@ def fetch_record(model_path) -> dict:
     }
 
 
+def measure_gemma(folder: Path, gemma_fetch: dict, provenance: dict, config: dict, draft_path=None) -> dict:
+    """The one configuration of ``config`` (a raw config; validated here) measured on the real gemma: its record,
+    as written to ``folder``/measure.json (the server's log beside it)."""
+    cfg = C.validate(config, SCHEMA)
+    (item,) = C.expand(cfg)
+    M.measure(
+        model_name="gemma",
+        item=item,
+        config=cfg,
+        fetch_record=gemma_fetch,
+        manifest={},
+        provenance=provenance,
+        record_path=folder / "measure.json",
+        log_path=folder / "server.log",
+        draft_path=draft_path,
+    )
+    return read_json(folder / "measure.json")
+
+
 def run(tmp_path, model_path, provenance, settings, workloads, reps=2, request_timeout_s=300, fetch=None):
     cfg = C.validate(
         {

@@ -8,13 +8,12 @@ import pyarrow.parquet as pq
 import pytest
 
 from crashline import aggregate, config as C
-from crashline import measure as M
 from crashline import report, validity
 from crashline.atomic import read_json
 from crashline.present import sections
 from crashline.present.doc import Table
 
-from test_measure import SCHEMA
+from test_measure import SCHEMA, measure_gemma
 
 
 def test_bench_arguments_follow_the_settings_and_name_what_llama_bench_cannot_express():
@@ -48,40 +47,28 @@ def test_bench_arguments_follow_the_settings_and_name_what_llama_bench_cannot_ex
 @pytest.mark.e2e
 def test_llama_bench_beside_crashline_on_gemma(tmp_path, gemma_fetch, server_provenance):
     path = gemma_fetch["files"][0]["path"]
-    cfg = C.validate(
-        {
-            "models": {"gemma": {"source": f"file:{path}"}},
-            "defaults": {"threads": 2},
-            "configurations": [{"settings": {"ubatch": 256, "parallel": 2, "ctx": 8192}}],
-            "workloads": [
-                {"name": "short", "prompt_tokens": 128, "gen_tokens": 32},
-                {"name": "long", "prompt_tokens": 1024, "gen_tokens": 32},
-                {"name": "two", "prompt_tokens": 128, "gen_tokens": 32, "concurrency": 2},
-            ],
-            "repetitions": 2,
-            "validity": {"repetitions": 2},
-        },
-        SCHEMA,
-    )
-    (item,) = C.expand(cfg)
+    config = {
+        "models": {"gemma": {"source": f"file:{path}"}},
+        "defaults": {"threads": 2},
+        "configurations": [{"settings": {"ubatch": 256, "parallel": 2, "ctx": 8192}}],
+        "workloads": [
+            {"name": "short", "prompt_tokens": 128, "gen_tokens": 32},
+            {"name": "long", "prompt_tokens": 1024, "gen_tokens": 32},
+            {"name": "two", "prompt_tokens": 128, "gen_tokens": 32, "concurrency": 2},
+        ],
+        "repetitions": 2,
+        "validity": {"repetitions": 2},
+    }
+    (tmp_path / "records").mkdir()
+    item_id = measure_gemma(tmp_path / "records", gemma_fetch, server_provenance, config)["config_id"]
     record = tmp_path / "records" / "measure.json"
-    M.measure(
-        model_name="gemma",
-        item=item,
-        config=cfg,
-        fetch_record=gemma_fetch,
-        manifest={},
-        provenance=server_provenance,
-        record_path=record,
-        log_path=tmp_path / "records" / "server.log",
-    )
     tables = {name: tmp_path / f"{name}.parquet" for name in ("configs", "measurements")}
     aggregate.write([record], tables["configs"], tables["measurements"])
     out = tmp_path / "llama-bench.json"
-    validity.job(cfg, {**tables, "needle": None}, server_provenance, {"gemma": path}, out)
+    validity.job(C.validate(config, SCHEMA), {**tables, "needle": None}, server_provenance, {"gemma": path}, out)
     written = read_json(out)
     (checked,) = written["checked"]
-    assert (checked["model"], checked["config_id"], checked["outcome"]) == ("gemma", item["id"], "ok")
+    assert (checked["model"], checked["config_id"], checked["outcome"]) == ("gemma", item_id, "ok")
     measured = {r["workload"]: r for r in pq.read_table(tables["measurements"]).to_pylist()}
     # one request at a time only: the workload of two at once has no llama-bench counterpart
     assert [r["workload"] for r in checked["rows"]] == ["short", "long"]

@@ -14,6 +14,7 @@ llama-server sees, and llama-bench's the speed the engine reaches without the se
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 import time
@@ -191,7 +192,7 @@ def job(config: dict, tables: dict, provenance: dict, model_paths: dict[str, str
             "no llama-bench in the folder of this llama-server (a build from source has one): nothing was cross-checked"
         )
         wanted = []
-    with server_lock("validity") if wanted else _nothing():
+    with server_lock("validity") if wanted else contextlib.nullcontext():
         for model, cid in wanted:
             row = rows[(model, cid)]
             config_row = {
@@ -209,12 +210,6 @@ def job(config: dict, tables: dict, provenance: dict, model_paths: dict[str, str
             record["checked"].append({"model": model, "server_args": row["server_args"], **found})
     write_json(out_path, record)
     return record
-
-
-def _nothing():
-    import contextlib
-
-    return contextlib.nullcontext()
 
 
 def _row_text(r: dict) -> str:
