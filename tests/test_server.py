@@ -68,3 +68,21 @@ def test_server_dies_with_a_killed_parent(tmp_path, server_binary, tiny_moe):
     parent.send_signal(signal.SIGKILL)
     parent.wait(60)
     assert gone(server_pid), "the server outlived the process that started it"
+
+
+def test_the_server_gets_the_environment_of_when_it_starts_without_secrets(tmp_path, monkeypatch):
+    """A job takes its GPU lease after making its server: the server must still see the lease's
+    CUDA_VISIBLE_DEVICES (it would use every GPU otherwise), and never a Hugging Face token."""
+    from crashline.server import ServerProcess
+
+    server = ServerProcess(
+        ["sh", "-c", 'echo "gpus=$CUDA_VISIBLE_DEVICES token=$HF_TOKEN"; sleep 30'], tmp_path / "log"
+    )
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-of-the-lease")
+    monkeypatch.setenv("HF_TOKEN", "hf_secret")
+    with server:
+        server.start()
+        deadline = time.monotonic() + 10
+        while "gpus=" not in server.log_text() and time.monotonic() < deadline:
+            time.sleep(0.05)
+    assert server.log_text().strip() == "gpus=GPU-of-the-lease token="

@@ -45,7 +45,7 @@ class ServerProcess:
     def __init__(self, command: list[str], log_path: Path, env: dict | None = None):
         self.base_command = list(command)
         self.log_path = Path(log_path)
-        self.env = {k: v for k, v in (env or os.environ).items() if k not in SECRET_VARIABLES}
+        self.given_env = env  # None: this process's environment when the server starts (a GPU lease's, say)
         self.port: int | None = None
         self.proc: subprocess.Popen | None = None
         self.returncode: int | None = None
@@ -70,7 +70,7 @@ class ServerProcess:
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
-                env=self.env,
+                env={k: v for k, v in (self.given_env or os.environ).items() if k not in SECRET_VARIABLES},
                 preexec_fn=_die_with_parent,
             )
         self.started_at = time.monotonic()
