@@ -8,8 +8,13 @@ sys.path.insert(0, str(Path(workflow.basedir) / "src"))
 
 from crashline import config as crashline_config  # noqa: E402
 from crashline import jobs as crashline_jobs  # noqa: E402
+from crashline import settings as crashline_settings  # noqa: E402
 from crashline.atomic import write_json  # noqa: E402
-from crashline.paths import Layout, table_files as crashline_table_files  # noqa: E402
+from crashline.paths import (
+    Layout,
+    merged_records as crashline_merged_records,
+)  # noqa: E402
+from crashline.paths import table_files as crashline_table_files  # noqa: E402
 
 from snakemake.utils import update_config  # noqa: E402
 
@@ -102,17 +107,38 @@ def job_spec(job):
 
 
 SEARCHES = crashline_config.expand_searches(CFG)
+SEARCH_BY_KEY = {(g["model"], g["id"]): g for g in SEARCHES}
+
+
+def gpus_of(job):
+    """The rule's `gpu` resource: the GPUs its job holds (crashline.locks), 1 unless its settings ask for more.
+    `--resources gpu=N` admits jobs holding N GPUs in all at once; a cluster profile asks the scheduler for them.
+    """
+
+    def gpus(wildcards):
+        if job in ("search", "search_needle"):
+            given = SEARCH_BY_KEY[(wildcards.model, wildcards.gid)]["given"]
+            return crashline_settings.resolve(given)["gpus"] or 1
+        return configuration(wildcards)["settings"]["gpus"] or 1
+
+    return gpus
 
 
 def all_records(wildcards):
-    """Every configuration's record, and every search's summary (which stands for its probes)."""
-    return [LAYOUT.record(c["model"], c["id"]) for c in CONFIGURATIONS] + [
-        LAYOUT.search(g["model"], g["id"]) for g in SEARCHES
-    ]
+    """Every configuration's record, every search's summary (which stands for its probes), and the records of
+    other machines' runs (merge_results)."""
+    return (
+        [LAYOUT.record(c["model"], c["id"]) for c in CONFIGURATIONS]
+        + [LAYOUT.search(g["model"], g["id"]) for g in SEARCHES]
+        + crashline_merged_records(CFG["merge_results"], CFG["models"], "measure")
+    )
 
 
 def all_needle_records(wildcards):
-    """Every configuration's needle record, and every search's recall check (standing for its candidates')."""
-    return [LAYOUT.needle_record(c["model"], c["id"]) for c in CONFIGURATIONS] + [
-        LAYOUT.search_recall(g["model"], g["id"]) for g in SEARCHES
-    ]
+    """Every configuration's needle record, every search's recall check (standing for its candidates'), and the
+    needle records of other machines' runs (merge_results)."""
+    return (
+        [LAYOUT.needle_record(c["model"], c["id"]) for c in CONFIGURATIONS]
+        + [LAYOUT.search_recall(g["model"], g["id"]) for g in SEARCHES]
+        + crashline_merged_records(CFG["merge_results"], CFG["models"], "needle")
+    )

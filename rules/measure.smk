@@ -15,7 +15,7 @@ rule measure:
     conda:
         "../envs/crashline.yaml"
     resources:
-        server=1,
+        gpu=gpus_of("measure"),
     params:
         spec=job_spec("measure"),
     script:
@@ -37,7 +37,7 @@ rule search:
     conda:
         "../envs/crashline.yaml"
     resources:
-        server=1,
+        gpu=gpus_of("search"),
     params:
         spec=job_spec("search"),
     script:

@@ -16,7 +16,7 @@ rule needle:
     conda:
         "../envs/crashline.yaml"
     resources:
-        server=1,
+        gpu=gpus_of("needle"),
     params:
         spec=job_spec("needle"),
     script:
@@ -41,7 +41,7 @@ rule search_needle:
     conda:
         "../envs/crashline.yaml"
     resources:
-        server=1,
+        gpu=gpus_of("search_needle"),
     params:
         spec=job_spec("search_needle"),
     script:

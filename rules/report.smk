@@ -43,7 +43,11 @@ rule validity:
     conda:
         "../envs/crashline.yaml"
     resources:
-        server=1,
+        gpu=(
+            max(c["settings"]["gpus"] or 1 for c in CONFIGURATIONS)
+            if CONFIGURATIONS
+            else 1
+        ),
     params:
         validity=json.dumps(CFG["validity"], sort_keys=True),
     script:

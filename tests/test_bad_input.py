@@ -80,7 +80,7 @@ BAD = {
     ),
     "top-level unknown": (
         lambda c: c.update(colour="red"),
-        "config key colour = 'red': unknown key; known keys: results_dir, cache_dir, models,",
+        "config key colour = 'red': unknown key; known keys: results_dir, merge_results, cache_dir, models,",
     ),
     "nested near miss": (
         lambda c: c.update(server={"binry": "/x"}),

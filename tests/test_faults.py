@@ -19,7 +19,7 @@ import psutil
 import pytest
 
 from conftest import REPO
-from crashline import locks, server as server_mod
+from crashline import server as server_mod
 from crashline.atomic import read_json
 from test_measure import fetch_record, run
 from test_workflow_lint import copy_workflow
@@ -216,29 +216,6 @@ def test_a_budget_without_a_gpu_is_refused_with_every_output_written(tmp_path, t
     # Snakemake deletes a job's outputs when one is missing: every declared output must exist.
     assert "no llama-server started" in (tmp_path / "server.log").read_text()
     assert (tmp_path / "telemetry.parquet").exists() and (tmp_path / "measure.json").exists()
-
-
-def test_the_server_lock_makes_a_second_run_wait(tmp_path):
-    script = (
-        "import sys, time; from crashline import locks\n"
-        "with locks.server_lock('holder', sys.argv[1]):\n    print('held', flush=True); time.sleep(3)\n"
-    )
-    env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
-    holder = subprocess.Popen([sys.executable, "-c", script, str(tmp_path)], stdout=subprocess.PIPE, text=True, env=env)
-    assert holder.stdout.readline().strip() == "held"
-    started = time.monotonic()
-    with locks.server_lock("second", tmp_path):
-        waited = time.monotonic() - started
-    holder.wait(30)
-    assert waited > 1.5, "the second run started its server while the first held the lock"
-    # The holder dying (SIGKILL) releases the lock at once.
-    holder = subprocess.Popen([sys.executable, "-c", script, str(tmp_path)], stdout=subprocess.PIPE, text=True, env=env)
-    assert holder.stdout.readline().strip() == "held"
-    holder.kill()
-    holder.wait(30)
-    started = time.monotonic()
-    with locks.server_lock("third", tmp_path):
-        assert time.monotonic() - started < 1
 
 
 # --- the workflow killed in the middle of a measurement -------------------------------------------

@@ -114,3 +114,70 @@ def test_load_failures_produced_live(tmp_path, medium_moe, server_provenance, bu
     rec = measure(tmp_path, medium_moe, server_provenance, settings, budget_mib=budget_mib)
     assert (rec["outcome"], rec["failure"], rec["phase"]) == ("load_failed", failure, "load"), rec["message"]
     assert rec["ballast"]["budget_mib"] == budget_mib and time.monotonic() - started < 120
+
+
+# --- several GPUs: leases by UUID, the ballast on the leased GPU, a configuration across two ------------------
+
+two_gpus = pytest.mark.skipif(len(gpus().get("devices", [])) < 2, reason="needs two NVIDIA GPUs")
+
+HOLD_FIRST_GPU = """
+import sys, time
+from crashline import locks
+with locks.lease("holder", 1, sys.argv[1]) as held:
+    print(held.uuids[0], flush=True)
+    time.sleep(60)
+"""
+
+
+@two_gpus
+def test_a_lease_gets_a_free_gpu_by_uuid_and_the_ballast_lands_on_that_gpu_alone(tmp_path, monkeypatch):
+    import os
+    import subprocess
+    import sys
+
+    from crashline import locks
+    from conftest import REPO
+
+    monkeypatch.setattr(locks, "LOCK_DIR", tmp_path)
+    env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
+    env.pop("CUDA_VISIBLE_DEVICES", None)
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLD_FIRST_GPU, str(tmp_path)], stdout=subprocess.PIPE, text=True, env=env
+    )
+    try:
+        taken = holder.stdout.readline().strip()
+        devices = {d["uuid"]: d for d in gpus()["devices"]}
+        assert taken == next(iter(devices))  # the first free GPU, in nvidia-smi's order
+        with locks.lease("measure", 1) as held:
+            (mine,) = held.uuids
+            assert mine != taken and os.environ["CUDA_VISIBLE_DEVICES"] == mine
+            free_before = {u: d["memory_free_mib"] for u, d in devices.items()}
+            with Ballast(8192, held.uuids) as ballast:
+                now = {d["uuid"]: d["memory_free_mib"] for d in gpus()["devices"]}
+                assert abs(now[mine] - 8192) <= 64, ballast.info
+                assert abs(now[taken] - free_before[taken]) <= 64  # the other job's GPU is untouched
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+@two_gpus
+def test_a_configuration_on_two_gpus_has_each_gpu_s_peak_and_the_tightest_headroom(
+    tmp_path, medium_moe, server_provenance
+):
+    settings = {"ctx": 8192, "gpus": 2, "split_mode": "layer", "tensor_split": "3,1"}
+    rec = measure(tmp_path, medium_moe, server_provenance, settings, budget_mib=6144)
+    assert rec["outcome"] == "ok", rec["message"]
+    memory = rec["memory"]
+    first, second = memory["per_gpu"]
+    assert (
+        [g["uuid"] for g in memory["per_gpu"]]
+        == rec["lease"]["gpus"]
+        == [d["uuid"] for d in rec["host"]["gpu"]["devices"]]
+    )
+    assert first["peak_mib"] > second["peak_mib"] > 200, memory["per_gpu"]  # three quarters of the layers on the first
+    assert (
+        memory["headroom_mib"] == min(first["headroom_mib"], second["headroom_mib"])
+        and memory["vram_limit_mib"] == 2 * 6144
+    )
+    assert {b["device"] for b in rec["placement"]["buffers"]} >= {"CUDA0", "CUDA1"}

@@ -6,7 +6,6 @@ whose readings each test sets."""
 
 from __future__ import annotations
 
-import ctypes
 import os
 import shutil
 import signal
@@ -16,7 +15,6 @@ import time
 
 import pandas as pd
 import psutil
-import pynvml
 import pytest
 
 from crashline import measure
@@ -25,6 +23,7 @@ from crashline.measure import memory_summary
 from crashline.telemetry import Sampler, window_summary
 
 from conftest import FIXTURES
+from fake_nvml import MIB, NOT_SUPPORTED, FakeNvml
 
 DATA = FIXTURES / "h200-telemetry"
 
@@ -96,148 +95,7 @@ def test_gpm_all_on_gpu_decode_is_latency_bound(tmp_path):
     assert w["bottleneck"]["verdict"].startswith("limited by GPU latency")
 
 
-# --- the sampler against a fake NVML ----------------------------------------------------------------
-# The board is a stand-in whose readings each test sets; everything else is pynvml's own: its structures
-# (c_nvmlMemory_t, c_nvmlGpmMetricsGet_t, ...), constants and NVMLError, so the sampler's calls, their
-# return shapes and their errors are the real library's.
-
-MIB = 1 << 20
-GPM_IDS = {
-    "sm": pynvml.NVML_GPM_METRIC_SM_UTIL,
-    "occupancy": pynvml.NVML_GPM_METRIC_SM_OCCUPANCY,
-    "dram": pynvml.NVML_GPM_METRIC_DRAM_BW_UTIL,
-    "rx": pynvml.NVML_GPM_METRIC_PCIE_RX_PER_SEC,
-    "tx": pynvml.NVML_GPM_METRIC_PCIE_TX_PER_SEC,
-}
-NOT_SUPPORTED = pynvml.NVML_ERROR_NOT_SUPPORTED
-CLOCKS_MHZ = {pynvml.NVML_CLOCK_SM: 1980, pynvml.NVML_CLOCK_MEM: 2619}
-
-
-def _address(sample) -> int:
-    return ctypes.cast(sample, ctypes.c_void_p).value
-
-
-class FakeNvml:
-    """pynvml with one H200-like board. ``processes`` maps pid -> MiB (an int error code: the query fails);
-    a reading set to None is not supported. GPM figures come from ``spans`` (one dict per metrics query),
-    and like the H200 a span under 0.1 s gives 0% SMs busy and no DRAM figure."""
-
-    def __init__(self, gpm: bool):
-        self.handle = pynvml.c_nvmlDevice_t()
-        self.used_mib, self.processes = 1000, {}
-        self.util, self.power_mw = (37, 12), 250_000  # SM and memory-controller busy %, mW
-        self.pcie_kbs = {pynvml.NVML_PCIE_UTIL_RX_BYTES: 2000, pynvml.NVML_PCIE_UTIL_TX_BYTES: 300}
-        self.gpm, self.spans, self.span_pairs, self.shut, self.freed = gpm, [], [], False, 0
-        self._buffers, self._taken, self._count = [], {}, 0  # GPM sample buffers; address -> (sequence, time)
-
-    def __getattr__(self, name):  # pynvml's constants, structures and errors; no other function exists
-        if name.startswith(("NVML_", "NVMLError", "c_nvml")):
-            return getattr(pynvml, name)
-        raise AttributeError(name)
-
-    def _board(self, handle):
-        if handle is not self.handle:
-            raise pynvml.NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)
-
-    def _reading(self, value):
-        if value is None:
-            raise pynvml.NVMLError(NOT_SUPPORTED)
-        return value
-
-    def nvmlInit(self):
-        self.shut = False
-
-    def nvmlShutdown(self):
-        self.shut = True
-
-    def nvmlDeviceGetCount(self):
-        return 1
-
-    def nvmlDeviceGetHandleByIndex(self, index):
-        if index != 0:
-            raise pynvml.NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)
-        return self.handle
-
-    def nvmlDeviceGetMemoryInfo(self, handle):
-        self._board(handle)
-        total = 143771 * MIB
-        return pynvml.c_nvmlMemory_t(total=total, free=total - self.used_mib * MIB, used=self.used_mib * MIB)
-
-    def nvmlDeviceGetComputeRunningProcesses(self, handle):
-        self._board(handle)
-        if isinstance(self.processes, int):
-            raise pynvml.NVMLError(self.processes)
-        return [
-            pynvml.nvmlFriendlyObject(
-                {
-                    "pid": pid,
-                    "usedGpuMemory": None if mib is None else mib * MIB,
-                    "gpuInstanceId": 0xFFFFFFFF,
-                    "computeInstanceId": 0xFFFFFFFF,
-                }
-            )
-            for pid, mib in self.processes.items()
-        ]
-
-    def nvmlDeviceGetUtilizationRates(self, handle):
-        self._board(handle)
-        gpu, memory = self._reading(self.util)
-        return pynvml.c_nvmlUtilization_t(gpu=gpu, memory=memory)
-
-    def nvmlDeviceGetPowerUsage(self, handle):
-        self._board(handle)
-        return self._reading(self.power_mw)
-
-    def nvmlDeviceGetPcieThroughput(self, handle, counter):
-        self._board(handle)
-        return self._reading(self.pcie_kbs[counter])
-
-    def nvmlDeviceGetCurrPcieLinkGeneration(self, handle):
-        return 5
-
-    def nvmlDeviceGetCurrPcieLinkWidth(self, handle):
-        return 16
-
-    def nvmlDeviceGetClockInfo(self, handle, clock):
-        return CLOCKS_MHZ[clock]
-
-    def nvmlDeviceGetMaxClockInfo(self, handle, clock):  # at full clocks, as under load
-        return CLOCKS_MHZ[clock]
-
-    def nvmlDeviceGetMemoryBusWidth(self, handle):
-        return 5120
-
-    def nvmlGpmQueryDeviceSupport(self, handle):
-        self._board(handle)
-        return pynvml.c_nvmlGpmSupport_t(version=pynvml.NVML_GPM_SUPPORT_VERSION, isSupportedDevice=int(self.gpm))
-
-    def nvmlGpmSampleAlloc(self):
-        self._buffers.append(ctypes.create_string_buffer(8))
-        return ctypes.cast(self._buffers[-1], pynvml.c_nvmlGpmSample_t)
-
-    def nvmlGpmSampleFree(self, sample):
-        self.freed += 1
-
-    def nvmlGpmSampleGet(self, handle, sample):
-        self._board(handle)
-        self._taken[_address(sample)], self._count = (self._count, time.monotonic()), self._count + 1
-        return sample
-
-    def nvmlGpmMetricsGet(self, get):
-        if get.version != pynvml.NVML_GPM_METRICS_GET_VERSION:
-            raise pynvml.NVMLError(pynvml.NVML_ERROR_ARGUMENT_VERSION_MISMATCH)
-        (n1, t1), (n2, t2) = self._taken[_address(get.sample1)], self._taken[_address(get.sample2)]
-        if n2 <= n1:  # the metrics are of the span from sample1 to sample2, a later sample
-            raise pynvml.NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)
-        self.span_pairs.append((n1, n2))
-        figures = {**(self.spans.pop(0) if self.spans else {}), **({"sm": 0.0, "dram": None} if t2 - t1 < 0.1 else {})}
-        by_id = {GPM_IDS[k]: v for k, v in figures.items()}
-        for i in range(get.numMetrics):
-            metric = get.metrics[i]
-            value = by_id.get(metric.metricId)
-            metric.nvmlReturn = NOT_SUPPORTED if value is None else pynvml.NVML_SUCCESS
-            metric.value = value or 0.0
-        return get
+# --- the sampler against a fake NVML (tests/fake_nvml.py) ------------------------------------------
 
 
 @pytest.fixture
@@ -404,3 +262,32 @@ def test_gpm_figures_are_per_span_and_spans_under_a_tenth_of_a_second_are_skippe
     assert result["pcie_source"] == "GPM" and nv.freed == 2 and nv.shut
     decode = window_summary(frame, [(frame["t"].iloc[0], frame["t"].iloc[2])])
     assert (decode["gpm_sm_pct"], decode["gpm_dram_bw_pct"], decode["samples"]) == (61.0, 63.0, 3)
+
+
+def test_with_two_gpus_each_one_s_memory_is_counted_and_the_tightest_sets_the_headroom(board, server_tree):
+    """A configuration on two GPUs (tensor split): each GPU's own peak against its own limit; the headroom that
+    decides survival with margin is the GPU with the least room, not the sum over both."""
+    nv = board(gpm=False)
+    nv.boards = [nv.boards[0], *FakeNvml(boards=2).boards[1:]]
+    first, second = nv.boards
+    server, _ = server_tree
+    sampler = Sampler(interval_s=3600, uuids=[second.uuid, first.uuid])  # the lease's order
+    with sampler:
+        sampler.follow(server)
+        first.processes, second.processes = {server: 9000}, {server: 3000}
+        sampler._sample()
+        first.processes, second.processes = {server: 7000}, {server: 11000}
+        sampler._sample()
+    frame, result = sampler.frame(), sampler.result()
+    sampler.close()
+    assert frame[["gpu_mib", "gpu0_mib", "gpu1_mib"]].values.tolist() == [[12000, 3000, 9000], [18000, 11000, 7000]]
+    assert result["peak_gpu_mib"] == 18000 and result["peak_gpus_mib"] == [11000, 9000]
+    card = {
+        "gpu": {
+            "devices": [{"name": "NVIDIA H200", "uuid": b.uuid, "memory_total_mib": 143771} for b in (second, first)]
+        }
+    }
+    summary = memory_summary(result, 12288, card)
+    assert summary["vram_limit_mib"] == 2 * 12288
+    assert [g["headroom_mib"] for g in summary["per_gpu"]] == [1288, 3288] and summary["tightest_gpu"] == 0
+    assert (summary["headroom_mib"], summary["peak_pct_of_limit"]) == (1288, round(11000 / 12288 * 100, 2))

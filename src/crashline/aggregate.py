@@ -55,8 +55,11 @@ def _config_row(rec: dict) -> dict:
         "server_obtained": rec["server"].get("obtained"),
         # A different VRAM budget is a different card: never ranked or averaged together.
         "environment": host_mod.environment_key(rec["host"]) + f"|budget {budget.get('vram_budget_mib') or 'none'}",
+        "hostname": rec["host"].get("hostname"),
         "cpu_model": rec["host"].get("cpu_model"),
         "gpu": ", ".join(d["name"] for d in gpu.get("devices", [])) or "no GPU",
+        "gpu_uuids": ",".join(d["uuid"] for d in gpu.get("devices", []) if d.get("uuid")) or None,
+        "gpu_driver": gpu.get("driver"),
         "vram_budget_mib": budget.get("vram_budget_mib"),
         "margin_mib": budget.get("margin_mib"),
         "repetitions": rec.get("repetitions"),
@@ -70,6 +73,7 @@ def _config_row(rec: dict) -> dict:
         "page_cache_verified": (rec.get("page_cache") or {}).get("verified"),
         "peak_rss_mib": memory.get("peak_rss_mib"),
         "peak_gpu_mib": memory.get("peak_gpu_mib"),
+        "peak_gpus_mib": memory.get("peak_gpus_mib"),
         "load_peak_gpu_mib": ((memory.get("per_phase") or {}).get("load") or {}).get("gpu_mib"),
         "vram_limit_mib": memory.get("vram_limit_mib"),
         "vram_limit_is": memory.get("vram_limit_is"),
@@ -182,6 +186,8 @@ def _pool_memory(memories: list[dict | None]) -> dict | None:
     for key in ("headroom_mib", "headroom_pct"):
         values = [m[key] for m in found if m.get(key) is not None]
         out[key] = min(values) if values else None
+    each = [m["peak_gpus_mib"] for m in found if m.get("peak_gpus_mib")]
+    out["peak_gpus_mib"] = [max(x) for x in zip(*each)] if each else None
     phases: dict[str, dict] = {}
     for m in found:
         for phase, peaks in (m.get("per_phase") or {}).items():

@@ -42,7 +42,9 @@ def crash_lines(configs: pd.DataFrame, measurements: pd.DataFrame, short_workloa
         key = dict(zip(["model", "environment", *others], key_values))
         rows = rows.sort_values(N_CPU_MOE)
         short_ok = measurements[
-            (measurements["workload"] == short_workload) & (measurements["workload_outcome"] == Outcome.OK)
+            (measurements["environment"] == key["environment"])
+            & (measurements["workload"] == short_workload)
+            & (measurements["workload_outcome"] == Outcome.OK)
         ]["config_id"]
         loads = _lowest(rows, ~rows["outcome"].isin(DID_NOT_LOAD))
         short = _lowest(rows, rows["config_id"].isin(short_ok))
@@ -53,6 +55,7 @@ def crash_lines(configs: pd.DataFrame, measurements: pd.DataFrame, short_workloa
         headroom = at["headroom_mib"] if at is not None else None
         entry = {
             "model": key["model"],
+            "environment": key["environment"],
             "label": _label(key, varying),
             "tested": [int(n) for n in rows[N_CPU_MOE]],
             "loads_from": loads,

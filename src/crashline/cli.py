@@ -13,7 +13,7 @@ from pathlib import Path
 
 from . import config as config_mod
 from .atomic import read_json, write_json
-from .paths import Layout
+from .paths import Layout, merged_records
 
 
 def _load(args) -> tuple[dict, Layout]:
@@ -136,6 +136,7 @@ def cmd_needle_table(args) -> int:
 
     cfg, layout = _load(args)
     given = args.records or [layout.needle_record(i["model"], i["id"]) for i in config_mod.expand(cfg)]
+    given = given if args.records else [*given, *merged_records(cfg["merge_results"], cfg["models"], "needle")]
     write_table(needle_records_from(given), Path(args.out or layout.needle_table()))
     return 0
 
@@ -175,6 +176,7 @@ def cmd_aggregate(args) -> int:
     cfg, layout = _load(args)
     outputs = [layout.record(i["model"], i["id"]) for i in config_mod.expand(cfg)]
     outputs += [layout.search(g["model"], g["id"]) for g in config_mod.expand_searches(cfg)]
+    outputs += merged_records(cfg["merge_results"], cfg["models"], "measure")
     given = [Path(p) for p in (args.records or outputs)]
     write(
         records_from(given),

@@ -105,9 +105,12 @@ CONFIGS: dict[str, pa.DataType] = {
     "server_sha256": TEXT,
     "server_backend": TEXT,
     "server_obtained": TEXT,
-    "environment": TEXT,
+    "environment": TEXT,  # what must match to rank together: hardware and driver (crashline.host.environment_key)
+    "hostname": TEXT,
     "cpu_model": TEXT,
     "gpu": TEXT,
+    "gpu_uuids": TEXT,  # the GPUs the job held, comma-separated
+    "gpu_driver": TEXT,
     "vram_budget_mib": INT,
     "margin_mib": INT,
     "repetitions": INT,
@@ -121,6 +124,7 @@ CONFIGS: dict[str, pa.DataType] = {
     "page_cache_verified": BOOL,
     "peak_rss_mib": FLOAT,
     "peak_gpu_mib": FLOAT,
+    "peak_gpus_mib": pa.list_(FLOAT),  # each GPU's own peak, with several GPUs (in the order of gpu_uuids)
     "load_peak_gpu_mib": FLOAT,
     "vram_limit_mib": INT,
     "vram_limit_is": TEXT,  # "budget" (emulated) or "card"

@@ -158,6 +158,14 @@ def _check_places(config: dict) -> None:
             f"config key results_dir = {config['results_dir']!r}: cannot write there: {why}; "
             "choose a folder this user can write"
         )
+    for i, folder in enumerate(config.get("merge_results") or []):
+        if not (Path(folder) / "records").is_dir():
+            raise ConfigError(
+                f"config key merge_results.{i} = {folder!r}: no crashline results there (no records/ folder); "
+                "give the results folder of another run, as its results_dir"
+            )
+        if Path(folder).resolve() == Path(config["results_dir"]).resolve():
+            raise ConfigError(f"config key merge_results.{i} = {folder!r} is this run's own results_dir")
     binary = config["server"].get("binary")
     why = _server_binary_problem(binary) if binary else None
     if why:

@@ -19,8 +19,9 @@ def _cpu_model() -> str:
     return platform.processor() or "unknown"
 
 
-def gpus() -> dict:
-    """NVML's view of the GPUs, or {"present": False, "reason": ...}."""
+def gpus(uuids: list[str] | None = None) -> dict:
+    """NVML's view of the GPUs (all of them, or those named by ``uuids``, in that order), or
+    {"present": False, "reason": ...}."""
     try:
         import pynvml
     except ImportError:
@@ -30,22 +31,12 @@ def gpus() -> dict:
     except pynvml.NVMLError as exc:
         return {"present": False, "reason": f"no GPU (NVML: {exc})"}
     try:
-        devices = []
-        for i in range(pynvml.nvmlDeviceGetCount()):
-            h = pynvml.nvmlDeviceGetHandleByIndex(i)
-            mem = pynvml.nvmlDeviceGetMemoryInfo(h)
-            devices.append(
-                {
-                    "index": i,
-                    "name": _str(pynvml.nvmlDeviceGetName(h)),
-                    "memory_total_mib": mem.total // (1 << 20),
-                    "memory_free_mib": mem.free // (1 << 20),
-                    "pcie_max_gen": _try(pynvml.nvmlDeviceGetMaxPcieLinkGeneration, h),
-                    "pcie_max_width": _try(pynvml.nvmlDeviceGetMaxPcieLinkWidth, h),
-                    "pcie_cur_gen": _try(pynvml.nvmlDeviceGetCurrPcieLinkGeneration, h),
-                    "pcie_cur_width": _try(pynvml.nvmlDeviceGetCurrPcieLinkWidth, h),
-                }
-            )
+        handles = (
+            [pynvml.nvmlDeviceGetHandleByUUID(u) for u in uuids]
+            if uuids is not None
+            else [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
+        )
+        devices = [_device(pynvml, h) for h in handles]
         return {
             "present": bool(devices),
             "driver": _str(pynvml.nvmlSystemGetDriverVersion()),
@@ -54,6 +45,34 @@ def gpus() -> dict:
         }
     finally:
         pynvml.nvmlShutdown()
+
+
+def _device(pynvml, h) -> dict:
+    mem = pynvml.nvmlDeviceGetMemoryInfo(h)
+    return {
+        "index": pynvml.nvmlDeviceGetIndex(h),  # NVML's number: nvidia-smi's, in PCI bus order
+        "uuid": _str(pynvml.nvmlDeviceGetUUID(h)),
+        "name": _str(pynvml.nvmlDeviceGetName(h)),
+        "pci_bus_id": _str(pynvml.nvmlDeviceGetPciInfo(h).busId),
+        "memory_total_mib": mem.total // (1 << 20),
+        "memory_free_mib": mem.free // (1 << 20),
+        "pcie_max_gen": _try(pynvml.nvmlDeviceGetMaxPcieLinkGeneration, h),
+        "pcie_max_width": _try(pynvml.nvmlDeviceGetMaxPcieLinkWidth, h),
+        "pcie_cur_gen": _try(pynvml.nvmlDeviceGetCurrPcieLinkGeneration, h),
+        "pcie_cur_width": _try(pynvml.nvmlDeviceGetCurrPcieLinkWidth, h),
+        "local_cpus": _local_cpus(pynvml, h),
+    }
+
+
+def _local_cpus(pynvml, h) -> list[int] | None:
+    """The CPUs close to the GPU (its NUMA node), from NVML's affinity mask; None where NVML gives none."""
+    n = os.cpu_count() or 1
+    words = (n + 63) // 64
+    mask = _try(pynvml.nvmlDeviceGetCpuAffinity, h, words)
+    if not mask:
+        return None
+    cpus = [64 * w + b for w, word in enumerate(mask) for b in range(64) if int(word) >> b & 1]
+    return cpus or None
 
 
 def _str(value) -> str:
@@ -67,8 +86,8 @@ def _try(fn, *args):
         return None
 
 
-def describe() -> dict:
-    """The host facts every record carries."""
+def describe(gpu_uuids: list[str] | None = None) -> dict:
+    """The host facts every record carries; ``gpu_uuids``: the GPUs the job holds (crashline.locks), else all."""
     return {
         "hostname": platform.node(),
         "os": f"{platform.system()} {platform.release()}",
@@ -78,7 +97,7 @@ def describe() -> dict:
         "cpu_affinity": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
         "ram_mib": psutil.virtual_memory().total // (1 << 20),
         "python": platform.python_version(),
-        "gpu": gpus(),
+        "gpu": gpus(gpu_uuids),
         "slurm_job_id": os.environ.get("SLURM_JOB_ID"),  # the cluster job it ran in (profiles/slurm), else None
     }
 
@@ -117,7 +136,11 @@ def memory_bandwidth_from(provenance: dict) -> float:
 
 
 def environment_key(host: dict) -> str:
-    """What must match for two measurements to be combined: machine, CPU, GPU and driver."""
+    """What must match for two measurements to be ranked together: the hardware and the driver (CPU model and
+    cores, memory, GPU model, driver), not the host's name, so identical nodes of a cluster rank together and
+    a configuration on one GPU ranks with one on two of the same."""
     gpu = host.get("gpu", {})
-    names = ",".join(d["name"] for d in gpu.get("devices", [])) or "no GPU"
-    return f"{host.get('hostname')}|{host.get('cpu_model')}|{names}|{gpu.get('driver', '-')}"
+    names = ",".join(sorted({d["name"] for d in gpu.get("devices", [])})) or "no GPU"
+    ram_gib = round((host.get("ram_mib") or 0) / 1024)
+    cores = host.get("cpu_logical_cores")
+    return f"{host.get('cpu_model')} ({cores} threads, {ram_gib} GiB)|{names}|{gpu.get('driver', '-')}"

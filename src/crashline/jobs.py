@@ -165,15 +165,21 @@ def run(job_spec: dict, inputs: dict, outputs: dict) -> str:
         )
         tested = ", ".join(rec["records"]) or "none"
         return f"{model} search {job_spec['group']['id']}: recall checked for {tested}; recalled: {rec['recalled']}"
+    from .locks import lease
     from .search import run_search
+    from .settings import resolve, weights_on_cpu
 
-    summary = run_search(
-        model_name=model,
-        group=job_spec["group"],
-        config=job_spec["config"],
-        **inputs,
-        out_dir=Path(outputs["summary"]).parent,
-    )
+    group = job_spec["group"]
+    highest = resolve({**group["given"], "n_cpu_moe": group["range"][1]})
+    on_cpu = weights_on_cpu(highest, inputs["manifest"].get("layers"))
+    with lease(f"search {model} {group['id']}", highest["gpus"] or 1, host_memory=on_cpu):  # the same for every probe
+        summary = run_search(
+            model_name=model,
+            group=group,
+            config=job_spec["config"],
+            **inputs,
+            out_dir=Path(outputs["summary"]).parent,
+        )
     return (
         f"{model} search {job_spec['group']['id']}: boundary n_cpu_moe {summary['boundary']}, use "
         f"{summary['recommended_n_cpu_moe']}, {summary['server_starts']} server starts"

@@ -1,9 +1,23 @@
-"""One llama-server at a time on this machine, across every crashline run.
+"""Who may run a llama-server now: a job's lease on its GPUs (or, without a GPU, on the machine).
 
-Snakemake's ``server`` resource admits one server job at a time inside one run; two runs (two
-folders sharing a machine, or a rerun started after ``--unlock`` while an orphaned job still runs)
-would otherwise measure each other. The lock is a file lock (``flock``) held for the whole life of
-the ballast and the server: the kernel releases it when its holder dies, however it dies.
+Snakemake's ``gpu`` resource admits N server jobs at once inside one run; two runs (two folders sharing
+a machine, or a rerun started after ``--unlock`` while an orphaned job still runs) would otherwise
+measure each other. A lease is a file lock (``flock``) per GPU, named by the GPU's UUID, held for the
+whole life of the job's ballast and server: the kernel releases it when its holder dies, however it
+dies. On a machine without a GPU one lock stands for the machine: one server at a time.
+
+While a job holds a lease, ``CUDA_VISIBLE_DEVICES`` names its GPUs by UUID (``CUDA_DEVICE_ORDER`` is
+PCI_BUS_ID, nvidia-smi's order), so the server, llama-bench and the ballast see those GPUs alone; the
+sampler and the records name them by UUID. With several GPUs visible, a job also gets its GPU's share
+of the CPUs (those NVML calls local to it, split by physical core among the GPUs that share them) and,
+unless its configuration sets ``threads``, as many threads as the share has cores: a measurement does
+not depend on how many others ran beside it. Make only one GPU visible to give a job every core.
+
+Jobs whose configuration keeps model weights in host memory (experts or layers on the CPU) read them at every
+token, and two of them at once share the host's memory bandwidth: on two H200s their decode beside another
+such job was 0.58-1.07x of their speed alone, median 0.81 (bench/results/multigpu-h200x2/first-run-env-bug).
+Such a job also holds the host's memory lock, so they run one at a time while configurations wholly on their
+GPUs run beside them.
 """
 
 from __future__ import annotations
@@ -12,9 +26,10 @@ import contextlib
 import fcntl
 import os
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import progress
+from . import host, progress
 
 LOCK_DIR = Path(os.environ.get("CRASHLINE_LOCK_DIR", "/tmp/crashline-locks"))
 
@@ -48,10 +63,225 @@ def held(path: Path, what: str, waiting: str):
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
-def server_lock(what: str, lock_dir: Path | None = None):
-    """Hold the machine's server lock; wait (saying who holds it) while another job does."""
+def _lock_dir(lock_dir: Path | None) -> Path:
     lock_dir = Path(lock_dir or LOCK_DIR)
     lock_dir.mkdir(parents=True, exist_ok=True)
     with contextlib.suppress(PermissionError):
         lock_dir.chmod(0o1777)  # every user's runs share it, as they share the GPU
-    return held(lock_dir / "server.lock", what, "waits for the llama-server of {holder} to stop (lock {lock})")
+    return lock_dir
+
+
+class LeaseError(RuntimeError):
+    """A job needs more GPUs than this machine lets it see, or CUDA_VISIBLE_DEVICES names one it does not have."""
+
+
+@dataclass
+class Lease:
+    """What a job holds: its GPUs (NVML's descriptions, with ``uuid``), its CPUs (None: every one this process
+    may use) and the threads a server gets where its configuration sets none (None: llama.cpp's choice)."""
+
+    gpus: list[dict] = field(default_factory=list)
+    cpus: list[int] | None = None
+    threads: int | None = None
+    waited_s: float = 0.0
+    host_memory: bool = False  # it held the host's memory lock beside its GPUs
+
+    @property
+    def uuids(self) -> list[str]:
+        return [g["uuid"] for g in self.gpus]
+
+    def server_args(self, settings: dict) -> list[str]:
+        """The arguments the lease adds to a server's command: ``-t`` for its share of the cores."""
+        return ["-t", str(self.threads)] if self.threads and settings.get("threads") is None else []
+
+    def describe(self) -> dict:
+        return {
+            "gpus": self.uuids,
+            "cpus": self.cpus,
+            "threads": self.threads,
+            "host_memory": self.host_memory,
+            "waited_s": round(self.waited_s, 3),
+        }
+
+
+_current: Lease | None = None
+
+
+def current() -> Lease | None:
+    """The lease this process holds, if any."""
+    return _current
+
+
+def visible_gpus() -> tuple[list[dict], str | None]:
+    """The GPUs a job may use, in nvidia-smi's order: NVML's, narrowed to CUDA_VISIBLE_DEVICES where it is set
+    (its numbers are nvidia-smi's, its UUIDs may be prefixes, as CUDA takes them). ([], why) without any."""
+    found = host.gpus()
+    if not found["present"]:
+        return [], found["reason"]
+    devices = found["devices"]
+    wanted = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if wanted is None:
+        return devices, None
+    known = ", ".join(f"{d['index']}: {d['uuid']}" for d in devices)
+    picked = []
+    for entry in (e.strip() for e in wanted.split(",") if e.strip()):
+        match = [d for d in devices if (str(d["index"]) == entry if entry.isdigit() else d["uuid"].startswith(entry))]
+        if len(match) != 1:
+            raise LeaseError(
+                f"CUDA_VISIBLE_DEVICES={wanted!r} names {entry!r}, which is none of this machine's GPUs "
+                f"({known}; MIG instances are not supported)"
+            )
+        picked += match
+    return picked, None if picked else "no GPU (CUDA_VISIBLE_DEVICES is empty)"
+
+
+def _cores(cpus: list[int]) -> list[list[int]]:
+    """CPUs grouped by physical core (hyperthread siblings together), in order."""
+    cores: dict[tuple, list[int]] = {}
+    for cpu in cpus:
+        topology = Path(f"/sys/devices/system/cpu/cpu{cpu}/topology")
+        try:
+            key = tuple(topology.joinpath(f).read_text().strip() for f in ("physical_package_id", "core_id"))
+        except OSError:
+            key = ("cpu", str(cpu))
+        cores.setdefault(key, []).append(cpu)
+    return list(cores.values())
+
+
+def cpu_share(visible: list[dict], leased: list[dict], allowed: set[int]) -> list[int] | None:
+    """The CPUs of the leased GPUs' shares: each visible GPU's local CPUs (all allowed ones where NVML names none),
+    split by physical core among the visible GPUs with the same local CPUs. None with a single GPU visible."""
+    if len(visible) < 2:
+        return None
+    local = {g["uuid"]: sorted(set(g.get("local_cpus") or allowed) & allowed) or sorted(allowed) for g in visible}
+    share: set[int] = set()
+    for gpu in leased:
+        siblings = [g["uuid"] for g in visible if local[g["uuid"]] == local[gpu["uuid"]]]
+        cores = _cores(local[gpu["uuid"]])
+        rank, n = siblings.index(gpu["uuid"]), len(siblings)
+        part = cores[rank * len(cores) // n : (rank + 1) * len(cores) // n] or cores  # fewer cores than GPUs: share
+        share.update(cpu for core in part for cpu in core)
+    return sorted(share)
+
+
+def _try_lock(path: Path, what: str):
+    """The open, locked file at ``path``, or None while another process holds it."""
+    f = open(path, "a+")
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        f.close()
+        return None
+    f.seek(0)
+    f.truncate()
+    f.write(f"pid {os.getpid()} ({what})\n")
+    f.flush()
+    return f
+
+
+def _release(files: list) -> None:
+    for f in files:
+        f.seek(0)
+        f.truncate()
+        fcntl.flock(f, fcntl.LOCK_UN)
+        f.close()
+
+
+def _holders(paths: list[Path]) -> str:
+    said = []
+    for path in paths:
+        with contextlib.suppress(OSError):
+            said.append(path.read_text().strip() or "another process")
+    return "; ".join(said) or "another process"
+
+
+def _take_gpus(visible: list[dict], n: int, what: str, lock_dir: Path, poll_s: float = 0.2) -> tuple[list[dict], list]:
+    """Lock ``n`` of the visible GPUs, the first free ones in order; while fewer are free, hold none and wait."""
+    paths = {g["uuid"]: lock_dir / f"gpu-{g['uuid']}.lock" for g in visible}
+    said = False
+    while True:
+        taken, files = [], []
+        for gpu in visible:
+            f = _try_lock(paths[gpu["uuid"]], what)
+            if f is not None:
+                taken.append(gpu)
+                files.append(f)
+                if len(taken) == n:
+                    return taken, files
+        _release(files)  # never hold some while waiting for more: two jobs would each wait for the other's
+        if not said:
+            progress.say(
+                f"{what} waits for {n} of {len(visible)} GPUs to be free (held by {_holders(list(paths.values()))})"
+            )
+            said = True
+        time.sleep(poll_s)
+
+
+@contextlib.contextmanager
+def lease(what: str, gpus: int = 1, lock_dir: Path | None = None, host_memory: bool = False):
+    """Hold ``gpus`` GPUs (or, on a machine without one, the machine) for ``what``; yields the Lease. Inside an
+    outer lease of this process (a search's probes), the outer one serves. LeaseError: more GPUs than visible.
+    ``host_memory``: the configuration reads weights from host memory (settings.weights_on_cpu); with several
+    GPUs it holds the host's memory lock too, taken before its GPUs so that it keeps no GPU idle while it waits."""
+    started = time.monotonic()
+    shared = host_memory and _current is None and len(_visible_or_none()) > 1
+    waits = "waits for {holder}, which reads weights from host memory too"
+    with held(_lock_dir(lock_dir) / "host-memory.lock", what, waits) if shared else contextlib.nullcontext():
+        with _lease(what, gpus, lock_dir) as taken:
+            if shared:
+                taken.host_memory, taken.waited_s = True, time.monotonic() - started
+            yield taken
+
+
+def _visible_or_none() -> list[dict]:
+    with contextlib.suppress(LeaseError):
+        return visible_gpus()[0]
+    return []
+
+
+@contextlib.contextmanager
+def _lease(what: str, gpus: int, lock_dir: Path | None):
+    global _current
+    if _current is not None:
+        if _current.gpus and len(_current.gpus) < gpus:
+            raise LeaseError(f"{what} needs {gpus} GPUs; the job holds {len(_current.gpus)}")
+        yield _current
+        return
+    lock_dir = _lock_dir(lock_dir)
+    visible, why = visible_gpus()
+    started = time.monotonic()
+    if not visible:
+        if gpus > 1:
+            raise LeaseError(f"{what} needs {gpus} GPUs; this machine has none that it may use ({why})")
+        with held(lock_dir / "server.lock", what, "waits for the llama-server of {holder} to stop (lock {lock})"):
+            _current = Lease(waited_s=time.monotonic() - started)
+            try:
+                yield _current
+            finally:
+                _current = None
+        return
+    if gpus > len(visible):
+        raise LeaseError(
+            f"{what} needs {gpus} GPUs; this machine lets it use {len(visible)} "
+            f"({', '.join(g['name'] + ' ' + g['uuid'] for g in visible)})"
+        )
+    taken, files = _take_gpus(visible, gpus, what, lock_dir)
+    allowed = set(os.sched_getaffinity(0))
+    cpus = cpu_share(visible, taken, allowed)
+    before = {k: os.environ.get(k) for k in ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER")}
+    try:
+        os.environ.update(CUDA_DEVICE_ORDER="PCI_BUS_ID", CUDA_VISIBLE_DEVICES=",".join(g["uuid"] for g in taken))
+        if cpus is not None:
+            os.sched_setaffinity(0, cpus)  # the server and llama-bench inherit it
+        _current = Lease(taken, cpus, len(_cores(cpus)) if cpus else None, time.monotonic() - started)
+        yield _current
+    finally:
+        _current = None
+        if cpus is not None:
+            os.sched_setaffinity(0, allowed)
+        for k, v in before.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        _release(files)

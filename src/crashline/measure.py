@@ -19,7 +19,7 @@ from . import bottleneck, conversations as conv, host, logparse, pagecache, prog
 from .ballast import Ballast, BudgetError
 from .provision import supported_flags
 from . import settings as settings_mod
-from .locks import server_lock
+from .locks import LeaseError, lease
 from .records import Outcome
 from .server import ServerProcess
 from .sources import SourceError, check_unchanged
@@ -83,9 +83,15 @@ def say_run(workload: dict, index: int, repetitions: int, run: dict, peak_gpu_mi
 
 
 def vram_limit_mib(budget_mib: int | None, host_info: dict) -> float | None:
-    """The VRAM a configuration may use: the budget, else the whole card(s), else None (no GPU)."""
+    """The VRAM a configuration may use: the budget on each of its GPUs, else the whole card(s), else None."""
+    limits = gpu_limits_mib(budget_mib, host_info)
+    return sum(limits) if limits else None
+
+
+def gpu_limits_mib(budget_mib: int | None, host_info: dict) -> list[float]:
+    """Each GPU's limit: the budget (an emulated card of that size, each), else the card's memory."""
     devices = host_info["gpu"].get("devices", [])
-    return budget_mib or (sum(d["memory_total_mib"] for d in devices) if devices else None)
+    return [budget_mib or d["memory_total_mib"] for d in devices]
 
 
 def model_summary(name: str, fetch_record: dict, manifest: dict) -> dict:
@@ -105,18 +111,40 @@ def model_summary(name: str, fetch_record: dict, manifest: dict) -> dict:
 
 
 def memory_summary(sampled: dict, budget_mib: int | None, host_info: dict) -> dict:
-    """Peaks per phase plus headroom against the budget (or the whole card when none is set)."""
+    """Peaks per phase plus headroom against the budget (or the whole card when none is set). With several GPUs
+    each has its own limit: ``per_gpu`` holds each one's peak and headroom, and the headroom and share of the
+    limit are those of the GPU with the least room (where that configuration's crash line is)."""
     devices = host_info["gpu"].get("devices", [])
-    limit = vram_limit_mib(budget_mib, host_info)
+    limits = gpu_limits_mib(budget_mib, host_info)
+    limit = sum(limits) if limits else None
     peak = sampled.get("peak_gpu_mib")
-    headroom = limit - peak if limit is not None and peak is not None else None
+    per_gpu, tightest = None, None
+    each = sampled.get("peak_gpus_mib")
+    if each and len(each) == len(limits):
+        per_gpu = [
+            {
+                "uuid": d.get("uuid"),
+                "name": d["name"],
+                "limit_mib": lim,
+                "peak_mib": mib,
+                "headroom_mib": round(lim - mib, 1),
+            }
+            for d, lim, mib in zip(devices, limits, each)
+        ]
+        tightest = min(per_gpu, key=lambda g: g["headroom_mib"])
+    if tightest:
+        headroom, room_of, used = tightest["headroom_mib"], tightest["limit_mib"], tightest["peak_mib"]
+    else:
+        headroom = limit - peak if limit is not None and peak is not None else None
+        room_of, used = limit, peak
     return {
         **sampled,
         "vram_limit_mib": limit,
         "vram_limit_is": "budget" if budget_mib else ("card" if devices else None),
         "headroom_mib": round(headroom, 1) if headroom is not None else None,
-        "headroom_pct": round(headroom / limit * 100, 2) if headroom is not None else None,
-        "peak_pct_of_limit": round(peak / limit * 100, 2) if headroom is not None else None,
+        "headroom_pct": round(headroom / room_of * 100, 2) if headroom is not None else None,
+        "peak_pct_of_limit": round(used / room_of * 100, 2) if headroom is not None else None,
+        **({"per_gpu": per_gpu, "tightest_gpu": per_gpu.index(tightest)} if per_gpu else {}),
     }
 
 
@@ -507,14 +535,17 @@ def _measure(
     exit_with_workflow()
     clock.lap("setup")
     try:
-        with server_lock(f"measure {model_name} {item['id']}"):
+        on_cpu = settings_mod.weights_on_cpu(resolved, manifest.get("layers"))
+        with lease(f"measure {model_name} {item['id']}", resolved.get("gpus") or 1, host_memory=on_cpu) as held:
             clock.lap("lock_wait")
-            with Ballast(budget_mib) if budget_mib else contextlib.nullcontext() as ballast:
+            record.update(host=host.describe(held.uuids or None), lease=held.describe())
+            server.base_command = [*command, *held.server_args(resolved)]
+            with Ballast(budget_mib, held.uuids) if budget_mib else contextlib.nullcontext() as ballast:
                 record["ballast"] = ballast.info if ballast else None
                 clock.lap("ballast")
-                sampler = Sampler(interval_s=config["telemetry"]["interval_s"])
+                sampler = Sampler(interval_s=config["telemetry"]["interval_s"], uuids=held.uuids or None)
                 with sampler:
-                    say_start(model_name, command, budget_mib)
+                    say_start(model_name, server.base_command, budget_mib)
                     state = server.start_ready(
                         server_cfg["startup_timeout_s"], lambda srv: sampler.follow(srv.proc.pid)
                     )
@@ -534,8 +565,9 @@ def _measure(
                         failure = server_failure(server, "stop")
                     server.stop(server_cfg["stop_timeout_s"])
                     clock.lap("stop")
-    except BudgetError as exc:
-        failure = {"outcome": Outcome.BUDGET_REFUSED, "failure": "budget", "phase": "start", "message": str(exc)}
+    except (BudgetError, LeaseError) as exc:
+        kind = "budget" if isinstance(exc, BudgetError) else "gpus"
+        failure = {"outcome": Outcome.BUDGET_REFUSED, "failure": kind, "phase": "start", "message": str(exc)}
         log_path.parent.mkdir(parents=True, exist_ok=True)
         log_path.write_text(f"crashline: no llama-server started: {exc}\n")
     except Exception as exc:  # a crashline fault still leaves a record and no server behind

@@ -30,7 +30,8 @@ import requests
 from . import host, logparse, progress
 from . import records
 from .ballast import Ballast, BudgetError
-from .locks import server_lock
+from .locks import LeaseError, lease
+from .settings import weights_on_cpu
 from .measure import (
     model_summary,
     outcome_text,
@@ -462,8 +463,9 @@ def _run_needle(model_name, item, config, fetch_record, provenance, record_path,
         _serve(
             server, config, f"needle {model_name} {item['id']}", ns, style, rng or random.SystemRandom(), record, run
         )
-    except BudgetError as exc:
-        run.failure = {"outcome": "budget_refused", "failure": "budget", "phase": "start", "message": str(exc)}
+    except (BudgetError, LeaseError) as exc:
+        kind = "budget" if isinstance(exc, BudgetError) else "gpus"
+        run.failure = {"outcome": "budget_refused", "failure": kind, "phase": "start", "message": str(exc)}
     except Exception as exc:  # a crashline fault still leaves a record and no server behind
         message = f"{type(exc).__name__}: {exc}"
         run.failure = {"outcome": "error", "failure": "crashline", "phase": run.phase, "message": message}
@@ -517,7 +519,15 @@ def _serve(server: ServerProcess, config: dict, holder: str, ns: dict, style: st
     environment it counts for): start the server, run the trials, stop it."""
     server_cfg = config["server"]
     budget_mib = (config.get("budget") or {}).get("vram_budget_mib")
-    with server_lock(holder), Ballast(budget_mib) if budget_mib else contextlib.nullcontext() as ballast:
+    settings = record["settings"]
+    with (
+        lease(
+            holder, settings.get("gpus") or 1, host_memory=weights_on_cpu(settings, record["model"].get("layers"))
+        ) as held,
+        Ballast(budget_mib, held.uuids) if budget_mib else contextlib.nullcontext() as ballast,
+    ):
+        record.update(host=host.describe(held.uuids or None), lease=held.describe())
+        server.base_command = [*server.base_command, *held.server_args(settings)]
         record["ballast"] = ballast.info if ballast else None
         run.phase = "load"
         say_start(record["model"]["name"], server.base_command, budget_mib, " for needle recall")

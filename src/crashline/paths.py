@@ -79,3 +79,14 @@ def table_files(parquet_path: Path | str) -> list[Path]:
     """The files of a table whose Parquet file is ``parquet_path``: Parquet, CSV, JSON (``tablefiles`` writes them)."""
     path = Path(parquet_path)
     return [path.with_suffix(s) for s in TABLE_SUFFIXES]
+
+
+def merged_records(folders: list[str], models, kind: str) -> list[Path]:
+    """The ``kind`` records ("measure" or "needle") of ``models`` in other runs' results folders (merge_results),
+    in a stable order."""
+    return [
+        path
+        for folder in folders
+        for model in models
+        for path in sorted((Path(folder) / "records" / model).glob(f"*/{kind}.json"))
+    ]

@@ -427,6 +427,35 @@ def validity_rows(record: dict, model: str) -> dict:
     return out
 
 
+def environments(configs: pd.DataFrame) -> list[dict]:
+    """Each kind of machine the records ran on: CPU and GPU, and the hosts' names where there are several kinds."""
+    envs = configs.drop_duplicates("environment")[["environment", "cpu_model", "gpu"]].to_dict("records")
+    if len(envs) > 1:
+        for e in envs:
+            e["hosts"] = ", ".join(
+                sorted(configs[configs["environment"] == e["environment"]]["hostname"].dropna().unique())
+            )
+    return envs
+
+
+def machines(configs: pd.DataFrame, model: str) -> list[tuple[str | None, dict]]:
+    """The kinds of machine (environments) a model was measured on, the one with the most configurations first:
+    [(None, {})] for one (the report as for a single machine), else each environment and how the report names it."""
+    rows = configs[configs["model"] == model]
+    envs = rows["environment"].value_counts(sort=True).index.tolist()
+    if len(envs) < 2:
+        return [(None, {})]
+    out = []
+    for i, env in enumerate(envs):
+        on = rows[rows["environment"] == env]
+        hosts = ", ".join(sorted(on["hostname"].dropna().unique())) or "unknown host"
+        budget = on["vram_budget_mib"].dropna()
+        card = f" at a {int(budget.iloc[0]):,} MiB budget" if len(budget) else ""
+        label = f"{hosts}: {on['cpu_model'].iloc[0]}; {on['gpu'].iloc[0]}{card}"
+        out.append((env, {"title": f"{model} on {label}", "anchor": f"model-{model}-{i + 1}", "machine": label}))
+    return out
+
+
 def _per_model(
     model: str,
     configs,
@@ -436,30 +465,43 @@ def _per_model(
     lines: list[dict],
     metric: str,
     workload: str,
+    environment: str | None = None,
+    machine: dict | None = None,
 ):
-    """Everything the report says about one model: the settings its configurations share are said once, and
-    each configuration is named by the rest."""
-    c = configs[configs["model"] == model]
-    m = measurements[measurements["model"] == model]
+    """Everything the report says about one model (on one kind of machine, ``environment``, where it ran on
+    several): the settings its configurations share are said once, and each configuration is named by the rest."""
+
+    def mine(frame: pd.DataFrame) -> pd.DataFrame:
+        if frame.empty:
+            return frame
+        keep = frame["model"] == model
+        return frame[keep & (frame["environment"] == environment)] if environment else frame[keep]
+
+    c, m, talks = mine(configs), mine(measurements), mine(conversations)
+    recs = [r for r in recs if r["model"] == model and environment in (None, r["environment"])]
+    lines = [e for e in lines if e["model"] == model and environment in (None, e["environment"])]
     common, rest = split_common(list(c["server_args"]))
     differs = dict(zip(c["config_id"], rest, strict=True))
-    model_recs = [_answer(dict(r), list(c["server_args"]), m) for r in recs if r["model"] == model]
+    model_recs = [_answer(dict(r), list(c["server_args"]), m) for r in recs]
     tradeoff = [{**t, "differs": differs.get(t["config_id"], "")} for r in model_recs for t in r.get("tradeoff", [])]
     rows = _results(c, m, {(r["model"], r["winner"]) for r in recs})
     for row in [*rows, *(lim := limits(m, c, workload))]:
         row["differs"] = differs[row["config_id"]]
     return {
         "name": model,
+        "title": model,
+        "anchor": f"model-{model}",
+        **(machine or {}),
         "common_args": common,
         "rows": rows,
         "failures": [{**f, "differs": differs[f["config_id"]]} for f in c[c["outcome"] != "ok"].to_dict("records")],
         "recommendations": model_recs,
-        "crash_lines": [e for e in lines if e["model"] == model],
+        "crash_lines": lines,
         "fit": fit_comparison(c, m, model_recs, metric, workload),
         "limits": lim,
         "tradeoff": tradeoff,
         "cold_warm": cold_warm(c, m),
-        "conversations": conversation_rows(conversations, model, differs),
+        "conversations": conversation_rows(talks, model, differs),
         "searches": [],
     }
 
@@ -505,7 +547,7 @@ def context(
     return {
         "generated": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
         "n_configs": len(configs),
-        "environments": configs.drop_duplicates("environment")[["cpu_model", "gpu"]].to_dict("records"),
+        "environments": environments(configs),
         "server": provenance,
         "nothing_survived": nothing_survived(configs, measurements, measured_models(configs, config), provenance),
         "budget": config["budget"],
@@ -513,8 +555,9 @@ def context(
         "workloads": _workloads(measurements, config),
         "models": _models(configs),
         "per_model": [
-            _per_model(model, configs, measurements, conversations, recs, lines, metric, workload)
+            _per_model(model, configs, measurements, conversations, recs, lines, metric, workload, env, machine)
             for model in configs["model"].drop_duplicates()
+            for env, machine in machines(configs, model)
         ],
         "suspect_columns": SUSPECT_COLUMNS,
         "objective_workload": workload,
@@ -707,7 +750,12 @@ def render(
     )
     figures_dir = md_path.parent / FIGURES
     figures_mod.write(drawn, figures_dir)
-    for m in ctx["per_model"]:
+    said = set()
+    for m in ctx["per_model"]:  # a model measured on several machines: its searches and figures once, in the first
+        if m["name"] in said:
+            m["figures"], m["validity"] = [], {}
+            continue
+        said.add(m["name"])
         manifest_path = Layout(results_dir or md_path.parent).manifest(m["name"])
         manifest = read_json(manifest_path) if manifest_path.exists() else None
         m["searches"] = searches(search_table, m["name"], configs, manifest)

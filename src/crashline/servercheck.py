@@ -18,7 +18,7 @@ from pathlib import Path
 import requests
 
 from . import logparse
-from .locks import server_lock
+from .locks import lease
 from .server import ServerProcess
 from .workloads import Client, RequestFailed
 
@@ -55,7 +55,7 @@ def run_check(binary: Path, cache_dir: Path) -> dict:
     with tempfile.TemporaryDirectory(prefix="crashline-check-") as tmp:
         server = ServerProcess(command, Path(tmp) / "server.log")
         phase = "load"
-        with server_lock(f"the check of {binary}"), server:
+        with lease(f"the check of {binary}"), server:
             state = server.start_ready(STARTUP_TIMEOUT_S)
             if state == "ready":
                 phase = "request"

@@ -10,6 +10,7 @@ from __future__ import annotations
 import difflib
 import hashlib
 import json
+import re
 from dataclasses import dataclass
 from typing import Any
 from collections.abc import Callable, Iterable
@@ -163,6 +164,15 @@ SETTINGS: dict[str, Setting] = {
             ("warm", "cold"),
             server=False,
         ),
+        Setting(
+            "gpus",
+            None,
+            "int",
+            None,
+            "GPUs the server gets, each held by its job alone (default 1; with tensor_split, one per share)",
+            server=False,
+            minimum=1,
+        ),
     ]
 }
 
@@ -263,6 +273,7 @@ def resolve(settings: dict[str, Any]) -> dict[str, Any]:
                 "set fit: on or remove it"
             )
             raise SettingsError(f"setting {reason}", reason)
+    _check_gpus(resolved)
     if resolved["draft_model"] and resolved["spec_type"] is None:
         resolved["spec_type"] = "draft-simple"
     if resolved["extra_args"] is None:
@@ -270,6 +281,25 @@ def resolve(settings: dict[str, Any]) -> dict[str, Any]:
     resolved["extra_args"] = list(resolved["extra_args"])
     _check_extra_args(resolved["extra_args"])
     return resolved
+
+
+def _check_gpus(resolved: dict[str, Any]) -> None:
+    """``gpus`` from tensor_split's shares where unset; a split or main GPU beyond the GPUs the server gets fails."""
+    shares = len(re.split(r"[,/]", resolved["tensor_split"])) if resolved["tensor_split"] else None
+    if resolved["gpus"] is None and shares and shares > 1:
+        resolved["gpus"] = shares
+    gpus = resolved["gpus"] or 1
+    if shares and shares > gpus:
+        reason = (
+            f"tensor_split = {resolved['tensor_split']!r} has {shares} shares but gpus = {gpus}; set gpus: {shares}"
+        )
+        raise SettingsError(f"setting {reason}", reason)
+    if resolved["main_gpu"] is not None and resolved["main_gpu"] >= gpus:
+        reason = (
+            f"main_gpu = {resolved['main_gpu']} names GPU {resolved['main_gpu']} of the server's {gpus} "
+            f"(numbered from 0); set gpus: {resolved['main_gpu'] + 1} or lower main_gpu"
+        )
+        raise SettingsError(f"setting {reason}", reason)
 
 
 # The aims of llama.cpp's --fit placement: the VRAM it leaves free per device, the smallest context it may cut to.
@@ -316,8 +346,9 @@ def canonical(resolved: dict[str, Any]) -> str:
 def config_id(model: str, resolved: dict[str, Any], extra: str = "") -> str:
     """Short stable hash of what runs: the model's name, the llama-server arguments the settings
     become (host, port, paths and logging excluded) and crashline's own settings that are not flags
-    (page cache). A new setting whose default adds no argument changes no id."""
+    (page cache, GPUs; unset ones leave no trace). A new setting whose default adds no argument changes no id."""
     measurement = {name: resolved.get(name) for name, s in SETTINGS.items() if not s.server}
+    measurement = {k: v for k, v in measurement.items() if v is not None}
     text = "\n".join([model, json.dumps(server_args(resolved)), canonical(measurement), extra])
     return hashlib.sha256(text.encode()).hexdigest()[:10]
 
@@ -377,6 +408,8 @@ def label(resolved: dict[str, Any]) -> str:
     text = " ".join(server_args(resolved))
     if resolved.get("page_cache") == "cold":
         text += " · cold page cache"
+    if (resolved.get("gpus") or 1) > 1:
+        text += f" · {resolved['gpus']} GPUs"
     return text
 
 
@@ -388,6 +421,19 @@ def differing(resolved: dict[str, Any], defaults: dict[str, Any] | None = None) 
 
 def command_line(binary: str, model_path: str, resolved: dict[str, Any], draft_path=None) -> list[str]:
     return [binary, "-m", model_path, *server_args(resolved, draft_path)]
+
+
+def weights_on_cpu(resolved: dict[str, Any], layers: int | None = None) -> bool:
+    """Whether a configuration keeps model weights in host memory, read at every token: experts on the CPU,
+    fewer layers on the GPU than the model has (``layers``, where known), tensors overridden to the CPU, or
+    llama.cpp's own --fit placement (which may put any of them there)."""
+    ngl, overrides = resolved.get("n_gpu_layers"), resolved.get("override_tensor")
+    return (
+        (resolved.get("n_cpu_moe") or 0) > 0
+        or (ngl is not None and layers is not None and ngl <= layers)
+        or resolved.get("fit") == "on"
+        or (isinstance(overrides, str) and "cpu" in overrides.lower())
+    )
 
 
 def concurrency(workload: dict, settings: dict) -> int:

@@ -31,16 +31,21 @@ MIB = 1 << 20
 
 
 class _Nvml:
-    """The NVIDIA GPUs through NVML, or nothing when there are none."""
+    """The NVIDIA GPUs through NVML (those named by ``uuids``, the job's lease, else all), or nothing when
+    there are none."""
 
-    def __init__(self):
+    def __init__(self, uuids: list[str] | None = None):
         self.handles = []
         try:
             import pynvml
 
             pynvml.nvmlInit()
             self.nv = pynvml
-            self.handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
+            self.handles = (
+                [pynvml.nvmlDeviceGetHandleByUUID(u) for u in uuids]
+                if uuids
+                else [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
+            )
         except Exception:  # no driver, no library, no device: the GPU columns say "no GPU"
             self.handles = []
         self.gpm = _Gpm(self.nv, self.handles[0]) if self.handles else None
@@ -51,18 +56,20 @@ class _Nvml:
     def present(self) -> bool:
         return bool(self.handles)
 
-    def used_mib(self) -> float:
-        return sum(self.nv.nvmlDeviceGetMemoryInfo(h).used for h in self.handles) / MIB
+    def used_mib(self) -> list[float]:
+        """Each GPU's used memory, whoever uses it."""
+        return [self.nv.nvmlDeviceGetMemoryInfo(h).used / MIB for h in self.handles]
 
-    def process_mib(self, pids: set[int]) -> float:
-        total = 0
+    def process_mib(self, pids: set[int]) -> list[float]:
+        """The memory the processes ``pids`` hold on each GPU (0 where the driver lists none of them)."""
+        each = []
         for h in self.handles:
             try:
                 procs = self.nv.nvmlDeviceGetComputeRunningProcesses(h)
             except self.nv.NVMLError:
-                continue
-            total += sum(p.usedGpuMemory or 0 for p in procs if p.pid in pids)
-        return total / MIB
+                procs = []
+            each.append(sum(p.usedGpuMemory or 0 for p in procs if p.pid in pids) / MIB)
+        return each
 
     def _get(self, fn, *args):
         try:
@@ -71,7 +78,8 @@ class _Nvml:
             return None
 
     def row(self) -> dict:
-        """The first GPU's counters (crashline places one model on one card)."""
+        """The first GPU's counters (with several, the main GPU: its compute and PCIe traffic stand for the
+        job's; memory is counted on each, in ``Sampler``)."""
         nv, h = self.nv, self.handles[0]
         util = self._get(nv.nvmlDeviceGetUtilizationRates, h)
         power = self._get(nv.nvmlDeviceGetPowerUsage, h)
@@ -193,14 +201,15 @@ class Sampler:
     at the server's process once that has started (again after a restart on another port).
     """
 
-    def __init__(self, pid: int | None = None, interval_s: float = 0.25):
+    def __init__(self, pid: int | None = None, interval_s: float = 0.25, uuids: list[str] | None = None):
         self.pid = pid
         self.interval_s = interval_s
         self.current = "load"
         self.peaks: dict[str, dict] = {}
         self.rows: list[dict] = []
-        self.nvml = _Nvml()
-        self.baseline_used_mib = self.nvml.used_mib() if self.nvml.present else None
+        self.nvml = _Nvml(uuids)
+        self.baseline_each = self.nvml.used_mib() if self.nvml.present else None
+        self.baseline_used_mib = sum(self.baseline_each) if self.nvml.present else None
         self.own = {"samples": 0, "cpu_s": 0.0, "wall_s": 0.0}  # what sampling itself cost
         self._procs: list[psutil.Process] | None = None
         self._lock = threading.Lock()
@@ -282,13 +291,19 @@ class Sampler:
         peak["rss_mib"] = max(peak["rss_mib"], row["server_rss_mib"])
         peak["samples"] += 1
         if self.nvml.present:
-            own = self.nvml.process_mib({p.pid for p in self._procs})
-            gpu, source = (
-                (own, "process") if own > 0 else (self.nvml.used_mib() - self.baseline_used_mib, "device delta")
-            )
-            row.update(self.nvml.row(), gpu_mib=round(gpu, 1))
+            each = self.nvml.process_mib({p.pid for p in self._procs})
+            source = "process"
+            if sum(each) <= 0:
+                each = [used - base for used, base in zip(self.nvml.used_mib(), self.baseline_each)]
+                source = "device delta"
+            each = [round(x, 1) for x in each]
+            gpu = round(sum(each), 1)
+            row.update(self.nvml.row(), gpu_mib=gpu)
+            if len(each) > 1:  # several GPUs: each one's memory too (each has its own limit)
+                row.update({f"gpu{i}_mib": x for i, x in enumerate(each)})
+                peak["gpus_mib"] = [max(a, b) for a, b in zip(peak.get("gpus_mib") or each, each)]
             if peak["gpu_mib"] is None or gpu > peak["gpu_mib"]:
-                peak["gpu_mib"], peak["gpu_source"] = round(gpu, 1), source
+                peak["gpu_mib"], peak["gpu_source"] = gpu, source
         self.rows.append(row)
 
     def _close_phase(self) -> None:
@@ -360,7 +375,13 @@ class Sampler:
             "per_phase": self.peaks,
             "peak_rss_mib": max((p["rss_mib"] for p in self.peaks.values()), default=None),
             "peak_gpu_mib": max(gpu) if gpu else None,
+            **({"peak_gpus_mib": self.peak_each()} if len(self.nvml.handles) > 1 else {}),
         }
+
+    def peak_each(self) -> list[float] | None:
+        """Each GPU's own peak over every phase (several GPUs only)."""
+        each = [p["gpus_mib"] for p in self.peaks.values() if p.get("gpus_mib")]
+        return [max(x) for x in zip(*each)] if each else None
 
     def cost(self) -> dict:
         """The sampler's own CPU and wall time per sample, and the share of one core it kept busy."""

@@ -179,7 +179,8 @@ def job(config: dict, tables: dict, provenance: dict, model_paths: dict[str, str
 
     from . import progress
     from .atomic import write_json
-    from .locks import server_lock
+    from .locks import lease
+    from .settings import weights_on_cpu
 
     configs, measurements = pd.read_parquet(tables["configs"]), pd.read_parquet(tables["measurements"])
     needle = pd.read_parquet(tables["needle"]) if tables.get("needle") else pd.DataFrame()
@@ -192,7 +193,10 @@ def job(config: dict, tables: dict, provenance: dict, model_paths: dict[str, str
             "no llama-bench in the folder of this llama-server (a build from source has one): nothing was cross-checked"
         )
         wanted = []
-    with server_lock("validity") if wanted else contextlib.nullcontext():
+    asked = [_settings(rows[key]).get("gpus") for key in wanted]
+    gpus = max((int(g) for g in asked if g is not None and pd.notna(g)), default=1)
+    on_cpu = any(weights_on_cpu(_settings(rows[key])) for key in wanted)
+    with lease("validity", gpus, host_memory=on_cpu) if wanted else contextlib.nullcontext():
         for model, cid in wanted:
             row = rows[(model, cid)]
             config_row = {

@@ -110,7 +110,15 @@ def environment(ctx: dict) -> Section:
         f" (resident at server start: {ctx['residency']})",
     ]
     items = [
-        *([Strong("Host"), f": {e['cpu_model']}; ", Strong("GPU"), f": {e['gpu']}"] for e in ctx["environments"]),
+        *(
+            [
+                Strong("Host"),
+                f": {e['hosts'] + ', ' if e.get('hosts') else ''}{e['cpu_model']}; ",
+                Strong("GPU"),
+                f": {e['gpu']}",
+            ]
+            for e in ctx["environments"]
+        ),
         _server_line(ctx["server"]),
         [
             Strong("VRAM budget"),
@@ -162,7 +170,7 @@ def model_section(m: dict, ctx: dict) -> Section:
         *validity(m.get("validity")),
         *failures(m["failures"]),
     ]
-    return Section(m["name"], blocks, anchor=f"model-{m['name']}")
+    return Section(m["title"], blocks, anchor=m["anchor"])
 
 
 def recommendation(r: dict):
