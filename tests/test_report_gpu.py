@@ -266,3 +266,19 @@ def test_planner_reproduces_the_live_h200_search():
     answers = {p["n_cpu_moe"]: p["survived"] for p in live["probes"]}
     boundary, probes = planner.search_lowest(answers.__getitem__, 25, 0, 48)  # any other question: KeyError
     assert (boundary, probes) == (live["boundary"], [(25, True), (24, False)]) and boundary == 25
+
+
+def test_the_memory_of_a_configuration_on_two_gpus_is_said_per_gpu_with_the_fullest_s_headroom():
+    """Each GPU has its own limit: the recommendation names both peaks and the room on the fullest GPU, not the sum
+    against the sum of the limits (12,000 MiB of 24,576 would look roomy where one GPU has 1,288 MiB left)."""
+    from crashline.report import memory_text
+
+    two = {"vram_limit_mib": 24576, "vram_limit_is": "budget", "vram_budget_mib": 12288, "headroom_mib": 1288.0}
+    assert memory_text({**two, "peak_gpus_mib": [11000.0, 7000.0]}, 18000.0) == (
+        "peak VRAM 11,000 and 7,000 MiB on its 2 GPUs, 1,288 MiB below the 12,288 MiB budget of each on the fullest"
+    )
+    cards = {"vram_limit_mib": 287542, "vram_limit_is": "card", "vram_budget_mib": None, "headroom_mib": 130000.0}
+    assert memory_text({**cards, "peak_gpus_mib": [13771.0, 2000.0]}, 15771.0).endswith("below its card on the fullest")
+    one = {"vram_limit_mib": 12288, "vram_limit_is": "budget", "headroom_mib": 1954.0, "peak_gpus_mib": None}
+    assert memory_text(one, 10334.0) == "peak VRAM 10,334 MiB, 1,954 MiB below the 12,288 MiB budget"
+    assert memory_text(one, None) is None

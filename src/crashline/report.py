@@ -343,6 +343,22 @@ def _results(c: pd.DataFrame, m: pd.DataFrame, winners: set) -> list[dict]:
     return rows
 
 
+def memory_text(row: dict, peak) -> str | None:
+    """A configuration's memory as the recommendation says it: its peak VRAM (``peak``, at the objective workload)
+    and its headroom under the limit; with several GPUs, each one's peak and the room left on the fullest."""
+    if missing(peak) or missing(row.get("vram_limit_mib")):
+        return None
+    limit = "budget" if row.get("vram_limit_is") == "budget" else "card"
+    room, total = row["headroom_mib"], row["vram_limit_mib"]
+    each = row.get("peak_gpus_mib")
+    if each is not None and len(each) > 1:  # each GPU has its own limit: the fullest one decides
+        peaks = " and ".join(f"{x:,.0f}" for x in each)
+        budget = row.get("vram_budget_mib")
+        of = f"the {budget:,.0f} MiB budget of each" if not missing(budget) else "its card"
+        return f"peak VRAM {peaks} MiB on its {len(each)} GPUs, {room:,.0f} MiB below {of} on the fullest"
+    return f"peak VRAM {peak:,.0f} MiB, {room:,.0f} MiB below the {total:,.0f} MiB {limit}"
+
+
 def _answer(r: dict, all_args: list[str], measurements: pd.DataFrame) -> dict:
     """The recommendation as a user acts on it: the settings that set the winner apart from the model's other
     configurations, the whole command (wrapped), and its memory at the objective workload."""
@@ -351,11 +367,7 @@ def _answer(r: dict, all_args: list[str], measurements: pd.DataFrame) -> dict:
     row = r["winner_row"]
     at = measurements[(measurements["config_id"] == r["winner"]) & (measurements["workload"] == r["workload"])]
     peak = at["workload_peak_gpu_mib"].iloc[0] if len(at) else None
-    memory = None
-    if not missing(peak) and not missing(row.get("vram_limit_mib")):
-        limit = "budget" if row.get("vram_limit_is") == "budget" else "card"
-        room, total = row["headroom_mib"], row["vram_limit_mib"]
-        memory = f"peak VRAM {peak:,.0f} MiB, {room:,.0f} MiB below the {total:,.0f} MiB {limit}"
+    memory = memory_text(row, peak)
     return {
         **r,
         "use": distinguishing(row["server_args"], all_args) or row["server_args"],
