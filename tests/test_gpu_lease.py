@@ -211,31 +211,17 @@ def test_a_measurement_holds_its_gpu_names_it_and_runs_on_its_share_of_the_cpus(
 ):
     """The measurement path with two (fake) GPUs and a real llama-server (CPU build): the record names the GPU it
     held, the host's devices are that GPU alone, and the server got the share's threads (read back from its log)."""
-    from crashline import config as C, measure as M
-    from test_measure import SCHEMA, fetch_record
+    from test_measure import fetch_record, measure_one
 
     nv = boards(2)
     monkeypatch.setattr(locks, "LOCK_DIR", tmp_path / "locks")
-    cfg = C.validate(
-        {
-            "models": {"tiny": {"source": f"file:{tiny_moe}"}},
-            "configurations": [{"settings": {"ctx": 1024}}],
-            "workloads": [{"name": "short", "prompt_tokens": 32, "gen_tokens": 8}],
-            "repetitions": 1,
-        },
-        SCHEMA,
-    )
-    (item,) = C.expand(cfg)
-    rec = M.measure(
-        model_name="tiny",
-        item=item,
-        config=cfg,
-        fetch_record=fetch_record(tiny_moe),
-        manifest={},
-        provenance=server_provenance,
-        record_path=tmp_path / "measure.json",
-        log_path=tmp_path / "server.log",
-    )
+    config = {
+        "models": {"tiny": {"source": f"file:{tiny_moe}"}},
+        "configurations": [{"settings": {"ctx": 1024}}],
+        "workloads": [{"name": "short", "prompt_tokens": 32, "gen_tokens": 8}],
+        "repetitions": 1,
+    }
+    rec = measure_one(tmp_path, "tiny", fetch_record(tiny_moe), server_provenance, config)
     assert rec["outcome"] == "ok", rec["message"]
     first = nv.boards[0].uuid
     share = locks.cpu_share(locks.visible_gpus()[0], [{"uuid": first}], os.sched_getaffinity(0))

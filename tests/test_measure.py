@@ -33,23 +33,29 @@ def fetch_record(model_path) -> dict:
     }
 
 
-def measure_gemma(folder: Path, gemma_fetch: dict, provenance: dict, config: dict, draft_path=None) -> dict:
-    """The one configuration of ``config`` (a raw config; validated here) measured on the real gemma: its record,
-    as written to ``folder``/measure.json (the server's log beside it)."""
+def measure_one(folder: Path, model: str, fetch: dict, provenance: dict, config: dict, draft_path=None) -> dict:
+    """The first configuration of ``config`` (a raw config; validated here) measured on ``model``: its record, as
+    written to ``folder``/measure.json (the server's log and the telemetry beside it, as in a results folder)."""
     cfg = C.validate(config, SCHEMA)
-    (item,) = C.expand(cfg)
+    item = C.expand(cfg)[0]
     M.measure(
-        model_name="gemma",
+        model_name=model,
         item=item,
         config=cfg,
-        fetch_record=gemma_fetch,
+        fetch_record=fetch,
         manifest={},
         provenance=provenance,
         record_path=folder / "measure.json",
         log_path=folder / "server.log",
+        telemetry_path=folder / "telemetry.parquet",
         draft_path=draft_path,
     )
     return read_json(folder / "measure.json")
+
+
+def measure_gemma(folder: Path, gemma_fetch: dict, provenance: dict, config: dict, draft_path=None) -> dict:
+    """The one configuration of ``config`` measured on the real gemma (``measure_one``)."""
+    return measure_one(folder, "gemma", gemma_fetch, provenance, config, draft_path)
 
 
 def run(tmp_path, model_path, provenance, settings, workloads, reps=2, request_timeout_s=300, fetch=None):

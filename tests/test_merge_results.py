@@ -13,12 +13,12 @@ import pandas as pd
 import pytest
 import yaml
 
-from crashline import config as C, locks, measure as M
+from crashline import config as C, locks
 from crashline.paths import Layout
 
 from conftest import REPO
 from fake_nvml import FakeNvml
-from test_measure import SCHEMA, fetch_record
+from test_measure import SCHEMA, fetch_record, measure_one
 from test_workflow_e2e import snakemake
 
 pytestmark = pytest.mark.e2e
@@ -40,26 +40,16 @@ def config(tiny_moe, results: str, merge: list[str]) -> dict:
 def other_machine(tmp_path, tiny_moe, server_provenance, monkeypatch):
     """A results folder as a machine with two H200s leaves it: the first configuration's record."""
     other = tmp_path / "other" / "results"
-    cfg = C.validate(config(tiny_moe, str(other), []), SCHEMA)
-    item = C.expand(cfg)[0]
+    raw = config(tiny_moe, str(other), [])
+    cid = C.expand(C.validate(raw, SCHEMA))[0]["id"]
     with monkeypatch.context() as patch:
         patch.setitem(sys.modules, "pynvml", FakeNvml(boards=2))
         patch.setattr(locks, "LOCK_DIR", tmp_path / "locks")
         patch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
-        layout = Layout(other)
-        rec = M.measure(
-            model_name="tiny",
-            item=item,
-            config=cfg,
-            fetch_record=fetch_record(tiny_moe),
-            manifest={},
-            provenance=server_provenance,
-            record_path=layout.record("tiny", item["id"]),
-            log_path=layout.server_log("tiny", item["id"]),
-            telemetry_path=layout.telemetry("tiny", item["id"]),
-        )
+        folder = Layout(other).record("tiny", cid).parent
+        rec = measure_one(folder, "tiny", fetch_record(tiny_moe), server_provenance, raw)
     assert rec["outcome"] == "ok" and rec["host"]["gpu"]["devices"][0]["name"] == "NVIDIA H200"
-    return other, item["id"]
+    return other, cid
 
 
 def test_records_of_another_machine_join_the_tables_and_the_report_ranks_each_machine_apart(
