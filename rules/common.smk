@@ -118,8 +118,8 @@ def gpus_of(job):
     def gpus(wildcards):
         if job in ("search", "search_needle"):
             given = SEARCH_BY_KEY[(wildcards.model, wildcards.gid)]["given"]
-            return crashline_settings.resolve(given)["gpus"] or 1
-        return configuration(wildcards)["settings"]["gpus"] or 1
+            return crashline_settings.gpu_count(crashline_settings.resolve(given))
+        return crashline_settings.gpu_count(configuration(wildcards)["settings"])
 
     return gpus
 

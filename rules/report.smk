@@ -44,7 +44,7 @@ rule validity:
         "../envs/crashline.yaml"
     resources:
         gpu=(
-            max(c["settings"]["gpus"] or 1 for c in CONFIGURATIONS)
+            max(crashline_settings.gpu_count(c["settings"]) for c in CONFIGURATIONS)
             if CONFIGURATIONS
             else 1
         ),

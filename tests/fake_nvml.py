@@ -29,8 +29,9 @@ class Board:
     """One H200-like board: its identity and what is on it. ``processes`` maps pid -> MiB (an int error code:
     the query fails)."""
 
-    def __init__(self, index: int, local_cpus: list[int] | None = None):
+    def __init__(self, index: int, local_cpus: list[int] | None = None, name: str = "NVIDIA H200"):
         self.handle = pynvml.c_nvmlDevice_t()
+        self.name = name
         self.index, self.uuid = index, f"GPU-{index:08x}-0000-4000-8000-{index:012x}"
         self.pci_bus_id = f"00000000:{0x18 + index * 0x20:02X}:00.0"
         self.used_mib, self.processes, self.local_cpus = 1000, {}, local_cpus
@@ -96,8 +97,7 @@ class FakeNvml:
         return self._board(handle).uuid
 
     def nvmlDeviceGetName(self, handle):
-        self._board(handle)
-        return "NVIDIA H200"
+        return self._board(handle).name
 
     def nvmlDeviceGetPciInfo(self, handle):
         return pynvml.nvmlPciInfo_t(busId=self._board(handle).pci_bus_id.encode())

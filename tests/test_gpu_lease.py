@@ -111,9 +111,11 @@ with locks.lease(sys.argv[1], int(sys.argv[2]), sys.argv[3], host_memory=sys.arg
 """
 
 
-def holder(tmp_path, name: str, gpus: int, hold_s: float, weights: str = "gpu") -> subprocess.Popen:
+def holder(tmp_path, name: str, gpus: int, hold_s: float, weights: str = "gpu", visible=None) -> subprocess.Popen:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "src"), str(REPO / "tests")])}
     env.pop("CUDA_VISIBLE_DEVICES", None)
+    if visible is not None:
+        env["CUDA_VISIBLE_DEVICES"] = visible
     return subprocess.Popen(
         [sys.executable, "-c", HOLDER, name, str(gpus), str(tmp_path), str(hold_s), weights],
         stdout=subprocess.PIPE,
@@ -174,6 +176,30 @@ def test_jobs_reading_weights_from_host_memory_run_one_at_a_time_beside_jobs_on_
         assert p.wait(30) == 0
 
 
+def test_the_host_memory_lock_spans_runs_that_see_one_gpu_each(tmp_path):
+    """Two runs on one machine, each given one GPU (CUDA_VISIBLE_DEVICES, or SLURM): they still share the host's
+    memory, so their jobs with experts on the CPU still run one at a time."""
+    first = holder(tmp_path, "run A", 1, 3, "cpu", visible="0")
+    a = said(first)
+    assert a["host_memory"] is True
+    second = holder(tmp_path, "run B", 1, 0, "cpu", visible="1")
+    b = said(second)
+    assert b["waited_s"] > 1.5 and b["gpus"] != a["gpus"]
+    for p in (first, second):
+        assert p.wait(30) == 0
+
+
+def test_gpus_of_two_kinds_are_refused_unless_one_kind_is_made_visible(boards, tmp_path, monkeypatch):
+    nv = boards(2)
+    nv.boards[1].name = "NVIDIA A100-SXM4-80GB"
+    with pytest.raises(LeaseError, match=r"of 2 kinds \(NVIDIA A100-SXM4-80GB, NVIDIA H200\): it measures on one"):
+        with locks.lease("measure m abc", 1, tmp_path):
+            pass
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")
+    with locks.lease("measure m abc", 1, tmp_path) as held:
+        assert held.gpus[0]["name"] == "NVIDIA A100-SXM4-80GB"
+
+
 def test_which_configurations_read_weights_from_host_memory():
     from crashline.settings import resolve, weights_on_cpu
 
@@ -183,6 +209,22 @@ def test_which_configurations_read_weights_from_host_memory():
     assert weights_on_cpu(resolve({"fit": "on"}), 48)
     assert weights_on_cpu(resolve({"override_tensor": "exps=CPU"}), 48)
     assert not weights_on_cpu(resolve({"n_gpu_layers": 30}), None)  # layers unknown: not assumed
+
+
+def test_gpus_that_a_configuration_would_get_anyway_leave_its_id_unchanged():
+    from crashline.settings import SettingsError, config_id, gpu_count, resolve
+
+    def cid(settings):
+        return config_id("m", resolve(settings))
+
+    assert cid({"gpus": 1}) == cid({}) and gpu_count(resolve({})) == 1
+    assert cid({"tensor_split": "3,1", "gpus": 2}) == cid({"tensor_split": "3,1"})
+    assert gpu_count(resolve({"tensor_split": "3,1"})) == 2 and gpu_count(resolve({"gpus": 2})) == 2
+    assert cid({"gpus": 2}) != cid({})
+    with pytest.raises(SettingsError, match="tensor_split = '1,1,1' has 3 shares but gpus = 2; set gpus: 3"):
+        resolve({"tensor_split": "1,1,1", "gpus": 2})
+    with pytest.raises(SettingsError, match="main_gpu = 1 names GPU 1 of the server's 1"):
+        resolve({"main_gpu": 1})
 
 
 def test_without_a_gpu_one_lock_stands_for_the_machine(tmp_path):

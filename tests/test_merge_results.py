@@ -78,3 +78,40 @@ def test_records_of_another_machine_join_the_tables_and_the_report_ranks_each_ma
 def test_a_merge_folder_without_results_is_refused(tmp_path, tiny_moe):
     with pytest.raises(C.ConfigError, match=r"merge_results.0 = '.*nowhere': no crashline results there"):
         C.validate(config(tiny_moe, str(tmp_path / "results"), [str(tmp_path / "nowhere")]), SCHEMA)
+
+
+def test_a_merge_folder_listed_twice_is_refused(tmp_path, tiny_moe):
+    (tmp_path / "other" / "records").mkdir(parents=True)
+    twice = [str(tmp_path / "other"), str(tmp_path / "other" / ".")]
+    with pytest.raises(C.ConfigError, match=r"merge_results.1 = '.*' is listed twice; keep one"):
+        C.validate(config(tiny_moe, str(tmp_path / "results"), twice), SCHEMA)
+
+
+def test_the_same_configuration_from_two_hosts_of_one_kind_is_ranked_once_the_later(other_machine):
+    """Identical nodes rank together (one environment): a configuration both measured is one row, the later
+    measurement; two records of one host (a search's probe and a grid point) both stay, as before."""
+    import copy
+
+    from crashline import aggregate, records
+
+    other, cid = other_machine
+    rec = records.load(other / "records" / "tiny" / cid / "measure.json", "measure")
+    twin = copy.deepcopy(rec)
+    twin["host"]["hostname"], twin["finished_at"] = "node-2", "2999-01-01T00:00:00+00:00"
+    kept = aggregate.latest_of_each_host_kind([rec, twin])
+    assert [r["host"]["hostname"] for r in kept] == ["node-2"]
+    assert aggregate.latest_of_each_host_kind([twin, rec]) == [twin]
+    assert len(aggregate.latest_of_each_host_kind([rec, copy.deepcopy(rec)])) == 2
+
+
+def test_llama_bench_checks_only_what_this_kind_of_machine_measured(other_machine):
+    """Records merged from another kind of machine are not compared with this machine's llama-bench."""
+    from crashline import aggregate, host, records
+    from crashline.validity import this_machine
+
+    other, cid = other_machine
+    theirs = records.load(other / "records" / "tiny" / cid / "measure.json", "measure")
+    ours = {**theirs, "host": host.describe()}  # the same record as if measured here
+    table = pd.DataFrame([aggregate._config_row(r) for r in (theirs, ours)])
+    assert table["gpu"].tolist() == ["NVIDIA H200", "no GPU"]
+    assert this_machine(table)["gpu"].tolist() == ["no GPU"]

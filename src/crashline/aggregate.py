@@ -268,11 +268,28 @@ def _pooled_records(record_paths: list[Path], starts: list[list[Path]]):
             yield pool_starts([records.load(p, "measure") for p in group if Path(p).absolute() in given])
 
 
+def latest_of_each_host_kind(recs) -> list[dict]:
+    """The records, but where two hosts of the same kind (the same environment: identical nodes, runs merged with
+    merge_results) measured the same configuration, only the later one: a ranking holds each configuration once.
+    Records of one host are all kept."""
+    kept: dict[tuple, dict] = {}
+    out: list[dict] = []
+    for rec in recs:
+        key = (rec["model"]["name"], rec["config_id"], _config_row(rec)["environment"])
+        other = kept.get(key)
+        if other is None or other["host"].get("hostname") == rec["host"].get("hostname"):
+            kept[key] = rec
+            out.append(rec)
+        elif (rec.get("finished_at") or "") > (other.get("finished_at") or ""):
+            out[out.index(other)] = kept[key] = rec
+    return out
+
+
 def arrow_tables(record_paths: list[Path], starts: list[list[Path]] = ()) -> dict[str, pa.Table]:
     """``configs``, ``measurements`` and ``conversations`` from measure records; the records in one list of
     ``starts`` (server starts of one configuration, ``start_groups``) become one row, pooled (``pool_starts``)."""
     rows: dict[str, list[dict]] = {"configs": [], "measurements": [], "conversations": []}
-    for rec in _pooled_records(record_paths, list(starts)):
+    for rec in latest_of_each_host_kind(_pooled_records(record_paths, list(starts))):
         row = _config_row(rec)
         rows["configs"].append(row)
         per_phase = (rec.get("memory") or {}).get("per_phase") or {}

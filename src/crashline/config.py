@@ -158,7 +158,10 @@ def _check_places(config: dict) -> None:
             f"config key results_dir = {config['results_dir']!r}: cannot write there: {why}; "
             "choose a folder this user can write"
         )
+    merged = [Path(f).resolve() for f in config.get("merge_results") or []]
     for i, folder in enumerate(config.get("merge_results") or []):
+        if merged.index(merged[i]) != i:
+            raise ConfigError(f"config key merge_results.{i} = {folder!r} is listed twice; keep one")
         if not (Path(folder) / "records").is_dir():
             raise ConfigError(
                 f"config key merge_results.{i} = {folder!r}: no crashline results there (no records/ folder); "

@@ -167,12 +167,12 @@ def run(job_spec: dict, inputs: dict, outputs: dict) -> str:
         return f"{model} search {job_spec['group']['id']}: recall checked for {tested}; recalled: {rec['recalled']}"
     from .locks import lease
     from .search import run_search
-    from .settings import resolve, weights_on_cpu
+    from .settings import gpu_count, resolve, weights_on_cpu
 
     group = job_spec["group"]
     highest = resolve({**group["given"], "n_cpu_moe": group["range"][1]})
     on_cpu = weights_on_cpu(highest, inputs["manifest"].get("layers"))
-    with lease(f"search {model} {group['id']}", highest["gpus"] or 1, host_memory=on_cpu):  # the same for every probe
+    with lease(f"search {model} {group['id']}", gpu_count(highest), host_memory=on_cpu):  # the same for every probe
         summary = run_search(
             model_name=model,
             group=group,

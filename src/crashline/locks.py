@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import random
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,7 +42,7 @@ def held(path: Path, what: str, waiting: str):
     The kernel releases the lock when its holder exits, killed or not: no stale lock remains."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a+") as f:
+    with _open_lock(path) as f:
         try:
             fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -120,9 +121,9 @@ def visible_gpus() -> tuple[list[dict], str | None]:
         return [], found["reason"]
     devices = found["devices"]
     wanted = os.environ.get("CUDA_VISIBLE_DEVICES")
+    known = ", ".join(f"{d['index']}: {d['name']} {d['uuid']}" for d in devices)
     if wanted is None:
-        return devices, None
-    known = ", ".join(f"{d['index']}: {d['uuid']}" for d in devices)
+        return _one_kind(devices, known), None
     picked = []
     for entry in (e.strip() for e in wanted.split(",") if e.strip()):
         match = [d for d in devices if (str(d["index"]) == entry if entry.isdigit() else d["uuid"].startswith(entry))]
@@ -132,7 +133,20 @@ def visible_gpus() -> tuple[list[dict], str | None]:
                 f"({known}; MIG instances are not supported)"
             )
         picked += match
-    return picked, None if picked else "no GPU (CUDA_VISIBLE_DEVICES is empty)"
+    if not picked:
+        return [], "no GPU (CUDA_VISIBLE_DEVICES is empty)"
+    return _one_kind(picked, known), None
+
+
+def _one_kind(gpus: list[dict], known: str) -> list[dict]:
+    """GPUs of one model: a sweep over GPUs of two models would land in two rankings by the luck of which was free."""
+    names = sorted({g["name"] for g in gpus})
+    if len(names) > 1:
+        raise LeaseError(
+            f"the GPUs crashline may use are of {len(names)} kinds ({', '.join(names)}): it measures on one kind at a "
+            f"time; set CUDA_VISIBLE_DEVICES to the GPUs of one kind ({known})"
+        )
+    return gpus
 
 
 def _cores(cpus: list[int]) -> list[list[int]]:
@@ -164,9 +178,17 @@ def cpu_share(visible: list[dict], leased: list[dict], allowed: set[int]) -> lis
     return sorted(share)
 
 
+def _open_lock(path: Path):
+    """The lock file at ``path``, made writable by every user (another user's runs lock it too)."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+    with contextlib.suppress(PermissionError):
+        os.fchmod(fd, 0o666)  # against the umask; only its owner may, and it did at creation
+    return os.fdopen(fd, "r+")
+
+
 def _try_lock(path: Path, what: str):
     """The open, locked file at ``path``, or None while another process holds it."""
-    f = open(path, "a+")
+    f = _open_lock(path)
     try:
         fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -214,29 +236,24 @@ def _take_gpus(visible: list[dict], n: int, what: str, lock_dir: Path, poll_s: f
                 f"{what} waits for {n} of {len(visible)} GPUs to be free (held by {_holders(list(paths.values()))})"
             )
             said = True
-        time.sleep(poll_s)
+        time.sleep(poll_s * random.uniform(0.5, 1.5))  # two jobs that each want two GPUs do not collide in step
 
 
 @contextlib.contextmanager
 def lease(what: str, gpus: int = 1, lock_dir: Path | None = None, host_memory: bool = False):
     """Hold ``gpus`` GPUs (or, on a machine without one, the machine) for ``what``; yields the Lease. Inside an
     outer lease of this process (a search's probes), the outer one serves. LeaseError: more GPUs than visible.
-    ``host_memory``: the configuration reads weights from host memory (settings.weights_on_cpu); with several
-    GPUs it holds the host's memory lock too, taken before its GPUs so that it keeps no GPU idle while it waits."""
+    ``host_memory``: the configuration reads weights from host memory (settings.weights_on_cpu); on a machine with
+    several GPUs (visible to this job or not: another run may use the others) it holds the host's memory lock too,
+    taken before its GPUs so that it keeps no GPU idle while it waits."""
     started = time.monotonic()
-    shared = host_memory and _current is None and len(_visible_or_none()) > 1
+    shared = host_memory and _current is None and len(host.gpus().get("devices", [])) > 1
     waits = "waits for {holder}, which reads weights from host memory too"
     with held(_lock_dir(lock_dir) / "host-memory.lock", what, waits) if shared else contextlib.nullcontext():
         with _lease(what, gpus, lock_dir) as taken:
             if shared:
                 taken.host_memory, taken.waited_s = True, time.monotonic() - started
             yield taken
-
-
-def _visible_or_none() -> list[dict]:
-    with contextlib.suppress(LeaseError):
-        return visible_gpus()[0]
-    return []
 
 
 @contextlib.contextmanager
@@ -265,11 +282,12 @@ def _lease(what: str, gpus: int, lock_dir: Path | None):
             f"{what} needs {gpus} GPUs; this machine lets it use {len(visible)} "
             f"({', '.join(g['name'] + ' ' + g['uuid'] for g in visible)})"
         )
-    taken, files = _take_gpus(visible, gpus, what, lock_dir)
     allowed = set(os.sched_getaffinity(0))
-    cpus = cpu_share(visible, taken, allowed)
     before = {k: os.environ.get(k) for k in ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER")}
+    taken, files = _take_gpus(visible, gpus, what, lock_dir)
+    cpus = None
     try:
+        cpus = cpu_share(visible, taken, allowed)
         os.environ.update(CUDA_DEVICE_ORDER="PCI_BUS_ID", CUDA_VISIBLE_DEVICES=",".join(g["uuid"] for g in taken))
         if cpus is not None:
             os.sched_setaffinity(0, cpus)  # the server and llama-bench inherit it

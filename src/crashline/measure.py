@@ -536,7 +536,7 @@ def _measure(
     clock.lap("setup")
     try:
         on_cpu = settings_mod.weights_on_cpu(resolved, manifest.get("layers"))
-        with lease(f"measure {model_name} {item['id']}", resolved.get("gpus") or 1, host_memory=on_cpu) as held:
+        with lease(f"measure {model_name} {item['id']}", settings_mod.gpu_count(resolved), host_memory=on_cpu) as held:
             clock.lap("lock_wait")
             record.update(host=host.describe(held.uuids or None), lease=held.describe())
             server.base_command = [*command, *held.server_args(resolved)]

@@ -31,7 +31,7 @@ from . import host, logparse, progress
 from . import records
 from .ballast import Ballast, BudgetError
 from .locks import LeaseError, lease
-from .settings import weights_on_cpu
+from .settings import gpu_count, weights_on_cpu
 from .measure import (
     model_summary,
     outcome_text,
@@ -521,9 +521,7 @@ def _serve(server: ServerProcess, config: dict, holder: str, ns: dict, style: st
     budget_mib = (config.get("budget") or {}).get("vram_budget_mib")
     settings = record["settings"]
     with (
-        lease(
-            holder, settings.get("gpus") or 1, host_memory=weights_on_cpu(settings, record["model"].get("layers"))
-        ) as held,
+        lease(holder, gpu_count(settings), host_memory=weights_on_cpu(settings, record["model"].get("layers"))) as held,
         Ballast(budget_mib, held.uuids) if budget_mib else contextlib.nullcontext() as ballast,
     ):
         record.update(host=host.describe(held.uuids or None), lease=held.describe())

@@ -746,7 +746,9 @@ def render(
     checked = read_json(validity_path) if validity_path and Path(validity_path).exists() else {}
     ctx = context(configs, measurements, read_json(provenance_path), config, recall_failures(needle_table), talks)
     search_table = _table(searches_path)
-    winners = {m["name"]: [r["winner"] for r in m["recommendations"] if r["winner"]] for m in ctx["per_model"]}
+    winners: dict[str, list[str]] = {}  # a model measured on several machines: every section's winners
+    for m in ctx["per_model"]:
+        winners.setdefault(m["name"], []).extend(r["winner"] for r in m["recommendations"] if r["winner"])
     telemetry = {}
     for model, ids in winners.items():
         telemetry.update(figures_mod.read_telemetry(results_dir or md_path.parent, model, ids))

@@ -231,7 +231,10 @@ class _Search:
         calib = self.probe(hi, "calibration: the most expert layers on the CPU")
         resolved = settings_mod.resolve(self.given(hi))
         compute, rest = calibration(calib, resolved["ubatch"])
-        limit = budget or ((calib.get("memory") or {}).get("vram_limit_mib"))
+        # the prediction is of the whole model: against the budget on each of its GPUs together
+        limit = (
+            budget * settings_mod.gpu_count(resolved) if budget else (calib.get("memory") or {}).get("vram_limit_mib")
+        )
         predictions = {
             n: planner.predict(self.manifest, {**resolved, "n_cpu_moe": n}, compute, rest) for n in range(lo, hi + 1)
         }

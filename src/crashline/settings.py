@@ -283,23 +283,34 @@ def resolve(settings: dict[str, Any]) -> dict[str, Any]:
     return resolved
 
 
+def _shares(resolved: dict[str, Any]) -> int:
+    """How many GPUs tensor_split shares the model between (1 without it)."""
+    split = resolved.get("tensor_split")
+    return len(re.split(r"[,/]", split)) if isinstance(split, str) and split else 1
+
+
+def gpu_count(resolved: dict[str, Any]) -> int:
+    """The GPUs a configuration's server gets: ``gpus``, else one per tensor_split share, else 1."""
+    gpus = resolved.get("gpus")
+    return int(gpus) if isinstance(gpus, (int, float)) and gpus == gpus and gpus else _shares(resolved)
+
+
 def _check_gpus(resolved: dict[str, Any]) -> None:
-    """``gpus`` from tensor_split's shares where unset; a split or main GPU beyond the GPUs the server gets fails."""
-    shares = len(re.split(r"[,/]", resolved["tensor_split"])) if resolved["tensor_split"] else None
-    if resolved["gpus"] is None and shares and shares > 1:
-        resolved["gpus"] = shares
-    gpus = resolved["gpus"] or 1
-    if shares and shares > gpus:
-        reason = (
-            f"tensor_split = {resolved['tensor_split']!r} has {shares} shares but gpus = {gpus}; set gpus: {shares}"
-        )
+    """A split or main GPU beyond the GPUs the server gets fails; ``gpus`` equal to what it would be anyway (1, or
+    tensor_split's shares) is dropped, so that it names the same configuration (and id) as without it."""
+    shares, gpus = _shares(resolved), gpu_count(resolved)
+    if shares > gpus:
+        split = resolved["tensor_split"]
+        reason = f"tensor_split = {split!r} has {shares} shares but gpus = {gpus}; set gpus: {shares}"
         raise SettingsError(f"setting {reason}", reason)
     if resolved["main_gpu"] is not None and resolved["main_gpu"] >= gpus:
         reason = (
             f"main_gpu = {resolved['main_gpu']} names GPU {resolved['main_gpu']} of the server's {gpus} "
-            f"(numbered from 0); set gpus: {resolved['main_gpu'] + 1} or lower main_gpu"
+            f"(numbered from 0 among the GPUs the job holds); set gpus: {resolved['main_gpu'] + 1} or lower main_gpu"
         )
         raise SettingsError(f"setting {reason}", reason)
+    if resolved["gpus"] == shares:
+        resolved["gpus"] = None
 
 
 # The aims of llama.cpp's --fit placement: the VRAM it leaves free per device, the smallest context it may cut to.
@@ -408,7 +419,7 @@ def label(resolved: dict[str, Any]) -> str:
     text = " ".join(server_args(resolved))
     if resolved.get("page_cache") == "cold":
         text += " · cold page cache"
-    if (resolved.get("gpus") or 1) > 1:
+    if resolved.get("gpus"):  # set only where more GPUs than tensor_split's shares (or than 1)
         text += f" · {resolved['gpus']} GPUs"
     return text
 

@@ -177,12 +177,11 @@ def job(config: dict, tables: dict, provenance: dict, model_paths: dict[str, str
     machine's server lock (no other llama.cpp process measures meanwhile)."""
     import pandas as pd
 
-    from . import progress
     from .atomic import write_json
-    from .locks import lease
-    from .settings import weights_on_cpu
+    from .locks import LeaseError
+    from .settings import gpu_count, weights_on_cpu
 
-    configs, measurements = pd.read_parquet(tables["configs"]), pd.read_parquet(tables["measurements"])
+    configs, measurements = (this_machine(pd.read_parquet(tables[t])) for t in ("configs", "measurements"))
     needle = pd.read_parquet(tables["needle"]) if tables.get("needle") else pd.DataFrame()
     wanted = chosen(config, configs, measurements, needle) if config["validity"]["enabled"] else []
     rows = {(r["model"], r["config_id"]): r for r in _rows(tables["configs"])}
@@ -193,9 +192,29 @@ def job(config: dict, tables: dict, provenance: dict, model_paths: dict[str, str
             "no llama-bench in the folder of this llama-server (a build from source has one): nothing was cross-checked"
         )
         wanted = []
-    asked = [_settings(rows[key]).get("gpus") for key in wanted]
-    gpus = max((int(g) for g in asked if g is not None and pd.notna(g)), default=1)
+    gpus = max((gpu_count(_settings(rows[key])) for key in wanted), default=1)
     on_cpu = any(weights_on_cpu(_settings(rows[key])) for key in wanted)
+    try:
+        _check_each(wanted, rows, measurements, model_paths, binary, reps, config, record, gpus, on_cpu)
+    except LeaseError as exc:
+        record["message"] = f"llama-bench did not run: {exc}"
+    write_json(out_path, record)
+    return record
+
+
+def this_machine(table):
+    """The rows measured on this kind of machine: records merged from others (merge_results) are not checked
+    against this machine's llama-bench."""
+    from .host import describe, environment_key
+
+    return table[table["environment"].str.startswith(environment_key(describe()) + "|")] if len(table) else table
+
+
+def _check_each(wanted, rows, measurements, model_paths, binary, reps, config, record, gpus, on_cpu) -> None:
+    """llama-bench for each configuration wanted, under one lease; each one's result goes into ``record``."""
+    from . import progress
+    from .locks import lease
+
     with lease("validity", gpus, host_memory=on_cpu) if wanted else contextlib.nullcontext():
         for model, cid in wanted:
             row = rows[(model, cid)]
@@ -212,8 +231,6 @@ def job(config: dict, tables: dict, provenance: dict, model_paths: dict[str, str
             for r in found["rows"]:
                 progress.say(_row_text(r))
             record["checked"].append({"model": model, "server_args": row["server_args"], **found})
-    write_json(out_path, record)
-    return record
 
 
 def _row_text(r: dict) -> str:
