@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # #17 on the two-GPU machine, in two device calls (bench/device.md says how the wheels and the source travel):
 #   bash bench/device-multigpu.sh start     # install, build llama-server, the gpu tests, then start the benchmark
+#   bash bench/device-multigpu.sh tests     # install, build llama-server, the gpu tests alone
 #   bash bench/device-multigpu.sh collect   # wait for the benchmark, pack everything into $OUT/multigpu.tgz
 set -u
 export CRASHLINE_CACHE=/tmp/clc PYTHONUNBUFFERED=1 PYTHONPATH=$PWD/src NCCL_NVLS_ENABLE=0
@@ -8,7 +9,7 @@ export LLAMA_SERVER=/tmp/llama/build/bin/llama-server
 RES=/tmp/mg
 mkdir -p $RES
 
-if [ "$1" = start ]; then
+if [ "$1" = start ] || [ "$1" = tests ]; then
   nvidia-smi > $RES/nvidia-smi.txt 2>&1
   nvidia-smi topo -m > $RES/topo.txt 2>&1
   nproc > $RES/nproc.txt
@@ -24,6 +25,7 @@ if [ "$1" = start ]; then
   echo "build: $(( $(date +%s) - started )) s"
   python3 -m pytest -m gpu -v -p no:cacheprovider tests/test_gpu_live.py tests/test_gpu_lease.py > $RES/gpu-tests.txt 2>&1
   tail -15 $RES/gpu-tests.txt
+  [ "$1" = tests ] && { tar czf $OUT/gpu-tests.tgz --exclude='*.gguf' -C /tmp mg; exit 0; }
   setsid nohup bash -c "for set in gpu mixed; do python3 bench/multigpu.py bench/configs/h200x2-\$set.yaml \
     $LLAMA_SERVER $RES/bench-\$set; done; echo 'all sets done'" > $RES/bench-console.txt 2>&1 < /dev/null &
   echo "benchmark started"
