@@ -322,3 +322,19 @@ def test_read_telemetry_finds_a_measure_job_and_a_search_probe(tmp_path):
     frame.to_parquet(tmp_path / "search/m/g1/records/bbb/telemetry.parquet")
     found = F.read_telemetry(tmp_path, "m", ["aaa", "bbb", "ccc"])
     assert sorted(found) == ["aaa", "bbb"] and all(len(f) == len(frame) for f in found.values())
+
+
+def test_a_configuration_on_two_gpus_is_drawn_by_its_fullest_gpu_against_one_gpu_s_limit():
+    """The crash-line figure draws one GPU's limit: a configuration across two GPUs is at its fullest GPU's peak
+    (11,000 MiB of a 12,288 MiB budget each), not at the sum (18,000), which would sit above the line."""
+    rows = pd.DataFrame(
+        {
+            "peak_gpu_mib": [18000.0, 9000.0],
+            "peak_gpus_mib": [[11000.0, 7000.0], None],
+            "vram_limit_mib": [24576.0, 12288.0],
+        }
+    )
+    drawn = F.per_gpu(rows)
+    assert drawn["peak_gpu_mib"].tolist() == [11000.0, 9000.0]
+    assert drawn["vram_limit_mib"].tolist() == [12288.0, 12288.0]
+    assert rows["peak_gpu_mib"].tolist() == [18000.0, 9000.0]  # the table itself is left as it is

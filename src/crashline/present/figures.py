@@ -323,11 +323,25 @@ def _predictions(searches: pd.DataFrame | None, model: str, names: list[str], lo
     return out
 
 
+def per_gpu(rows: pd.DataFrame) -> pd.DataFrame:
+    """Rows whose configuration spans several GPUs drawn as each GPU is limited: the fullest GPU's peak against one
+    GPU's limit (the budget, or the card), not the sum against one GPU's line."""
+    if "peak_gpus_mib" not in rows:
+        return rows
+    rows = rows.copy()
+    for i, each in rows["peak_gpus_mib"].items():
+        if each is not None and not isinstance(each, float) and len(each) > 1:
+            rows.at[i, "peak_gpu_mib"] = float(max(each))
+            if "vram_limit_mib" in rows and pd.notna(rows.at[i, "vram_limit_mib"]):
+                rows.at[i, "vram_limit_mib"] = rows.at[i, "vram_limit_mib"] / len(each)
+    return rows
+
+
 def _vram(model: str, configs: pd.DataFrame, searches: pd.DataFrame | None, budget: dict) -> list[Figure]:
     if not _has(configs, N_CPU_MOE, "peak_gpu_mib", "gpu", "outcome"):
         return []
     rows = configs[(configs["model"] == model) & configs[N_CPU_MOE].notna() & (configs["gpu"] != "no GPU")]
-    envs = [(env, part) for env, part in _environments(rows) if part[N_CPU_MOE].nunique() > 1]
+    envs = [(env, per_gpu(part)) for env, part in _environments(rows) if part[N_CPU_MOE].nunique() > 1]
     out = []
     for i, (_env, part) in enumerate(envs):
         suffix = f"-{i + 1}" if len(envs) > 1 else ""
