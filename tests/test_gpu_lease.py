@@ -189,11 +189,16 @@ def test_the_host_memory_lock_spans_runs_that_see_one_gpu_each(tmp_path):
         assert p.wait(30) == 0
 
 
-def test_gpus_of_two_kinds_are_refused_unless_one_kind_is_made_visible(boards, tmp_path, monkeypatch):
-    nv = boards(2)
+def test_with_gpus_of_two_kinds_a_job_uses_the_first_kind_unless_another_is_made_visible(
+    boards, tmp_path, monkeypatch, capsys
+):
+    nv = boards(3)
     nv.boards[1].name = "NVIDIA A100-SXM4-80GB"
-    with pytest.raises(LeaseError, match=r"of 2 kinds \(NVIDIA A100-SXM4-80GB, NVIDIA H200\): it measures on one"):
-        with locks.lease("measure m abc", 1, tmp_path):
+    with locks.lease("measure m abc", 2, tmp_path) as held:  # GPUs 0 and 2: the first one's kind
+        assert [g["index"] for g in held.gpus] == [0, 2]
+    assert "measuring on the NVIDIA H200 GPUs only (0, 2)" in capsys.readouterr().err
+    with pytest.raises(LeaseError, match="needs 3 GPUs; this machine lets it use 2"):
+        with locks.lease("measure m abc", 3, tmp_path):
             pass
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")
     with locks.lease("measure m abc", 1, tmp_path) as held:

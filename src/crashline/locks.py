@@ -139,14 +139,16 @@ def visible_gpus() -> tuple[list[dict], str | None]:
 
 
 def _one_kind(gpus: list[dict], known: str) -> list[dict]:
-    """GPUs of one model: a sweep over GPUs of two models would land in two rankings by the luck of which was free."""
-    names = sorted({g["name"] for g in gpus})
-    if len(names) > 1:
-        raise LeaseError(
-            f"the GPUs crashline may use are of {len(names)} kinds ({', '.join(names)}): it measures on one kind at a "
-            f"time; set CUDA_VISIBLE_DEVICES to the GPUs of one kind ({known})"
+    """The GPUs of the first one's model: a sweep over GPUs of two models would land in two rankings by the luck
+    of which was free. The others are left out, said, until CUDA_VISIBLE_DEVICES names them first."""
+    kept = [g for g in gpus if g["name"] == gpus[0]["name"]]
+    if len(kept) < len(gpus):
+        left = ", ".join(f"{g['index']}: {g['name']}" for g in gpus if g not in kept)
+        progress.say(
+            f"measuring on the {gpus[0]['name']} GPUs only ({', '.join(str(g['index']) for g in kept)}), one kind at "
+            f"a time; left out {left} (set CUDA_VISIBLE_DEVICES to measure on those; this machine: {known})"
         )
-    return gpus
+    return kept
 
 
 def _cores(cpus: list[int]) -> list[list[int]]:
