@@ -187,31 +187,15 @@ def test_a_port_taken_between_choosing_and_binding_is_retried(tmp_path, tiny_moe
 
 @pytest.mark.skipif(Path("/dev/nvidiactl").exists(), reason="the case of a machine without a GPU")
 def test_a_budget_without_a_gpu_is_refused_with_every_output_written(tmp_path, tiny_moe, server_provenance):
-    from test_measure import SCHEMA
-    from crashline import config as C, measure as M
+    from test_measure import measure_one
 
-    cfg = C.validate(
-        {
-            "models": {"tiny": {"source": f"file:{tiny_moe}"}},
-            "configurations": [{"settings": {}}],
-            "workloads": [{"name": "w", "prompt_tokens": 16, "gen_tokens": 4}],
-            "budget": {"vram_budget_mib": 8192},
-        },
-        SCHEMA,
-    )
-    (item,) = C.expand(cfg)
-    fetch = fetch_record(tiny_moe)
-    rec = M.measure(
-        model_name="tiny",
-        item=item,
-        config=cfg,
-        fetch_record=fetch,
-        manifest={},
-        provenance=server_provenance,
-        record_path=tmp_path / "measure.json",
-        log_path=tmp_path / "server.log",
-        telemetry_path=tmp_path / "telemetry.parquet",
-    )
+    config = {
+        "models": {"tiny": {"source": f"file:{tiny_moe}"}},
+        "configurations": [{"settings": {}}],
+        "workloads": [{"name": "w", "prompt_tokens": 16, "gen_tokens": 4}],
+        "budget": {"vram_budget_mib": 8192},
+    }
+    rec = measure_one(tmp_path, "tiny", fetch_record(tiny_moe), server_provenance, config)
     assert (rec["outcome"], rec["phase"]) == ("budget_refused", "start") and "NVIDIA GPU" in rec["message"]
     # Snakemake deletes a job's outputs when one is missing: every declared output must exist.
     assert "no llama-server started" in (tmp_path / "server.log").read_text()

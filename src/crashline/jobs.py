@@ -165,14 +165,13 @@ def run(job_spec: dict, inputs: dict, outputs: dict) -> str:
         )
         tested = ", ".join(rec["records"]) or "none"
         return f"{model} search {job_spec['group']['id']}: recall checked for {tested}; recalled: {rec['recalled']}"
-    from .locks import lease
+    from .locks import lease_for
     from .search import run_search
-    from .settings import gpu_count, resolve, weights_on_cpu
+    from .settings import resolve
 
     group = job_spec["group"]
-    highest = resolve({**group["given"], "n_cpu_moe": group["range"][1]})
-    on_cpu = weights_on_cpu(highest, inputs["manifest"].get("layers"))
-    with lease(f"search {model} {group['id']}", gpu_count(highest), host_memory=on_cpu):  # the same for every probe
+    highest = resolve({**group["given"], "n_cpu_moe": group["range"][1]})  # the most the search asks of the host
+    with lease_for(f"search {model} {group['id']}", highest, inputs["manifest"].get("layers")):  # every probe's
         summary = run_search(
             model_name=model,
             group=group,

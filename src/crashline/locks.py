@@ -30,7 +30,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import host, progress
+from . import host, progress, settings as settings_mod
 
 LOCK_DIR = Path(os.environ.get("CRASHLINE_LOCK_DIR", "/tmp/crashline-locks"))
 
@@ -239,6 +239,12 @@ def _take_gpus(visible: list[dict], n: int, what: str, lock_dir: Path, poll_s: f
             )
             said = True
         time.sleep(poll_s * random.uniform(0.5, 1.5))  # two jobs that each want two GPUs do not collide in step
+
+
+def lease_for(what: str, settings: dict, layers: int | None = None):
+    """The lease a configuration's server needs: its GPUs (settings.gpu_count) and, where it reads weights from
+    host memory (settings.weights_on_cpu, with the model's ``layers`` where known), the host-memory lock."""
+    return lease(what, settings_mod.gpu_count(settings), host_memory=settings_mod.weights_on_cpu(settings, layers))
 
 
 @contextlib.contextmanager

@@ -19,7 +19,7 @@ from . import bottleneck, conversations as conv, host, logparse, pagecache, prog
 from .ballast import Ballast, BudgetError
 from .provision import supported_flags
 from . import settings as settings_mod
-from .locks import LeaseError, lease
+from .locks import Lease, LeaseError, lease_for
 from .records import Outcome
 from .server import ServerProcess
 from .sources import SourceError, check_unchanged
@@ -45,6 +45,19 @@ def outcome_text(failure: dict) -> str:
     message = (failure.get("message") or "").strip().splitlines()
     detail = ": ".join(x for x in (failure.get("phase"), message[0] if message else None) if x)
     return f"{head} ({detail})" if detail else head
+
+
+def under_lease(held: Lease, record: dict, server: ServerProcess, settings: dict) -> None:
+    """What a job's lease changes: the record names the GPUs it holds (and the lease), and the server's command
+    gets the lease's arguments (threads for its share of the CPUs)."""
+    record.update(host=host.describe(held.uuids or None), lease=held.describe())
+    server.base_command = [*server.base_command, *held.server_args(settings)]
+
+
+def start_refused(exc: BudgetError | LeaseError) -> dict:
+    """The failure of a job whose server never started: the budget could not be emulated, or its GPUs not had."""
+    kind = "budget" if isinstance(exc, BudgetError) else "gpus"
+    return {"outcome": Outcome.BUDGET_REFUSED, "failure": kind, "phase": "start", "message": str(exc)}
 
 
 def say_start(model_name: str, command: list[str], budget_mib: int | None, what: str = "") -> None:
@@ -535,11 +548,9 @@ def _measure(
     exit_with_workflow()
     clock.lap("setup")
     try:
-        on_cpu = settings_mod.weights_on_cpu(resolved, manifest.get("layers"))
-        with lease(f"measure {model_name} {item['id']}", settings_mod.gpu_count(resolved), host_memory=on_cpu) as held:
+        with lease_for(f"measure {model_name} {item['id']}", resolved, manifest.get("layers")) as held:
             clock.lap("lock_wait")
-            record.update(host=host.describe(held.uuids or None), lease=held.describe())
-            server.base_command = [*command, *held.server_args(resolved)]
+            under_lease(held, record, server, resolved)
             with Ballast(budget_mib, held.uuids) if budget_mib else contextlib.nullcontext() as ballast:
                 record["ballast"] = ballast.info if ballast else None
                 clock.lap("ballast")
@@ -566,8 +577,7 @@ def _measure(
                     server.stop(server_cfg["stop_timeout_s"])
                     clock.lap("stop")
     except (BudgetError, LeaseError) as exc:
-        kind = "budget" if isinstance(exc, BudgetError) else "gpus"
-        failure = {"outcome": Outcome.BUDGET_REFUSED, "failure": kind, "phase": "start", "message": str(exc)}
+        failure = start_refused(exc)
         log_path.parent.mkdir(parents=True, exist_ok=True)
         log_path.write_text(f"crashline: no llama-server started: {exc}\n")
     except Exception as exc:  # a crashline fault still leaves a record and no server behind

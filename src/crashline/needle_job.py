@@ -30,8 +30,7 @@ import requests
 from . import host, logparse, progress
 from . import records
 from .ballast import Ballast, BudgetError
-from .locks import LeaseError, lease
-from .settings import gpu_count, weights_on_cpu
+from .locks import LeaseError, lease_for
 from .measure import (
     model_summary,
     outcome_text,
@@ -40,6 +39,8 @@ from .measure import (
     say_start,
     server_command,
     server_failure,
+    start_refused,
+    under_lease,
 )
 from .needle_prompts import (
     NOT_APPLICABLE_REASON,
@@ -464,8 +465,7 @@ def _run_needle(model_name, item, config, fetch_record, provenance, record_path,
             server, config, f"needle {model_name} {item['id']}", ns, style, rng or random.SystemRandom(), record, run
         )
     except (BudgetError, LeaseError) as exc:
-        kind = "budget" if isinstance(exc, BudgetError) else "gpus"
-        run.failure = {"outcome": "budget_refused", "failure": kind, "phase": "start", "message": str(exc)}
+        run.failure = start_refused(exc)
     except Exception as exc:  # a crashline fault still leaves a record and no server behind
         message = f"{type(exc).__name__}: {exc}"
         run.failure = {"outcome": "error", "failure": "crashline", "phase": run.phase, "message": message}
@@ -521,11 +521,10 @@ def _serve(server: ServerProcess, config: dict, holder: str, ns: dict, style: st
     budget_mib = (config.get("budget") or {}).get("vram_budget_mib")
     settings = record["settings"]
     with (
-        lease(holder, gpu_count(settings), host_memory=weights_on_cpu(settings, record["model"].get("layers"))) as held,
+        lease_for(holder, settings, record["model"].get("layers")) as held,
         Ballast(budget_mib, held.uuids) if budget_mib else contextlib.nullcontext() as ballast,
     ):
-        record.update(host=host.describe(held.uuids or None), lease=held.describe())
-        server.base_command = [*server.base_command, *held.server_args(settings)]
+        under_lease(held, record, server, settings)
         record["ballast"] = ballast.info if ballast else None
         run.phase = "load"
         say_start(record["model"]["name"], server.base_command, budget_mib, " for needle recall")

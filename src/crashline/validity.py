@@ -178,13 +178,15 @@ def job(config: dict, tables: dict, provenance: dict, model_paths: dict[str, str
     import pandas as pd
 
     from .atomic import write_json
+    from .host import describe, environment_key
     from .locks import LeaseError
-    from .settings import gpu_count, weights_on_cpu
 
-    configs, measurements = (this_machine(pd.read_parquet(tables[t])) for t in ("configs", "measurements"))
+    here = environment_key(describe())
+    configs, measurements = (this_machine(pd.read_parquet(tables[t]), here) for t in ("configs", "measurements"))
     needle = pd.read_parquet(tables["needle"]) if tables.get("needle") else pd.DataFrame()
     wanted = chosen(config, configs, measurements, needle) if config["validity"]["enabled"] else []
-    rows = {(r["model"], r["config_id"]): r for r in _rows(tables["configs"])}
+    mine = set(configs["environment"])
+    rows = {(r["model"], r["config_id"]): r for r in _rows(tables["configs"]) if r["environment"] in mine}
     binary, reps = provenance.get("bench_binary"), config["validity"]["repetitions"]
     record = {"tolerance": TOLERANCE, "bench_binary": binary, "repetitions": reps, "checked": []}
     if wanted and not binary:
@@ -192,29 +194,33 @@ def job(config: dict, tables: dict, provenance: dict, model_paths: dict[str, str
             "no llama-bench in the folder of this llama-server (a build from source has one): nothing was cross-checked"
         )
         wanted = []
-    gpus = max((gpu_count(_settings(rows[key])) for key in wanted), default=1)
-    on_cpu = any(weights_on_cpu(_settings(rows[key])) for key in wanted)
     try:
-        _check_each(wanted, rows, measurements, model_paths, binary, reps, config, record, gpus, on_cpu)
+        _check_each(wanted, rows, measurements, model_paths, binary, reps, config, record)
     except LeaseError as exc:
         record["message"] = f"llama-bench did not run: {exc}"
     write_json(out_path, record)
     return record
 
 
-def this_machine(table):
-    """The rows measured on this kind of machine: records merged from others (merge_results) are not checked
-    against this machine's llama-bench."""
+def this_machine(table, here: str | None = None):
+    """The rows measured on this kind of machine (``here``: its host.environment_key, found if not given): records
+    merged from others (merge_results) are not checked against this machine's llama-bench."""
     from .host import describe, environment_key
 
-    return table[table["environment"].str.startswith(environment_key(describe()) + "|")] if len(table) else table
+    here = here or environment_key(describe())
+    return table[table["environment"].str.startswith(here + "|")] if len(table) else table
 
 
-def _check_each(wanted, rows, measurements, model_paths, binary, reps, config, record, gpus, on_cpu) -> None:
-    """llama-bench for each configuration wanted, under one lease; each one's result goes into ``record``."""
+def _check_each(wanted, rows, measurements, model_paths, binary, reps, config, record) -> None:
+    """llama-bench for each configuration wanted, under one lease (the GPUs of the one that needs the most, the
+    host-memory lock where any reads weights from host memory); each one's result goes into ``record``."""
     from . import progress
     from .locks import lease
+    from .settings import gpu_count, weights_on_cpu
 
+    settings = [_settings(rows[key]) for key in wanted]
+    gpus = max(map(gpu_count, settings), default=1)
+    on_cpu = any(map(weights_on_cpu, settings))
     with lease("validity", gpus, host_memory=on_cpu) if wanted else contextlib.nullcontext():
         for model, cid in wanted:
             row = rows[(model, cid)]
