@@ -290,3 +290,85 @@ def test_nothing_given_to_git_is_read_as_an_option(tmp_path, bare, where):
     with pytest.raises(P.PublishError, match="starts with '-'"):
         P.push_branch(given["repo_url"], given["branch"], "README.md", "new\n", "m", base_ref=given["base_ref"])
     assert not marker.exists()
+
+
+# -- the lock files (issue #26) ---------------------------------------------------------------------
+#
+# Another local user is real here: the tests run as root and act as `nobody` through subprocess's user=.
+
+OTHER_USER = 65534  # nobody
+
+
+def _as_other_user(*command: str) -> subprocess.CompletedProcess:
+    if os.getuid() != 0:
+        pytest.skip("acting as another local user needs root")
+    return subprocess.run(list(command), user=OTHER_USER, capture_output=True, text=True, timeout=30)
+
+
+@pytest.fixture
+def shared_folder():
+    """A folder every user may write to, as /tmp is: root's, mode 1777, under a folder everyone may enter."""
+    base = Path(tempfile.mkdtemp(prefix="crashline-security-", dir="/tmp"))
+    base.chmod(0o755)
+    shared = base / "locks"
+    shared.mkdir()
+    shared.chmod(0o1777)
+    yield base, shared
+    shutil.rmtree(base)
+
+
+def test_a_lock_planted_as_a_symbolic_link_is_refused_and_its_target_untouched(shared_folder):
+    from crashline import locks
+
+    base, shared = shared_folder
+    victim = base / "victims-file"
+    victim.write_text("the victim's data\n")
+    victim.chmod(0o600)
+    planted = _as_other_user("ln", "-s", str(victim), str(shared / "server.lock"))
+    assert planted.returncode == 0, planted.stderr
+    with pytest.raises(locks.UnsafeLockError, match="symbolic link"):
+        with locks.held(shared / "server.lock", "a job", "waits"):
+            pass
+    assert victim.read_text() == "the victim's data\n"
+    assert oct(victim.stat().st_mode & 0o777) == oct(0o600)
+
+
+def test_the_default_lock_folder_is_each_users_own_and_unsafe_folders_are_refused(tmp_path, shared_folder):
+    from crashline import locks
+
+    assert str(os.getuid()) in locks.LOCK_DIR.name
+    made = locks._lock_dir(tmp_path / "new" / "locks")
+    assert made.stat().st_mode & 0o777 == 0o700
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    os.chown(theirs, OTHER_USER, OTHER_USER)
+    with pytest.raises(locks.UnsafeLockError, match="belongs to user 65534"):
+        locks._lock_dir(theirs)
+    open_to_all = tmp_path / "open"
+    open_to_all.mkdir()
+    open_to_all.chmod(0o777)
+    with pytest.raises(locks.UnsafeLockError, match="without the sticky bit"):
+        locks._lock_dir(open_to_all)
+    link = tmp_path / "link"
+    link.symlink_to(made)
+    with pytest.raises(locks.UnsafeLockError, match="symbolic link"):
+        locks._lock_dir(link)
+    assert locks._lock_dir(shared_folder[1]) == shared_folder[1]  # root's and sticky: shared on purpose
+
+
+def test_another_users_lock_in_a_shared_folder_excludes_them_and_is_not_written(shared_folder):
+    """In a folder an administrator shares (root's, sticky), another user's lock file still excludes their run
+    while ours holds it, and we neither chmod it nor write into it."""
+    from crashline import locks
+
+    _, shared = shared_folder
+    lock = shared / "server.lock"
+    made = _as_other_user("sh", "-c", f"umask 022; printf 'pid 1 (theirs)\\n' > {lock}")
+    assert made.returncode == 0, made.stderr
+    before = lock.stat()
+    with locks.held(lock, "a job", "waits"):
+        tried = _as_other_user("flock", "-n", str(lock), "true")
+        assert tried.returncode == 1, "their run got the lock while ours held it"
+    after = lock.stat()
+    assert (after.st_mode, after.st_uid, lock.read_text()) == (before.st_mode, OTHER_USER, "pid 1 (theirs)\n")
+    assert _as_other_user("flock", "-n", str(lock), "true").returncode == 0  # released

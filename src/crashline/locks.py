@@ -23,16 +23,25 @@ GPUs run beside them.
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import os
 import random
+import stat
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import host, progress, settings as settings_mod
 
-LOCK_DIR = Path(os.environ.get("CRASHLINE_LOCK_DIR", "/tmp/crashline-locks"))
+# Each user's runs lock in a folder of their own (0700): a folder every user may write to lets anyone plant a
+# symbolic link or a file there. An administrator who wants every user's runs to share the GPUs' locks makes one
+# folder owned by root with the sticky bit (as /tmp) and points CRASHLINE_LOCK_DIR at it.
+LOCK_DIR = Path(os.environ.get("CRASHLINE_LOCK_DIR", f"/tmp/crashline-locks-{os.getuid()}"))
+
+
+class UnsafeLockError(RuntimeError):
+    """A lock folder or file another user could swap or make us write through; the message says which and why."""
 
 
 @contextlib.contextmanager
@@ -42,34 +51,49 @@ def held(path: Path, what: str, waiting: str):
     The kernel releases the lock when its holder exits, killed or not: no stale lock remains."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    _check_folder(path.parent)
     with _open_lock(path) as f:
         try:
             fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            f.seek(0)
-            holder = f.read().strip() or "another process"
+            holder = f.holder() or "another process"
             progress.say(f"{what} {waiting.format(holder=holder, lock=path)}")
             started = time.monotonic()
             fcntl.flock(f, fcntl.LOCK_EX)
             progress.say(f"{what} got the lock after {time.monotonic() - started:.0f} s")
-        f.seek(0)
-        f.truncate()
-        f.write(f"pid {os.getpid()} ({what})\n")
-        f.flush()
+        f.say(f"pid {os.getpid()} ({what})\n")
         try:
             yield path
         finally:
-            f.seek(0)
-            f.truncate()
+            f.say("")
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
 def _lock_dir(lock_dir: Path | None) -> Path:
+    """The lock folder, made 0700 where it is missing; one that another user could change is refused."""
     lock_dir = Path(lock_dir or LOCK_DIR)
-    lock_dir.mkdir(parents=True, exist_ok=True)
-    with contextlib.suppress(PermissionError):
-        lock_dir.chmod(0o1777)  # every user's runs share it, as they share the GPU
+    with contextlib.suppress(FileExistsError):
+        lock_dir.mkdir(mode=0o700, parents=True)
+    _check_folder(lock_dir)
     return lock_dir
+
+
+def _check_folder(folder: Path) -> None:
+    """A folder is safe to lock in when it is no symbolic link and nobody but us (and root) can replace what it
+    holds: ours, or root's; and where others may write to it, sticky, so that they cannot remove our files."""
+    st = os.lstat(folder)
+    fix = f"remove it, or set CRASHLINE_LOCK_DIR to a folder of your own (default {LOCK_DIR})"
+    if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
+        raise UnsafeLockError(
+            f"lock folder {folder} is {'a symbolic link' if stat.S_ISLNK(st.st_mode) else 'no folder'}; {fix}"
+        )
+    if st.st_uid not in (os.getuid(), 0):
+        raise UnsafeLockError(f"lock folder {folder} belongs to user {st.st_uid}, who could swap its locks; {fix}")
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and not st.st_mode & stat.S_ISVTX:
+        raise UnsafeLockError(
+            f"lock folder {folder} is writable by others (mode {stat.S_IMODE(st.st_mode):o}) without the sticky bit; "
+            f"chmod +t or go-w it, or {fix}"
+        )
 
 
 class LeaseError(RuntimeError):
@@ -181,11 +205,59 @@ def cpu_share(visible: list[dict], leased: list[dict], allowed: set[int]) -> lis
 
 
 def _open_lock(path: Path):
-    """The lock file at ``path``, made writable by every user (another user's runs lock it too)."""
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
-    with contextlib.suppress(PermissionError):
-        os.fchmod(fd, 0o666)  # against the umask; only its owner may, and it did at creation
-    return os.fdopen(fd, "r+")
+    """The lock file at ``path``, never through a symbolic link. Ours (made 0644 where missing) opens for writing,
+    so that it can say who holds it; another user's (in a shared sticky folder) opens read-only: flock needs no
+    more, and we write nothing into a file that is not ours. Anything but a plain file of one link is refused."""
+    flags = os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NOCTTY
+    try:
+        try:
+            fd = os.open(path, flags | os.O_RDWR | os.O_CREAT, 0o644)
+        except PermissionError:
+            fd = os.open(path, flags | os.O_RDONLY)  # another user's lock file in a shared folder
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise UnsafeLockError(
+                f"lock file {path} is a symbolic link; remove it (nothing was written through it)"
+            ) from e
+        raise
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:
+        os.close(fd)
+        raise UnsafeLockError(
+            f"lock file {path} is not a plain file of one link; remove it (nothing was written to it)"
+        )
+    writable = st.st_uid == os.getuid() and os.access(f"/proc/self/fd/{fd}", os.W_OK)
+    return _LockFile(os.fdopen(fd, "r+" if writable else "r"), writable)
+
+
+class _LockFile:
+    """An open lock file; says who holds it only where the file is ours to write."""
+
+    def __init__(self, f, writable: bool):
+        self.f, self.writable = f, writable
+
+    def fileno(self) -> int:
+        return self.f.fileno()
+
+    def holder(self) -> str:
+        self.f.seek(0)
+        return self.f.read(200).strip()
+
+    def say(self, text: str) -> None:
+        if self.writable:
+            self.f.seek(0)
+            self.f.truncate()
+            self.f.write(text)
+            self.f.flush()
+
+    def close(self) -> None:
+        self.f.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
 
 def _try_lock(path: Path, what: str):
@@ -196,17 +268,13 @@ def _try_lock(path: Path, what: str):
     except BlockingIOError:
         f.close()
         return None
-    f.seek(0)
-    f.truncate()
-    f.write(f"pid {os.getpid()} ({what})\n")
-    f.flush()
+    f.say(f"pid {os.getpid()} ({what})\n")
     return f
 
 
 def _release(files: list) -> None:
     for f in files:
-        f.seek(0)
-        f.truncate()
+        f.say("")
         fcntl.flock(f, fcntl.LOCK_UN)
         f.close()
 
