@@ -33,7 +33,7 @@ from crashline import provision  # noqa: E402
 from crashline.config import load_schema  # noqa: E402
 from crashline.server import ServerProcess  # noqa: E402
 from crashline.telemetry import Sampler, _faults, write_frame  # noqa: E402
-from crashline.workloads import Client, PromptSource, stream_request  # noqa: E402
+from crashline.workloads import Client, PromptSource  # noqa: E402
 
 
 def _mean_ms(fn, calls: int) -> dict:
@@ -98,7 +98,7 @@ def bootstrap_median(values: list[float], draws: int = 5000, seed: int = 1) -> t
 
 
 def switched_request(
-    url: str, prompt: list[int], gen: int, sampler: Sampler, segment_s: float, first_on: bool
+    client: Client, prompt: list[int], gen: int, sampler: Sampler, segment_s: float, first_on: bool
 ) -> tuple[list[dict], dict]:
     """One streamed request; from its first token on, the sampler flips every ``segment_s``.
     Returns the stretches (state, tokens, seconds) and the server's timings."""
@@ -116,7 +116,7 @@ def switched_request(
             state.update(start=t, tokens=0, on=not state["on"])
             sampler.resume() if state["on"] else sampler.pause()
 
-    timings = stream_request(url, prompt, gen, 600, on_chunk=on_chunk)
+    timings = client.stream(prompt, gen, on_chunk=on_chunk)
     sampler.pause()
     return segments, timings
 
@@ -164,16 +164,16 @@ def main() -> None:
     ):
         if server.start_ready(600) != "ready":
             raise SystemExit(f"server did not start:\n{server.log_text()[-3000:]}")
-        client = Client(server.url, 600)
+        client = Client.of(server, 600)
         prompts = PromptSource(client)
         costs_ms = sample_costs(server.proc.pid)
-        stream_request(server.url, prompts.prompt(args.prompt, 0), 32, 600)  # warm-up
+        client.stream(prompts.prompt(args.prompt, 0), 32)  # warm-up
         sampler = Sampler(pid=server.proc.pid, interval_s=args.interval)
         with sampler:  # the sampler's own thread, paused between stretches; entering lists the children
             sampler.pause()
             for i in range(args.requests):
                 segments, timings = switched_request(
-                    server.url,
+                    client,
                     prompts.prompt(args.prompt, i + 1),
                     args.gen,
                     sampler,

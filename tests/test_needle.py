@@ -39,7 +39,7 @@ def gemma_server(gemma_fetch, server_provenance, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def client(gemma_server) -> NJ.NeedleClient:
-    return NJ.NeedleClient(gemma_server.url, 300)
+    return NJ.NeedleClient.of(gemma_server, 300)
 
 
 @pytest.fixture(scope="module")

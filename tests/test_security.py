@@ -119,6 +119,56 @@ def test_the_server_listens_on_loopback_only_whatever_extra_args_say(tmp_path, s
         assert {s.laddr.ip for s in sockets} == {HOST}, sockets
 
 
+@pytest.mark.parametrize(
+    "args, flag, fix",
+    [
+        (["-m", "other.gguf"], "-m", "name the model under models:"),
+        (["--model=other.gguf"], "--model", "name the model under models:"),
+        (["-hf", "org/repo"], "-hf", "name the model under models:"),
+        (["-mu", "https://example.invalid/m.gguf"], "-mu", "name the model under models:"),
+        (["-md", "draft.gguf"], "-md", "draft_model setting"),
+        (["--path", "/etc"], "--path", "reads its model and nothing else"),
+        (["--slot-save-path=/tmp/x"], "--slot-save-path", "reads its model and nothing else"),
+        (["--api-key", "k"], "--api-key", "with a key only crashline's client knows"),
+        (["--ssl-key-file", "k.pem"], "--ssl-key-file", "answers crashline's key alone"),
+        (["--tools", "all"], "--tools", "runs no tools"),
+        (["--rpc", "10.0.0.1:50052"], "--rpc", "listens on loopback"),
+    ],
+)
+def test_extra_args_may_not_choose_the_model_files_or_who_reaches_the_server(args, flag, fix):
+    """A config (or claims file: both resolve settings here) that passes one of them is refused, naming the flag."""
+    with pytest.raises(settings.SettingsError) as err:
+        settings.resolve({"extra_args": ["-fa", "on", *args]})
+    assert f"passes {flag}," in str(err.value) and fix in str(err.value), err.value
+    settings.resolve({"extra_args": ["-fa", "on", "--no-mmap"]})  # flags that only tune the server still pass
+
+
+def test_a_server_answers_only_the_key_crashline_holds(tmp_path, server_binary, tiny_moe, monkeypatch):
+    """Even a command built by hand with --path: another local process reaches the port, gets 401 for files and
+    completions alike, finds the key neither on the command line nor on disk, and LLAMA_ARG_* reach no server."""
+    import requests
+
+    from crashline.workloads import Client
+
+    served = tmp_path / "served"
+    served.mkdir()
+    (served / "secret.txt").write_text("not for other users\n")
+    monkeypatch.setenv("LLAMA_ARG_MODEL", "/elsewhere/other.gguf")
+    resolved = settings.resolve({"ctx": 512, "parallel": 1})
+    command = [*settings.command_line(server_binary, str(tiny_moe), resolved), "--path", str(served)]
+    with ServerProcess(command, tmp_path / "s.log") as server:
+        assert server.start_ready(120) == "ready", server.log_text()[-2000:]
+        assert requests.get(f"{server.url}/secret.txt", timeout=10).status_code == 401
+        body = {"prompt": "The", "n_predict": 2}
+        assert requests.post(f"{server.url}/completion", json=body, timeout=30).status_code == 401
+        assert Client.of(server, 60).complete("The", 2)["tokens_predicted"] == 2
+        cmdline = Path(f"/proc/{server.proc.pid}/cmdline").read_bytes().decode()
+        assert server.api_key not in cmdline and "--api-key-file" in cmdline
+        assert not Path(server.command[server.command.index("--api-key-file") + 1]).exists()
+        environ = Path(f"/proc/{server.proc.pid}/environ").read_bytes().decode()
+        assert "LLAMA_ARG_" not in environ
+
+
 # -- no shell ------------------------------------------------------------------------------------
 
 SHELL_CALLS = {

@@ -21,7 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from .records import Outcome
-from .workloads import PromptSource, stream_request
+from .workloads import Client, PromptSource
 
 SEED_STRIDE = 1000  # prose offsets: conversation c's turn t reads from index SEED_STRIDE * (c + 1) + t
 SOAK_DEPTHS = (0.25, 1.0, 0.5, 0.75)  # the soak's sets after the first go to these shares of depth_tokens, in turn
@@ -111,13 +111,13 @@ def check_answer(prompt: list[int], reply_tokens: int, answer: dict) -> tuple[st
     return None
 
 
-def send_round(url: str, conversations: list[Conversation], prompts: PromptSource, turn: int | str, timeout_s: float):
+def send_round(client: Client, conversations: list[Conversation], prompts: PromptSource, turn: int | str):
     """The next turn of every conversation, sent together: [(conversation, prompt, answer or the exception)]."""
     sent = [(c, c.next_prompt(prompts, turn if isinstance(turn, int) else len(c.turns) + 1)) for c in conversations]
 
     def go(prompt):
         try:
-            return stream_request(url, prompt, sent[0][0].spec["reply_tokens"], timeout_s, cache_prompt=True)
+            return client.stream(prompt, sent[0][0].spec["reply_tokens"], cache_prompt=True)
         except Exception as exc:  # noqa: BLE001 - measure classifies it against the server's state
             return exc
 

@@ -334,7 +334,7 @@ def run_workloads(
     sized on the way) and conversations as the rest."""
     clock = clock or Stopwatch()
     workloads, request_timeout_s = config["workloads"], config["server"]["request_timeout_s"]
-    client = Client(server.url, request_timeout_s)
+    client = Client.of(server, request_timeout_s)
     sampler.phase("prepare")
     prompts = PromptSource(client)
     # One untimed request first: the first request after a load pays for page faults and lazy
@@ -412,7 +412,7 @@ def _rounds(server, sampler, prompts, spec: dict, group: list, turns, server_cfg
             return None
         where = conv.phase(spec, turn, live[0].soak)
         sampler.phase(where)
-        for c, prompt, answer in conv.send_round(server.url, live, prompts, turn, timeout_s):
+        for c, prompt, answer in conv.send_round(Client.of(server, timeout_s), live, prompts, turn):
             if isinstance(answer, Exception):
                 failure, outcome, message = request_failure(server, answer, where, timeout_s)
                 c.fail(where, turn, prompt, outcome, message)

@@ -542,7 +542,7 @@ def _serve(server: ServerProcess, config: dict, holder: str, ns: dict, style: st
 
 
 def _trials(server: ServerProcess, server_cfg: dict, ns: dict, style: str, rng, run: _Run) -> None:
-    client = NeedleClient(server.url, server_cfg["request_timeout_s"])
+    client = NeedleClient.of(server, server_cfg["request_timeout_s"])
     run.slot_ctx = client.slot_context() or run.slot_ctx
     run.phase = "needle"
     try:

@@ -2,6 +2,10 @@
 stopped with SIGINT (so it prints its memory breakdown), and its process group killed if it hangs.
 If crashline itself dies without stopping it (SIGKILL, a crash), the kernel sends the server SIGTERM
 (Linux's parent-death signal), so no server is left holding the GPU.
+
+Every server answers only requests that carry its own random key (``--api-key-file``, a 0600 file removed
+once the server has read it; a key on the command line would show in /proc to every local user): another
+local process can reach the loopback port, but cannot use the server. /health stays open, as llama.cpp keeps it.
 """
 
 from __future__ import annotations
@@ -9,9 +13,11 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import secrets
 import signal
 import socket
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 
@@ -23,6 +29,12 @@ PR_SET_PDEATHSIG = 1
 PORT_ATTEMPTS = 3
 BIND_FAILED_RE = re.compile(r"couldn't bind HTTP server socket")
 SECRET_VARIABLES = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")  # never handed to llama-server (it is given -m)
+ARG_VARIABLES = "LLAMA_ARG_"  # llama.cpp reads any flag from these (LLAMA_ARG_MODEL...): crashline's flags alone count
+
+
+def server_env(env: dict) -> dict:
+    """The environment a llama-server gets: ``env`` less tokens and the variables that would set its flags."""
+    return {k: v for k, v in env.items() if k not in SECRET_VARIABLES and not k.startswith(ARG_VARIABLES)}
 
 
 def _die_with_parent() -> None:
@@ -51,10 +63,30 @@ class ServerProcess:
         self.returncode: int | None = None
         self.started_at: float | None = None
         self.ready_after_s: float | None = None
+        self.api_key = secrets.token_urlsafe(32)
+        self._key_file: str | None = None
 
     @property
     def command(self) -> list[str]:
-        return [*self.base_command, "--host", HOST, "--port", str(self.port), "-lv", "4"]
+        return [
+            *self.base_command,
+            *("--host", HOST, "--port", str(self.port), "-lv", "4", "--api-key-file", str(self._key_file)),
+        ]
+
+    @property
+    def headers(self) -> dict[str, str]:
+        """What a request to this server carries so that it is answered."""
+        return {"Authorization": f"Bearer {self.api_key}"}
+
+    def _write_key(self) -> None:
+        fd, self._key_file = tempfile.mkstemp(prefix="crashline-key-")  # 0600, this user's alone
+        with os.fdopen(fd, "w") as f:
+            f.write(self.api_key + "\n")
+
+    def _remove_key(self) -> None:
+        if self._key_file:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self._key_file)
 
     @property
     def url(self) -> str:
@@ -62,6 +94,8 @@ class ServerProcess:
 
     def start(self, append: bool = False) -> None:
         self.port = free_port()
+        self._remove_key()
+        self._write_key()
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "ab" if append else "wb") as log:  # a retry keeps the earlier attempt's lines
             self.proc = subprocess.Popen(
@@ -70,7 +104,7 @@ class ServerProcess:
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
-                env={k: v for k, v in (self.given_env or os.environ).items() if k not in SECRET_VARIABLES},
+                env=server_env(self.given_env or os.environ),
                 preexec_fn=_die_with_parent,
             )
         self.started_at = time.monotonic()
@@ -94,10 +128,12 @@ class ServerProcess:
         while time.monotonic() < deadline:
             if not self.alive():
                 self.returncode = self.proc.returncode
+                self._remove_key()
                 return "exited"
             try:
                 if session.get(f"{self.url}/health", timeout=2).status_code == 200 and self._listening():
                     self.ready_after_s = time.monotonic() - self.started_at
+                    self._remove_key()  # read at its start: it answers /health only after parsing its arguments
                     return "ready"
             except requests.RequestException:
                 pass
@@ -122,6 +158,7 @@ class ServerProcess:
 
     def stop(self, timeout_s: float = 30) -> int | None:
         """SIGINT, wait; then SIGKILL the whole process group. Returns the exit status."""
+        self._remove_key()
         if self.proc is None:
             return None
         if self.proc.poll() is None:

@@ -60,7 +60,7 @@ def run_check(binary: Path, cache_dir: Path) -> dict:
             if state == "ready":
                 phase = "request"
                 try:
-                    reply = Client(server.url, REQUEST_TIMEOUT_S).complete("The", CHECK_TOKENS)
+                    reply = Client.of(server, REQUEST_TIMEOUT_S).complete("The", CHECK_TOKENS)
                     result["tokens_generated"] = reply.get("tokens_predicted")
                 except (requests.RequestException, RequestFailed) as exc:
                     result["request_error"] = str(exc)[:300]

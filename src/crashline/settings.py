@@ -336,17 +336,58 @@ def aim_fit(resolved: dict[str, Any], margin_mib: int | None) -> dict[str, Any]:
     return aimed
 
 
-# crashline sets these itself on every start (loopback only, a free port, the placement log level).
-OWN_FLAGS = ("--host", "--port", "-lv", "--verbosity", "--log-verbosity", "--log-file")
+# crashline sets these itself on every start (loopback only, a free port, the placement log level, the key).
+OWN_FLAGS = ("--host", "--port", "-lv", "--verbosity", "--log-verbosity", "--log-file", "--api-key", "--api-key-file")
+_OWN = (
+    "crashline sets itself (the server listens on 127.0.0.1, on a free port, with a key only crashline's client "
+    "knows, logging at level 4)"
+)
+
+# Flags of the pinned llama-server (common/arg.cpp) that extra_args may not pass, each group with why and the fix.
+# A record names the model crashline fetched and hashed; a server that serves files or runs tools hands them to
+# any local process over loopback.
+REFUSED_FLAGS = {
+    (
+        "selects another model, or adds weights to it, so the record would name a model that did not run",
+        "name the model under models: (a speculative draft with the draft_model setting)",
+    ): (
+        "-m", "--model", "-mu", "--model-url", "-hf", "-hfr", "--hf-repo", "-hff", "--hf-file", "-hft", "--hf-token",
+        "-dr", "--docker-repo", "-hfd", "-hfrd", "--hf-repo-draft", "--spec-draft-hf", "-md", "--model-draft",
+        "--spec-draft-model", "-mm", "--mmproj", "-mmu", "--mmproj-url", "--lora", "--lora-scaled",
+        "--control-vector", "--control-vector-scaled", "--models-dir", "--models-preset", "--models-max",
+        "--models-autoload", "--no-models-autoload",
+    ),
+    (
+        "makes the server read or write files of this machine, which it would serve to any local process",
+        "remove it: crashline measures a server that reads its model and nothing else",
+    ): (
+        "--path", "--slot-save-path", "--media-path", "--log-prompts-dir", "--logits-output-dir",
+        "--chat-template-file", "--grammar-file", "-jf", "--json-schema-file", "-f", "--file", "-bf",
+        "--binary-file", "-sysf", "--system-prompt-file", "--context-file", "--ui-config-file",
+        "--webui-config-file", "-o", "--output", "--output-file", "-lcs", "--lookup-cache-static", "-lcd",
+        "--lookup-cache-dynamic", "--tts-speaker-file", "--video-ffmpeg-dir",
+    ),
+    (
+        "changes who may reach the server or what it runs for them",
+        "remove it: crashline's server listens on loopback, runs no tools and answers crashline's key alone",
+    ): (
+        "--api-prefix", "--ssl-key-file", "--ssl-cert-file", "--rpc", "--reuse-port", "--tools",
+        "--tools-runtime", "--ui-mcp-proxy", "--webui-mcp-proxy",
+    ),
+}  # fmt: skip
 
 
 def _check_extra_args(args: list[str]) -> None:
-    taken = [a for a in args if a.split("=", 1)[0] in OWN_FLAGS]
-    if taken:
-        reason = (
-            f"extra_args = {args!r} sets {', '.join(taken)}, which crashline sets itself (the server listens "
-            "on 127.0.0.1, on a free port, logging at level 4); remove it"
-        )
+    """extra_args pass through verbatim, except the flags crashline owns and those REFUSED_FLAGS names."""
+    for arg in args:
+        flag = str(arg).split("=", 1)[0]
+        if flag in OWN_FLAGS:
+            why, fix = _OWN, "remove it"
+        else:
+            why, fix = next(((w, f) for (w, f), flags in REFUSED_FLAGS.items() if flag in flags), (None, None))
+            if why is None:
+                continue
+        reason = f"extra_args = {args!r} passes {flag}, which {why}; {fix}"
         raise SettingsError(f"setting {reason}", reason)
 
 

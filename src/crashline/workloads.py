@@ -47,11 +47,27 @@ def _error_message(resp: requests.Response) -> str:
 
 
 class Client:
-    def __init__(self, url: str, timeout_s: float, setup_timeout_s: float = 300):
+    """crashline's one HTTP client of a llama-server: tokenizing, completions, streamed requests, each carrying
+    the server's key (``headers``)."""
+
+    def __init__(self, url: str, timeout_s: float, setup_timeout_s: float = 300, headers: dict | None = None):
         self.url = url
         self.timeout_s = timeout_s  # for completions: a workload that takes longer has timed out
         self.setup_timeout_s = setup_timeout_s  # for tokenizing the prose
+        self.headers = dict(headers or {})
         self.session = requests.Session()
+        self.session.headers.update(self.headers)
+
+    @classmethod
+    def of(cls, server, timeout_s: float, **kw):
+        """The client of a running ServerProcess (its URL and key)."""
+        return cls(server.url, timeout_s, headers=server.headers, **kw)
+
+    def stream(self, prompt: list[int], n_predict: int, on_chunk=None, cache_prompt: bool = False) -> dict:
+        """One streamed completion on its own connection (stream_request), bounded by ``timeout_s``."""
+        return stream_request(
+            self.url, prompt, n_predict, self.timeout_s, on_chunk, cache_prompt=cache_prompt, headers=self.headers
+        )
 
     def _post(self, path: str, body: dict, timeout_s: float) -> dict:
         resp = self.session.post(f"{self.url}{path}", json=body, timeout=timeout_s)
@@ -116,7 +132,13 @@ def stats(values: list[float]) -> dict | None:
 
 
 def stream_request(
-    url: str, prompt: list[int], n_predict: int, timeout_s: float, on_chunk=None, cache_prompt: bool = False
+    url: str,
+    prompt: list[int],
+    n_predict: int,
+    timeout_s: float,
+    on_chunk=None,
+    cache_prompt: bool = False,
+    headers: dict | None = None,
 ) -> dict:
     """One streamed completion on its own connection: timings from the server, time to first
     token from the client; ``on_chunk(t)`` is called with the arrival time of each streamed token.
@@ -143,7 +165,7 @@ def stream_request(
     reply: list[int] = []
     expired = threading.Event()
     try:
-        with requests.post(f"{url}/completion", json=body, timeout=timeout_s, stream=True) as resp:
+        with requests.post(f"{url}/completion", json=body, headers=headers, timeout=timeout_s, stream=True) as resp:
             if resp.status_code != 200:
                 raise RequestFailed(resp.status_code, _error_message(resp))
 
@@ -202,7 +224,7 @@ def one_run(client: Client, prompts: PromptSource, workload: dict, index: int, n
 
     def go(prompt):
         barrier.wait()
-        return stream_request(client.url, prompt, workload["gen_tokens"], client.timeout_s)
+        return client.stream(prompt, workload["gen_tokens"])
 
     started = time.monotonic()
     with ThreadPoolExecutor(max_workers=n_requests) as pool:
