@@ -28,8 +28,8 @@ from pathlib import Path
 import pandas as pd
 import yaml
 
-from crashline import config as C
-from crashline.paths import Layout
+from crashline.config import plan as C
+from crashline.core.paths import Layout
 
 REPO = Path(__file__).resolve().parents[1]
 RUNS = {"one-gpu": ["--cores", "1", "--resources", "gpu=1"], "two-gpus": ["--cores", "2", "--resources", "gpu=2"]}

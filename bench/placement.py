@@ -25,14 +25,15 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from crashline import config as config_mod  # noqa: E402
-from crashline.config import load_schema  # noqa: E402
-from crashline import pagecache, provision, sources, synthetic  # noqa: E402
-from crashline.atomic import read_json, write_json  # noqa: E402
-from crashline.manifest import inspect_gguf  # noqa: E402
-from crashline.measure import measure  # noqa: E402
-from crashline.paths import Layout  # noqa: E402
-from crashline.search import run_search  # noqa: E402
+from crashline.config import plan as config_mod  # noqa: E402
+from crashline.config.plan import load_schema  # noqa: E402
+from crashline.models import pagecache, sources, synthetic
+from crashline.engine import provision  # noqa: E402
+from crashline.core.atomic import read_json, write_json  # noqa: E402
+from crashline.models.manifest import inspect_gguf  # noqa: E402
+from crashline.jobs.measure import measure  # noqa: E402
+from crashline.core.paths import Layout  # noqa: E402
+from crashline.jobs.search import run_search  # noqa: E402
 
 SHAPES = {"qwen3-30b-a3b": synthetic.QWEN3_30B_A3B, "tiny": synthetic.DEFAULT_TINY}
 MODEL = "moe-synthetic"
@@ -83,7 +84,7 @@ class Runner:
 
     def __call__(self, **settings) -> dict:
         given = {**self.cfg["defaults"], **settings}
-        from crashline.settings import config_id, resolve
+        from crashline.core.settings import config_id, resolve
 
         resolved = resolve(given)
         cid = config_id(MODEL, resolved)
@@ -111,7 +112,7 @@ class Runner:
 
 
 def phase_planner(args, run: Runner) -> dict:
-    """The workflow's own search (crashline.search), over the whole n_cpu_moe range."""
+    """The workflow's own search (crashline.jobs.search), over the whole n_cpu_moe range."""
     group = {"id": "bench", "given": dict(run.cfg["defaults"]), "range": [0, run.manifest["layers"]]}
     summary = run_search(
         model_name=MODEL,
@@ -149,8 +150,8 @@ def phase_explicit(args, run: Runner) -> dict:
 
 
 def phase_report(args) -> None:
-    from crashline.aggregate import write
-    from crashline.report import render
+    from crashline.tables.aggregate import write
+    from crashline.report.build import render
 
     out = Path(args.out)
     cfg = make_config(args)

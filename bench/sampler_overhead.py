@@ -29,11 +29,11 @@ import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from crashline import provision  # noqa: E402
-from crashline.config import load_schema  # noqa: E402
-from crashline.server import ServerProcess  # noqa: E402
-from crashline.telemetry import Sampler, _faults, write_frame  # noqa: E402
-from crashline.workloads import Client, PromptSource  # noqa: E402
+from crashline.engine import provision  # noqa: E402
+from crashline.config.plan import load_schema  # noqa: E402
+from crashline.engine.server import ServerProcess  # noqa: E402
+from crashline.engine.telemetry import Sampler, _faults, write_frame  # noqa: E402
+from crashline.engine.workloads import Client, PromptSource  # noqa: E402
 
 
 def _mean_ms(fn, calls: int) -> dict:

@@ -15,8 +15,8 @@ import subprocess
 import sys
 import time
 
-from crashline import config as C
-from crashline.paths import Layout
+from crashline.config import plan as C
+from crashline.core.paths import Layout
 
 
 def verb(config_path: str, *args: str) -> None:

@@ -6,15 +6,15 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(workflow.basedir) / "src"))
 
-from crashline import config as crashline_config  # noqa: E402
-from crashline import jobs as crashline_jobs  # noqa: E402
-from crashline import settings as crashline_settings  # noqa: E402
-from crashline.atomic import write_json  # noqa: E402
-from crashline.paths import (
+from crashline.config import plan as crashline_config  # noqa: E402
+from crashline.jobs import spec as crashline_jobs  # noqa: E402
+from crashline.core import settings as crashline_settings  # noqa: E402
+from crashline.core.atomic import write_json  # noqa: E402
+from crashline.core.paths import (
     Layout,
     merged_records as crashline_merged_records,
 )  # noqa: E402
-from crashline.paths import table_files as crashline_table_files  # noqa: E402
+from crashline.core.paths import table_files as crashline_table_files  # noqa: E402
 
 from snakemake.utils import update_config  # noqa: E402
 
@@ -94,7 +94,7 @@ def measure_inputs(wildcards):
 
 
 def job_spec(job):
-    """The rule's params: everything the job reads besides its input files (crashline.jobs); a change
+    """The rule's params: everything the job reads besides its input files (crashline.jobs.spec); a change
     reruns it, and the job reads exactly this."""
 
     def spec(wildcards):
@@ -111,7 +111,7 @@ SEARCH_BY_KEY = {(g["model"], g["id"]): g for g in SEARCHES}
 
 
 def gpus_of(job):
-    """The rule's `gpu` resource: the GPUs its job holds (crashline.locks), 1 unless its settings ask for more.
+    """The rule's `gpu` resource: the GPUs its job holds (crashline.core.locks), 1 unless its settings ask for more.
     `--resources gpu=N` admits jobs holding N GPUs in all at once; a cluster profile asks the scheduler for them.
     """
 

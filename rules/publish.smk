@@ -1,6 +1,6 @@
 # Correction sections for published speed tables (config/claims/): the upstream file with the
 # section in it, the section alone and the diff. A branch or a pull request only if publish.* asks.
-from crashline import claims_load as crashline_claims  # noqa: E402
+from crashline.config import claims as crashline_claims  # noqa: E402
 
 CLAIMS = {c["name"]: c for c in crashline_claims.load_claims(CFG["claims"], CFG)}
 PUBLISH = f"{RESULTS}/publish"

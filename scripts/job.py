@@ -9,8 +9,8 @@ from params, so the job reads exactly what Snakemake compares to decide a rerun.
 import os
 import sys
 
-from crashline import progress
-from crashline.cli import main
+from crashline.core import progress
+from crashline.cli.main import main
 
 smk = snakemake  # noqa: F821 (given by Snakemake)
 SERVER_INPUTS = {

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from crashline import provision, sources
+from crashline.engine import provision
+from crashline.models import sources
 
 REPO = Path(__file__).resolve().parents[1]
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -25,7 +26,7 @@ GEMMA_SHA256 = "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818
 
 @pytest.fixture(scope="session")
 def gemma_fetch() -> dict:
-    """The real gemma-3-270m Q4_K_M: through crashline.sources like the workflow, else the file
+    """The real gemma-3-270m Q4_K_M: through crashline.models.sources like the workflow, else the file
     already assembled in the cache (verified by its sha256)."""
     dest = cache_dir() / "models" / "gemma3-270m"
     try:
@@ -54,7 +55,7 @@ def server_binary(server_provenance) -> str:
 
 @pytest.fixture(scope="session")
 def tiny_moe(tmp_path_factory) -> Path:
-    from crashline import synthetic
+    from crashline.models import synthetic
 
     path = tmp_path_factory.mktemp("models") / "tiny-moe.gguf"
     synthetic.write_moe_gguf(path, synthetic.DEFAULT_TINY)

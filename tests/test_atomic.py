@@ -9,14 +9,14 @@ import textwrap
 
 import pytest
 
-from crashline.atomic import atomic_path
+from crashline.core.atomic import atomic_path
 
 from conftest import REPO
 
 WRITE = textwrap.dedent("""
     import os, sys
     os.umask(int(sys.argv[1], 8))
-    from crashline.atomic import atomic_path, write_json
+    from crashline.core.atomic import atomic_path, write_json
     write_json(sys.argv[2] + "/record.json", {"a": 1})
     with atomic_path(sys.argv[2] + "/table.txt") as tmp:
         tmp.write_text("x")

@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from crashline import claims_load as K
-from crashline import config as C
-from crashline import provision
-from crashline import settings as S
+from crashline.config import claims as K
+from crashline.config import plan as C
+from crashline.engine import provision
+from crashline.core import settings as S
 
 from conftest import FIXTURES, REPO
 

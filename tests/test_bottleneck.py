@@ -7,9 +7,10 @@ import shutil
 
 import pytest
 
-from crashline import bottleneck, logparse, measure, planner
-from crashline.atomic import read_json
-from crashline.settings import resolve
+from crashline.engine import bottleneck, logparse, planner
+from crashline.jobs import measure
+from crashline.core.atomic import read_json
+from crashline.core.settings import resolve
 
 from conftest import FIXTURES
 from test_planner import QWEN

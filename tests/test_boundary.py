@@ -6,8 +6,8 @@ import json
 
 import pandas as pd
 
-from crashline import logparse
-from crashline.boundary import crash_lines
+from crashline.engine import logparse
+from crashline.tables.boundary import crash_lines
 
 from conftest import FIXTURES
 

@@ -13,9 +13,11 @@ import pandas as pd
 import pytest
 import yaml
 
-from crashline.config import load_schema
-from crashline import aggregate, claims_compare as KC, claims_load as K, config as C, settings as S
-from crashline.present import correction as KP
+from crashline.config.plan import load_schema
+from crashline.tables import aggregate, claims as KC
+from crashline.config import claims as K, plan as C
+from crashline.core import settings as S
+from crashline.report import correction as KP
 
 from conftest import FIXTURES, REPO
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from crashline.logparse import is_server_log
+from crashline.engine.logparse import is_server_log
 
 from conftest import FIXTURES, REPO
 

@@ -6,9 +6,9 @@ import copy
 
 import pytest
 
-from crashline.config import load_schema
-from crashline import config as C
-from crashline import settings as S
+from crashline.config.plan import load_schema
+from crashline.config import plan as C
+from crashline.core import settings as S
 
 from conftest import REPO
 
@@ -172,7 +172,7 @@ def test_fit_on_leaves_placement_to_llama_cpp():
 
 
 def test_claims_add_their_configurations_and_workloads_once():
-    from crashline import claims_load as K
+    from crashline.config import claims as K
 
     from conftest import FIXTURES
 

@@ -8,9 +8,9 @@ import pytest
 
 import pyarrow.parquet as pq
 
-from crashline import aggregate
-from crashline.present import figures
-from crashline.records import Outcome
+from crashline.tables import aggregate
+from crashline.report import figures
+from crashline.core.records import Outcome
 
 from test_measure import measure_gemma
 

@@ -7,11 +7,11 @@ from __future__ import annotations
 import pyarrow.parquet as pq
 import pytest
 
-from crashline import aggregate
-from crashline import report
-from crashline.present import sections
-from crashline.present.doc import Table
-from crashline.records import Outcome
+from crashline.tables import aggregate
+from crashline.report import build as report
+from crashline.report import sections
+from crashline.report.doc import Table
+from crashline.core.records import Outcome
 
 from test_measure import measure_gemma
 

@@ -19,8 +19,8 @@ import psutil
 import pytest
 
 from conftest import REPO
-from crashline import server as server_mod
-from crashline.atomic import read_json
+from crashline.engine import server as server_mod
+from crashline.core.atomic import read_json
 from test_measure import fetch_record, run
 from test_workflow_lint import copy_workflow
 
@@ -324,7 +324,7 @@ def test_workflow_terminated_finishes_the_running_measurement(tmp_path, server_p
 
 
 def test_a_model_file_changed_since_fetch_is_named_before_any_server_starts(tmp_path, tiny_moe, server_provenance):
-    from crashline.sources import SourceError
+    from crashline.models.sources import SourceError
 
     model = tmp_path / "copy.gguf"
     model.write_bytes(tiny_moe.read_bytes())
@@ -359,7 +359,8 @@ def full_disk(tmp_path):
 
 
 def test_a_full_disk_loses_nothing_and_leaves_no_server(tmp_path, tiny_moe, server_provenance, full_disk):
-    from crashline import config as C, measure as M
+    from crashline.config import plan as C
+    from crashline.jobs import measure as M
     from test_measure import SCHEMA
 
     cfg = C.validate(

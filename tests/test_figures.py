@@ -1,4 +1,4 @@
-"""The report's figures (crashline.present.figures) from tables that today's aggregate builds out of real
+"""The report's figures (crashline.report.figures) from tables that today's aggregate builds out of real
 H200 records (tests/fixtures, derived again as test_report_gpu does): peak VRAM against --n-cpu-moe with
 the budget, the margin and every failure; speed against --n-cpu-moe and against prompt length; a
 concurrency sweep; memory over one run's time. Each is well-formed SVG that needs no network, never
@@ -14,10 +14,12 @@ import matplotlib
 import pandas as pd
 import pytest
 
-from crashline import aggregate, records, settings, workloads
-from crashline.atomic import read_json
-from crashline.measure import memory_summary
-from crashline.present import figures as F
+from crashline.tables import aggregate
+from crashline.core import records, settings
+from crashline.engine import workloads
+from crashline.core.atomic import read_json
+from crashline.jobs.measure import memory_summary
+from crashline.report import figures as F
 
 from conftest import FIXTURES
 from test_report_gpu import RECORDS, RECORDS_11761, derived_again, sampled, tables_of

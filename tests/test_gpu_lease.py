@@ -1,4 +1,4 @@
-"""A job's lease on its GPUs (crashline.locks): which GPUs it may use, which it gets, its share of the CPUs, and
+"""A job's lease on its GPUs (crashline.core.locks): which GPUs it may use, which it gets, its share of the CPUs, and
 real file locks between real processes. NVML is the fake of tests/fake_nvml.py (boards with UUIDs and local
 CPUs); the GPU machine runs the same code on real GPUs (tests/test_gpu_live.py)."""
 
@@ -12,8 +12,8 @@ import time
 
 import pytest
 
-from crashline import locks
-from crashline.locks import Lease, LeaseError
+from crashline.core import locks
+from crashline.core.locks import Lease, LeaseError
 
 from conftest import REPO
 from fake_nvml import FakeNvml
@@ -103,7 +103,7 @@ def test_more_gpus_than_visible_is_an_error_naming_them(boards, tmp_path, monkey
 HOLDER = """
 import json, os, sys, time
 sys.modules["pynvml"] = __import__("fake_nvml").FakeNvml(boards=2)
-from crashline import locks
+from crashline.core import locks
 with locks.lease(sys.argv[1], int(sys.argv[2]), sys.argv[3], host_memory=sys.argv[5] == "cpu") as held:
     print(json.dumps({"gpus": held.uuids, "waited_s": held.waited_s, "visible": os.environ["CUDA_VISIBLE_DEVICES"],
                       "cpus": sorted(os.sched_getaffinity(0)), "host_memory": held.host_memory}), flush=True)
@@ -206,7 +206,7 @@ def test_with_gpus_of_two_kinds_a_job_uses_the_first_kind_unless_another_is_made
 
 
 def test_which_configurations_read_weights_from_host_memory():
-    from crashline.settings import resolve, weights_on_cpu
+    from crashline.core.settings import resolve, weights_on_cpu
 
     assert not weights_on_cpu(resolve({}), 48)
     assert weights_on_cpu(resolve({"n_cpu_moe": 8}), 48)
@@ -217,7 +217,7 @@ def test_which_configurations_read_weights_from_host_memory():
 
 
 def test_gpus_that_a_configuration_would_get_anyway_leave_its_id_unchanged():
-    from crashline.settings import SettingsError, config_id, gpu_count, resolve
+    from crashline.core.settings import SettingsError, config_id, gpu_count, resolve
 
     def cid(settings):
         return config_id("m", resolve(settings))
@@ -235,7 +235,7 @@ def test_gpus_that_a_configuration_would_get_anyway_leave_its_id_unchanged():
 def test_without_a_gpu_one_lock_stands_for_the_machine(tmp_path):
     """The lease of a machine without a GPU: a second job waits for the first's server to stop."""
     script = (
-        "import sys, time; from crashline import locks\n"
+        "import sys, time; from crashline.core import locks\n"
         "with locks.lease('holder', 1, sys.argv[1]):\n    print('held', flush=True); time.sleep(3)\n"
     )
     env = {**os.environ, "PYTHONPATH": str(REPO / "src"), "CUDA_VISIBLE_DEVICES": ""}

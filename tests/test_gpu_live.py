@@ -8,9 +8,10 @@ import time
 
 import pytest
 
-from crashline import config as C, synthetic
-from crashline.ballast import Ballast, BudgetError
-from crashline.host import gpus
+from crashline.config import plan as C
+from crashline.models import synthetic
+from crashline.engine.ballast import Ballast, BudgetError
+from crashline.core.host import gpus
 from test_measure import SCHEMA, fetch_record
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not gpus()["present"], reason="needs an NVIDIA GPU (NVML)")]
@@ -60,7 +61,7 @@ def test_a_budget_above_the_free_memory_is_refused():
 
 
 def measure(tmp_path, model, provenance, settings, budget_mib=None, gen_tokens=64):
-    from crashline import measure as M
+    from crashline.jobs import measure as M
 
     cfg = C.validate(
         {
@@ -122,7 +123,7 @@ two_gpus = pytest.mark.skipif(len(gpus().get("devices", [])) < 2, reason="needs 
 
 HOLD_FIRST_GPU = """
 import sys, time
-from crashline import locks
+from crashline.core import locks
 with locks.lease("holder", 1, sys.argv[1]) as held:
     print(held.uuids[0], flush=True)
     time.sleep(60)
@@ -135,7 +136,7 @@ def test_a_lease_gets_a_free_gpu_by_uuid_and_the_ballast_lands_on_that_gpu_alone
     import subprocess
     import sys
 
-    from crashline import locks
+    from crashline.core import locks
     from conftest import REPO
 
     monkeypatch.setattr(locks, "LOCK_DIR", tmp_path)

@@ -12,11 +12,13 @@ import sys
 import pytest
 
 from conftest import REPO
-from crashline import config as C, jobs, settings as S
-from crashline.atomic import read_json
-from crashline.host import gpus
-from crashline.manifest import inspect_gguf
-from crashline.search import run_search
+from crashline.config import plan as C
+from crashline.jobs import spec as jobs
+from crashline.core import settings as S
+from crashline.core.atomic import read_json
+from crashline.core.host import gpus
+from crashline.models.manifest import inspect_gguf
+from crashline.jobs.search import run_search
 from test_measure import SCHEMA, fetch_record
 from test_workflow_lint import copy_workflow
 

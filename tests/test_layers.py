@@ -15,65 +15,30 @@ from conftest import REPO
 
 PACKAGE = REPO / "src" / "crashline"
 
-# Lowest first. A module may import modules of its own layer or of a lower one.
+# Lowest first: the folders in the pipeline's order. A module may import modules of its own folder or of a lower one.
 LAYERS = {
-    "base": [
-        "__init__",
-        "progress",
-        "atomic",
-        "paths",
-        "settings",
-        "cpufeatures",
-        "host",
-        "locks",
-        "logparse",
-        "pagecache",
-        "planner",
-        "supervision",
-        "records",
-        "columns",
-    ],
-    "model": ["source_spec", "synthetic_shape", "manifest", "synthetic", "sources"],
-    "config": ["configfile", "needle_prompts", "claims_load", "config"],
-    "run": [
-        "server",
-        "ballast",
-        "telemetry",
-        "workloads",
-        "conversations",
-        "servercheck",
-        "provision",
-        "bottleneck",
-        "measure",
-        "needle_job",
-        "search",
-        "jobs",
-        "suggest",
-    ],
-    "tables": [
-        "thresholds",
-        "tablefiles",
-        "aggregate",
-        "recommend",
-        "boundary",
-        "needle_table",
-        "claims_compare",
-        "validity",
-    ],
-    "present": ["present", "report"],
+    "core": ["__init__", "core"],
+    "config": ["config"],
+    "models": ["models"],
+    "engine": ["engine"],
+    "tables": ["tables"],
+    "jobs": ["jobs"],
+    "report": ["report"],
     "publish": ["publish"],
-    "entry": ["tune", "cli", "__main__"],
+    "cli": ["cli", "__main__"],
 }
 # What loading the config may import, and what it must not.
 CONFIG_MODULES = {
     "crashline",
+    "crashline.core",
     "crashline.config",
-    "crashline.configfile",
-    "crashline.settings",
-    "crashline.source_spec",
-    "crashline.synthetic_shape",
-    "crashline.needle_prompts",
-    "crashline.claims_load",
+    "crashline.config.plan",
+    "crashline.config.file",
+    "crashline.core.settings",
+    "crashline.config.source",
+    "crashline.config.shape",
+    "crashline.config.needle",
+    "crashline.config.claims",
 }
 HEAVY = ("pandas", "jinja2", "pyarrow", "requests", "numpy", "gguf")
 KNOWN_CYCLES: list[set[str]] = []
@@ -190,7 +155,7 @@ def layer_of(name: str) -> int | None:
 
 def test_loading_the_config_imports_no_table_template_parquet_or_http_library():
     code = (
-        "import json, sys; import crashline.config as c; c.load('config/config.yaml'); "
+        "import json, sys; import crashline.config.plan as c; c.load('config/config.yaml'); "
         "print(json.dumps(sorted(m for m in sys.modules if m == 'crashline' or m.startswith('crashline.') "
         f"or m.split('.')[0] in {list(HEAVY)!r})))"
     )
@@ -211,10 +176,10 @@ def test_loading_the_config_imports_no_table_template_parquet_or_http_library():
 
 def test_the_graph_sees_top_level_and_function_level_imports():
     graph = import_graph()
-    assert {"claims_load", "needle_prompts", "configfile", "source_spec", "synthetic_shape"} <= graph["config"]
-    assert {"present.correction", "present.markdown", "claims_load"} <= graph["publish"]  # top level
-    assert "needle_job" in graph["jobs"] and "needle_table" in graph["cli"]  # inside functions
-    assert {"present.doc", "present.needle", "thresholds"} <= graph["present.sections"]  # relative, two levels
+    assert {"config.claims", "config.needle", "config.file", "config.source", "config.shape"} <= graph["config.plan"]
+    assert {"report.correction", "report.markdown", "config.claims"} <= graph["publish"]  # top level
+    assert "jobs.needle" in graph["jobs.spec"] and "tables.needle" in graph["cli.main"]  # inside functions
+    assert {"report.doc", "report.needle", "core.thresholds"} <= graph["report.sections"]  # relative, two levels
 
 
 def test_the_import_graph_has_no_cycle():
@@ -245,7 +210,8 @@ def test_every_module_is_in_a_layer_and_imports_none_above_it():
 def test_synthetic_shape_knows_the_block_sizes_gguf_knows():
     import gguf
 
-    from crashline import synthetic, synthetic_shape
+    from crashline.models import synthetic
+    from crashline.config import shape as synthetic_shape
 
     blocks = {name: gguf.GGML_QUANT_SIZES[qtype][0] for name, (qtype, _) in synthetic.QUANTS.items()}
     assert blocks == synthetic_shape.QUANT_BLOCKS

@@ -1,4 +1,4 @@
-"""crashline.logparse against real llama-server logs.
+"""crashline.engine.logparse against real llama-server logs.
 
 cuda-logs/: captured on an H200 (see its README.md and runs.json).
 cpu-logs/: a CPU build of the same llama.cpp (11434.0.0) on 2 cores / 24 GiB, model gemma-3-270m Q4_K_M:
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from crashline.logparse import accelerator_share, classify, on_host, parse_log, summarize
+from crashline.engine.logparse import accelerator_share, classify, on_host, parse_log, summarize
 
 FIXTURES = Path(__file__).parent / "fixtures"
 CUDA = FIXTURES / "cuda-logs"

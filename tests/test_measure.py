@@ -13,10 +13,10 @@ import pandas as pd
 import psutil
 import pytest
 
-from crashline.config import load_schema
-from crashline import config as C
-from crashline import measure as M
-from crashline.atomic import read_json
+from crashline.config.plan import load_schema
+from crashline.config import plan as C
+from crashline.jobs import measure as M
+from crashline.core.atomic import read_json
 
 
 SCHEMA = load_schema()
@@ -263,7 +263,7 @@ def test_what_llama_cpp_really_used_is_read_back(tmp_path, tiny_moe, server_prov
     )
     assert rec["outcome"] == "ok"
     assert rec["settings_used"] == {"ctx": {"asked": 1000, "used": 1536}, "batch": {"asked": 2048, "used": 1000}}
-    from crashline.aggregate import _config_row
+    from crashline.tables.aggregate import _config_row
 
     assert _config_row(rec)["settings_used"] == "ctx 1536 (asked 1000), batch 1000 (asked 2048)"
 
@@ -404,7 +404,7 @@ def test_host_memory_bandwidth_is_measured_once_per_machine(monkeypatch):
     instead of spending 1.5 s measuring again, and a job elsewhere measures its own."""
     import platform
 
-    from crashline import host
+    from crashline.core import host
 
     calls = []
     monkeypatch.setattr(host, "memory_bandwidth_gbs", lambda: calls.append(1) or 12.5)

@@ -13,8 +13,9 @@ import pandas as pd
 import pytest
 import yaml
 
-from crashline import config as C, locks
-from crashline.paths import Layout
+from crashline.config import plan as C
+from crashline.core import locks
+from crashline.core.paths import Layout
 
 from conftest import REPO
 from fake_nvml import FakeNvml
@@ -92,7 +93,8 @@ def test_the_same_configuration_from_two_hosts_of_one_kind_is_ranked_once_the_la
     measurement; two records of one host (a search's probe and a grid point) both stay, as before."""
     import copy
 
-    from crashline import aggregate, records
+    from crashline.tables import aggregate
+    from crashline.core import records
 
     other, cid = other_machine
     rec = records.load(other / "records" / "tiny" / cid / "measure.json", "measure")
@@ -106,8 +108,9 @@ def test_the_same_configuration_from_two_hosts_of_one_kind_is_ranked_once_the_la
 
 def test_llama_bench_checks_only_what_this_kind_of_machine_measured(other_machine):
     """Records merged from another kind of machine are not compared with this machine's llama-bench."""
-    from crashline import aggregate, host, records
-    from crashline.validity import this_machine
+    from crashline.tables import aggregate
+    from crashline.core import host, records
+    from crashline.jobs.validity import this_machine
 
     other, cid = other_machine
     theirs = records.load(other / "records" / "tiny" / cid / "measure.json", "measure")

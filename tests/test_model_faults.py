@@ -24,10 +24,10 @@ import numpy as np
 import pytest
 from test_sources import FileServer, HubServer, cache_state, installed_package, sha
 
-from crashline import sources
-from crashline.manifest import ManifestError, inspect_gguf
-from crashline.sources import SourceError, check_unchanged, fetch
-from crashline.synthetic import write_moe_gguf
+from crashline.models import sources
+from crashline.models.manifest import ManifestError, inspect_gguf
+from crashline.models.sources import SourceError, check_unchanged, fetch
+from crashline.models.synthetic import write_moe_gguf
 
 WRONG = "0" * 64
 
@@ -361,7 +361,7 @@ def test_download_dropped_at_random_offsets_resumes_and_ends_verified(http, big_
 CHILD = """
 import json, sys
 from pathlib import Path
-from crashline import sources
+from crashline.models import sources
 print("ready", flush=True)
 record = sources.fetch(sys.argv[1], Path(sys.argv[2]), sha256=sys.argv[3], cache_dir=Path(sys.argv[4]))
 print(json.dumps(record), flush=True)

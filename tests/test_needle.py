@@ -11,14 +11,16 @@ import re
 import psutil
 import pytest
 
-from crashline.config import load_schema
-from crashline.present import html, markdown, needle as NR
-from crashline import config as C
-from crashline import needle_job as NJ, needle_prompts as NP, needle_table as NT
-from crashline.atomic import read_json
-from crashline.server import ServerProcess
-from crashline.settings import command_line, resolve
-from crashline.workloads import prose_text
+from crashline.config.plan import load_schema
+from crashline.report import html, markdown, needle as NR
+from crashline.config import plan as C
+from crashline.jobs import needle as NJ
+from crashline.config import needle as NP
+from crashline.tables import needle as NT
+from crashline.core.atomic import read_json
+from crashline.engine.server import ServerProcess
+from crashline.core.settings import command_line, resolve
+from crashline.engine.workloads import prose_text
 
 from test_measure import fetch_record
 

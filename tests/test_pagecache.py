@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from crashline import pagecache
-from crashline.measure import page_cache_state
+from crashline.models import pagecache
+from crashline.jobs.measure import page_cache_state
 
 from conftest import REPO
 

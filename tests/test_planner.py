@@ -9,8 +9,9 @@ import statistics
 
 import pytest
 
-from crashline import logparse, planner, synthetic
-from crashline.settings import resolve
+from crashline.engine import logparse, planner
+from crashline.models import synthetic
+from crashline.core.settings import resolve
 
 from conftest import FIXTURES
 

@@ -18,9 +18,10 @@ import pytest
 
 from conftest import REPO
 from test_workflow_lint import copy_workflow
-from crashline import progress, provision
-from crashline.measure import outcome_text, say_run
-from crashline.search import bound_text
+from crashline.core import progress
+from crashline.engine import provision
+from crashline.jobs.measure import outcome_text, say_run
+from crashline.jobs.search import bound_text
 
 
 @pytest.fixture(autouse=True)
@@ -68,7 +69,7 @@ def test_under_snakemake_lines_go_to_the_log_and_the_console_once_each(capsys):
 def test_run_by_hand_the_console_is_stderr_and_gets_each_line_once(tmp_path):
     """`python -m crashline ...` without Snakemake: to_console given the same file as stderr writes once."""
     code = (
-        "import os, sys; from crashline import progress;"
+        "import os, sys; from crashline.core import progress;"
         "progress.to_console(os.dup(2), 'measure tiny abc'); progress.say('ready in 1.0 s')"
     )
     with open(tmp_path / "err", "w") as err:

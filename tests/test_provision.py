@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from crashline import cpufeatures, provision, servercheck
+from crashline.core import cpufeatures
+from crashline.engine import provision, servercheck
 
 
 def test_provenance_of_the_real_binary(server_provenance):

@@ -16,8 +16,9 @@ import pandas as pd
 import pytest
 import yaml
 
-from crashline.config import load_schema
-from crashline import claims_load as K, config as C, publish as P
+from crashline.config.plan import load_schema
+from crashline.config import claims as K, plan as C
+from crashline import publish as P
 
 from conftest import FIXTURES
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from crashline import aggregate
-from crashline.recommend import difference, missed_limits, recommend
+from crashline.tables import aggregate
+from crashline.tables.recommend import difference, missed_limits, recommend
 
 from conftest import FIXTURES
 
@@ -91,7 +91,7 @@ def _record(tmp_path, name: str, given: dict, workloads: list[tuple]) -> None:
     aggregate, ttft s)."""
     import json
 
-    from crashline import settings as S
+    from crashline.core import settings as S
 
     rec = json.loads((FIXTURES / "h200-records" / "ncmoe31.json").read_text())
     rec["given"] = {**rec["given"], **given}

@@ -1,6 +1,6 @@
-"""Typed records (crashline.records): every record has a kind and a version, load() refuses what it
+"""Typed records (crashline.core.records): every record has a kind and a version, load() refuses what it
 cannot read and upgrades what it knows; and the Parquet tables keep lists and nested values native
-(crashline.columns), equal to the JSON-text columns they are to replace."""
+(crashline.core.columns), equal to the JSON-text columns they are to replace."""
 
 from __future__ import annotations
 
@@ -10,10 +10,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from crashline import aggregate, bottleneck, records
-from crashline import columns as cols
-from crashline.atomic import read_json, write_json
-from crashline.records import Outcome, RecordError
+from crashline.tables import aggregate
+from crashline.engine import bottleneck
+from crashline.core import records
+from crashline.core import columns as cols
+from crashline.core.atomic import read_json, write_json
+from crashline.core.records import Outcome, RecordError
 
 from conftest import FIXTURES
 

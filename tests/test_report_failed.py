@@ -13,9 +13,11 @@ import pandas as pd
 import pytest
 import yaml
 
-from crashline import aggregate, cli, needle_table, report
-from crashline import config as C
-from crashline.atomic import write_json
+from crashline.tables import aggregate, needle as needle_table
+from crashline.cli import main as cli
+from crashline.report import build as report
+from crashline.config import plan as C
+from crashline.core.atomic import write_json
 
 from conftest import FIXTURES
 from test_measure import SCHEMA, run as measure_one

@@ -12,7 +12,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 import requests
 
-from crashline.workloads import stream_request
+from crashline.engine.workloads import stream_request
 
 
 class _Stream(BaseHTTPRequestHandler):

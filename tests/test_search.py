@@ -12,11 +12,16 @@ import pytest
 import pandas as pd
 
 from test_measure import fetch_record
-from crashline.config import load_schema
-from crashline import aggregate, config as C, jobs, planner, records, report, settings as S
-from crashline.atomic import read_json, write_json
-from crashline.manifest import inspect_gguf
-from crashline.search import run_search
+from crashline.config.plan import load_schema
+from crashline.tables import aggregate
+from crashline.config import plan as C
+from crashline.jobs import spec as jobs
+from crashline.engine import planner
+from crashline.core import records, settings as S
+from crashline.report import build as report
+from crashline.core.atomic import read_json, write_json
+from crashline.models.manifest import inspect_gguf
+from crashline.jobs.search import run_search
 
 
 SCHEMA = load_schema()
@@ -264,8 +269,8 @@ def test_calibration_counts_only_the_cards_buffers():
     476.05 MiB; CUDA_Host's 192.07 MiB of pinned compute is RAM. The rest is the load peak less the card's
     buffers; the total the planner predicts at this ubatch is the same either way."""
     from conftest import FIXTURES
-    from crashline.atomic import read_json
-    from crashline.search import calibration
+    from crashline.core.atomic import read_json
+    from crashline.jobs.search import calibration
 
     compute, rest = calibration(read_json(FIXTURES / "h200-records" / "ncmoe29.json"), 2048)
     assert compute(2048) == 476.05

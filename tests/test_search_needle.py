@@ -12,8 +12,9 @@ import pandas as pd
 import pytest
 
 from conftest import REPO
-from crashline import needle_job, records
-from crashline.atomic import read_json
+from crashline.jobs import needle as needle_job
+from crashline.core import records
+from crashline.core.atomic import read_json
 from test_workflow_lint import copy_workflow
 
 CONFIG = """

@@ -22,8 +22,10 @@ import psutil
 import pytest
 import yaml
 
-from crashline import claims_load as K, publish as P, settings
-from crashline.server import HOST, ServerProcess
+from crashline.config import claims as K
+from crashline import publish as P
+from crashline.core import settings
+from crashline.engine.server import HOST, ServerProcess
 
 import test_publish
 from conftest import FIXTURES, REPO
@@ -148,7 +150,7 @@ def test_a_server_answers_only_the_key_crashline_holds(tmp_path, server_binary, 
     completions alike, finds the key neither on the command line nor on disk, and LLAMA_ARG_* reach no server."""
     import requests
 
-    from crashline.workloads import Client
+    from crashline.engine.workloads import Client
 
     served = tmp_path / "served"
     served.mkdir()
@@ -368,7 +370,7 @@ def shared_folder():
 
 
 def test_a_lock_planted_as_a_symbolic_link_is_refused_and_its_target_untouched(shared_folder):
-    from crashline import locks
+    from crashline.core import locks
 
     base, shared = shared_folder
     victim = base / "victims-file"
@@ -384,7 +386,7 @@ def test_a_lock_planted_as_a_symbolic_link_is_refused_and_its_target_untouched(s
 
 
 def test_the_default_lock_folder_is_each_users_own_and_unsafe_folders_are_refused(tmp_path, shared_folder):
-    from crashline import locks
+    from crashline.core import locks
 
     assert str(os.getuid()) in locks.LOCK_DIR.name
     made = locks._lock_dir(tmp_path / "new" / "locks")
@@ -409,7 +411,7 @@ def test_the_default_lock_folder_is_each_users_own_and_unsafe_folders_are_refuse
 def test_another_users_lock_in_a_shared_folder_excludes_them_and_is_not_written(shared_folder):
     """In a folder an administrator shares (root's, sticky), another user's lock file still excludes their run
     while ours holds it, and we neither chmod it nor write into it."""
-    from crashline import locks
+    from crashline.core import locks
 
     _, shared = shared_folder
     lock = shared / "server.lock"

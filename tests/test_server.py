@@ -17,8 +17,8 @@ from conftest import REPO
 SCRIPT = textwrap.dedent("""
     import signal, sys, time
     from pathlib import Path
-    from crashline.cli import _exit_on_sigterm
-    from crashline.server import ServerProcess
+    from crashline.cli.main import _exit_on_sigterm
+    from crashline.engine.server import ServerProcess
     binary, model, log, handle = sys.argv[1:5]
     if handle == "yes":
         signal.signal(signal.SIGTERM, _exit_on_sigterm)
@@ -73,7 +73,7 @@ def test_server_dies_with_a_killed_parent(tmp_path, server_binary, tiny_moe):
 def test_the_server_gets_the_environment_of_when_it_starts_without_secrets(tmp_path, monkeypatch):
     """A job takes its GPU lease after making its server: the server must still see the lease's
     CUDA_VISIBLE_DEVICES (it would use every GPU otherwise), and never a Hugging Face token."""
-    from crashline.server import ServerProcess
+    from crashline.engine.server import ServerProcess
 
     server = ServerProcess(
         ["sh", "-c", 'echo "gpus=$CUDA_VISIBLE_DEVICES token=$HF_TOKEN"; sleep 30'], tmp_path / "log"

@@ -16,9 +16,9 @@ import gguf
 import numpy as np
 import pytest
 
-from crashline import sources
-from crashline.sources import SourceError, fetch, parse_source
-from crashline.synthetic import write_moe_gguf
+from crashline.models import sources
+from crashline.models.sources import SourceError, fetch, parse_source
+from crashline.models.synthetic import write_moe_gguf
 
 
 def sha(data: bytes) -> str:
@@ -320,7 +320,7 @@ def test_split_gguf_over_http_shard_by_shard(server, tmp_path):
         assert (dest / n).read_bytes() == shards[n]
     assert server.count(names[1]) == 2  # dropped once, resumed
 
-    from crashline.manifest import inspect_gguf
+    from crashline.models.manifest import inspect_gguf
 
     assert inspect_gguf(dest / names[0])["n_tensors"] == 5
 
@@ -612,7 +612,7 @@ def test_a_model_hf_download_pulled_is_not_downloaded_again(hf_env, hub, model_b
     monkeypatch.setattr(sources, "sha256_file", lambda path: pytest.fail(f"hashed {path} again"))
     again = fetch("hf:owner/repo/Q4_0/m.gguf", tmp_path / "dest", sha256=sha(model_bytes), cache_dir=tmp_path / "cache")
     assert again["verified_against"] == "config" and again["files"] == record["files"]
-    from crashline.manifest import inspect_gguf
+    from crashline.models.manifest import inspect_gguf
 
     assert inspect_gguf(Path(record["files"][0]["path"]))["n_tensors"] > 0  # llama-server and inspect read the link
 
@@ -688,7 +688,7 @@ def test_hf_split_shards_share_one_snapshot(hf_env, hub, tmp_path, monkeypatch):
     record = fetch(f"hf:o/r/{names[0]}", tmp_path / "dest", sha256=hashes, cache_dir=tmp_path / "cache")
     assert [f["name"] for f in record["files"]] == names and record["verified_against"] == "config"
     assert len({Path(f["path"]).parent for f in record["files"]}) == 1  # llama-server finds the shards beside the first
-    from crashline.manifest import inspect_gguf
+    from crashline.models.manifest import inspect_gguf
 
     assert inspect_gguf(Path(record["files"][0]["path"]))["n_tensors"] == 5
 

@@ -1,4 +1,4 @@
-"""The prediction from the GGUF alone (crashline.suggest) against what the H200 search measured and predicted,
+"""The prediction from the GGUF alone (crashline.engine.suggest) against what the H200 search measured and predicted,
 against llama.cpp's own buffers on a real small GGUF, and its input parsing."""
 
 from __future__ import annotations
@@ -9,10 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from crashline import logparse, planner, suggest, synthetic
-from crashline.manifest import inspect_gguf
-from crashline.server import ServerProcess
-from crashline.settings import SettingsError
+from crashline.engine import logparse, planner, suggest
+from crashline.models import synthetic
+from crashline.models.manifest import inspect_gguf
+from crashline.engine.server import ServerProcess
+from crashline.core.settings import SettingsError
 
 from conftest import FIXTURES
 

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 import requests
 
-from crashline.synthetic import DEFAULT_TINY, QWEN3_30B_A3B, resolve_shape, write_moe_gguf
+from crashline.models.synthetic import DEFAULT_TINY, QWEN3_30B_A3B, resolve_shape, write_moe_gguf
 
 LLAMA_SERVER_DEFAULT = Path.home() / ".cache/crashline/llama.cpp/11434.0.0-cpu/build/bin/llama-server"
 
@@ -204,7 +204,7 @@ def test_writing_is_streamed(tmp_path):
     code = (
         "import json, resource, sys, time\n"
         "from pathlib import Path\n"
-        "from crashline.synthetic import write_moe_gguf\n"
+        "from crashline.models.synthetic import write_moe_gguf\n"
         "before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\n"
         "t = time.monotonic()\n"
         "info = write_moe_gguf(Path(sys.argv[1]), json.loads(sys.argv[2]))\n"
@@ -290,7 +290,7 @@ def test_llama_server_loads_tiny_and_completes(tiny, tmp_path):
 def test_a_preset_name_starts_from_its_shape():
     """``synthetic:qwen3-30b-a3b`` is the 48-layer, 128-expert shape (16.9 GB), not the tiny default: a GPU run
     once searched a 4-layer model of that name and every probe died of the tiny model's 8K context."""
-    from crashline.synthetic_shape import DEFAULT_TINY, QWEN3_30B_A3B, resolve_shape
+    from crashline.config.shape import DEFAULT_TINY, QWEN3_30B_A3B, resolve_shape
 
     assert resolve_shape({}, "qwen3-30b-a3b") == QWEN3_30B_A3B
     assert resolve_shape({"layers": 8}, "qwen3-30b-a3b") == {**QWEN3_30B_A3B, "layers": 8}

@@ -17,10 +17,10 @@ import pandas as pd
 import psutil
 import pytest
 
-from crashline import measure
-from crashline.atomic import read_json
-from crashline.measure import memory_summary
-from crashline.telemetry import Sampler, window_summary
+from crashline.jobs import measure
+from crashline.core.atomic import read_json
+from crashline.jobs.measure import memory_summary
+from crashline.engine.telemetry import Sampler, window_summary
 
 from conftest import FIXTURES
 from fake_nvml import MIB, NOT_SUPPORTED, FakeNvml

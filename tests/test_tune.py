@@ -11,8 +11,8 @@ import sys
 import pandas as pd
 import pytest
 
-from crashline.configfile import ConfigError
-from crashline.tune import _hf_file, config, model_source
+from crashline.config.file import ConfigError
+from crashline.cli.tune import _hf_file, config, model_source
 
 
 def test_the_model_as_typed_becomes_a_source(tmp_path, tiny_moe):

@@ -7,11 +7,13 @@ from __future__ import annotations
 import pyarrow.parquet as pq
 import pytest
 
-from crashline import aggregate, config as C
-from crashline import report, validity
-from crashline.atomic import read_json
-from crashline.present import sections
-from crashline.present.doc import Table
+from crashline.tables import aggregate
+from crashline.config import plan as C
+from crashline.report import build as report
+from crashline.jobs import validity
+from crashline.core.atomic import read_json
+from crashline.report import sections
+from crashline.report.doc import Table
 
 from test_measure import SCHEMA, measure_gemma
 

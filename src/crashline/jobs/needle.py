@@ -1,0 +1,653 @@
+"""Needle recall, the job: does a configuration really read the context it claims?
+
+The server of one configuration is started exactly as the measurement starts it (same emulated
+card, same lock), every needle trial is sent to it, and the record says per trial what was asked
+and answered. The prompt is built from token ids, tokenized by the server itself, to exactly the
+intended length; the server's ``prompt_n`` must equal it. A prompt that is refused, truncated or
+shifted is a failure of the configuration, never a pass. Greedy, prompt cache off.
+
+Prompt styles: ``continuation`` (base models; the prompt ends with the needle's lead-in, and the
+model continues with the value) and ``chat`` (the model's own chat template, applied by the server
+through ``/apply-template``; the assistant's turn is started with the same lead-in).
+
+Random-weight synthetic models cannot recall anything: their record says "not applicable" and no
+server is started. What the prompts are made of: ``needle_prompts``.
+"""
+
+from __future__ import annotations
+
+import bisect
+import contextlib
+import dataclasses
+import datetime as dt
+import random
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import requests
+
+from ..core import host, progress
+from ..engine import logparse
+from ..core import records
+from ..engine.ballast import Ballast, BudgetError
+from ..core.locks import LeaseError, lease_for
+from .measure import (
+    model_summary,
+    outcome_text,
+    require_unchanged,
+    say_loaded,
+    say_start,
+    server_command,
+    server_failure,
+    start_refused,
+    under_lease,
+)
+from ..config.needle import (
+    NOT_APPLICABLE_REASON,
+    Frame,
+    PromptError,
+    Wording,
+    build_prompt,
+    is_fraction,
+    needle_settings,
+    new_value,
+    not_recalled,
+    recalled,
+    resolve_length,
+    same_length,
+    wording,
+)
+from ..engine.server import ServerProcess
+from ..core.supervision import exit_with_workflow
+from ..engine.workloads import Client, RequestFailed, prose_text
+
+CONTENT_MARK = "\u2063crashline-needle-content\u2063"
+
+# A sentence ends with . ! or ? (and closing quotes or brackets), unless it is a common abbreviation.
+SENTENCE_END_RE = re.compile(r"[.!?][\"'\u2019\u201d)\]]*$")
+ABBREVIATION_RE = re.compile(
+    r"(?:\b(?:Mr|Mrs|Ms|Dr|St|Jr|Sr|Messrs|Mme|Mlle|Prof|Rev|Capt|Col|Gen|Lt|No|vol|viz|etc)|\b[A-Z])\.$"
+)
+
+
+def _now() -> str:
+    return dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
+
+
+# --------------------------------------------------------------------------- server client
+
+
+class NeedleClient(Client):
+    """The workloads client plus what recall needs: pieces, the chat template, the slot context."""
+
+    def tokenize_pieces(self, text: str) -> tuple[list[int], list[bytes]]:
+        body = {"content": text, "add_special": False, "with_pieces": True}
+        out = self._post("/tokenize", body, self.setup_timeout_s)
+        ids, pieces = [], []
+        for t in out["tokens"]:
+            ids.append(t["id"])
+            piece = t["piece"]
+            pieces.append(piece.encode("utf-8") if isinstance(piece, str) else bytes(piece))
+        return ids, pieces
+
+    def apply_template(self, messages: list[dict]) -> str:
+        return self._post("/apply-template", {"messages": messages}, self.setup_timeout_s)["prompt"]
+
+    def slot_context(self) -> int | None:
+        """The context one slot holds, as the server reports it (None if it does not say)."""
+        try:
+            resp = self.session.get(f"{self.url}/props", timeout=self.setup_timeout_s)
+            return int(resp.json()["default_generation_settings"]["n_ctx"])
+        except (requests.RequestException, ValueError, KeyError, TypeError):
+            return None
+
+    def generate(self, prompt: list[int], n_predict: int) -> dict:
+        """Greedy, prompt cache off, stops at end of generation (an answer, not a speed test)."""
+        body = {"prompt": prompt, "n_predict": n_predict, "cache_prompt": False, "temperature": 0.0, "top_k": 1}
+        return self._post("/completion", {**body, "stream": False}, self.timeout_s)
+
+
+# --------------------------------------------------------------------------- haystack and frame
+
+
+class Haystack:
+    """The shipped prose, tokenized once by this server, with its sentence boundaries.
+
+    Windows wrap around (the prose, a paragraph break, the prose again), so any length can be
+    served. A boundary ``i`` means: a sentence ends right before token ``i``, and token ``i``
+    starts with whitespace, so ``" <needle sentence>."`` can be inserted before it.
+    """
+
+    def __init__(self, client: NeedleClient, text: str | None = None):
+        self.text = text if text is not None else prose_text()
+        # one paragraph break between copies
+        ids, pieces = client.tokenize_pieces(self.text.rstrip("\n") + "\n\n")
+        if len(ids) < 1024:
+            raise RuntimeError(f"the prose tokenized to only {len(ids)} tokens")
+        self.ids = ids
+        self.n = len(ids)
+        self.boundaries, self.paragraphs = _boundaries(pieces)
+        if not self.boundaries or not self.paragraphs:
+            raise RuntimeError("no sentence boundaries found in the prose")
+
+    def contains(self, value: str) -> bool:
+        return value.lower() in self.text.lower()
+
+    def start(self, index: int) -> int:
+        """A paragraph start that differs per trial index (a prime stride through the paragraphs)."""
+        return self.paragraphs[(index * 7919 + 13) % len(self.paragraphs)]
+
+    def window(self, start: int, n_tokens: int) -> tuple[list[int], list[int]]:
+        """``n_tokens`` ids from ``start`` (wrapping), and the sentence boundaries inside (0 < b < n)."""
+        ids: list[int] = []
+        bounds: list[int] = []
+        pos = start
+        while len(ids) < n_tokens:
+            take = min(self.n - pos, n_tokens - len(ids))
+            base = len(ids) - pos
+            lo = bisect.bisect_right(self.boundaries, pos)
+            hi = bisect.bisect_left(self.boundaries, pos + take)
+            bounds += [b + base for b in self.boundaries[lo:hi]]
+            ids += self.ids[pos : pos + take]
+            pos = 0
+        return ids, [b for b in bounds if 0 < b < n_tokens]
+
+
+def _boundaries(pieces: list[bytes]) -> tuple[list[int], list[int]]:
+    """Token indices where a sentence ends before the token, and where a paragraph starts."""
+    offsets = [0]
+    for p in pieces:
+        offsets.append(offsets[-1] + len(p))
+    raw = b"".join(pieces)
+    boundaries, paragraphs = [], []
+    for i in range(1, len(pieces)):
+        spaced = pieces[i][:1] in (b" ", b"\n", b"\t")
+        if spaced and _sentence_ends(raw[max(0, offsets[i] - 24) : offsets[i]]):
+            boundaries.append(i)
+        if pieces[i - 1].endswith(b"\n") and not spaced:
+            paragraphs.append(i)
+    return boundaries, paragraphs
+
+
+def _sentence_ends(tail: bytes) -> bool:
+    text = tail.decode("utf-8", errors="ignore").rstrip()
+    return bool(SENTENCE_END_RE.search(text)) and not ABBREVIATION_RE.search(text.rstrip("\"'\u2019\u201d)]"))
+
+
+def frame(client: NeedleClient, style: str, words: Wording) -> Frame:
+    """Continuation: [BOS] instruction … question lead-in. Chat: the server's template around
+    instruction … question, then the assistant's turn started with the lead-in."""
+    if style == "continuation":
+        head = client.tokenize(words.instruction, add_special=True)
+        return Frame(style, words, head, client.tokenize(f"{words.question} {words.lead_in}"))
+    if style != "chat":
+        raise PromptError(f"unknown prompt style {style!r} (chat or continuation)")
+    special = client.tokenize("", add_special=True)
+    rendered = client.apply_template([{"role": "user", "content": CONTENT_MARK}])
+    if rendered.count(CONTENT_MARK) != 1:
+        raise PromptError("the chat template did not render the user message exactly once")
+    before, after = rendered.split(CONTENT_MARK)
+    # The fixed text is tokenized in one piece each side, as the server would tokenize it.
+    head = client.tokenize(before + words.instruction, add_special=True)
+    if special and head[: 2 * len(special)] == special + special:
+        head = head[len(special) :]  # the template wrote BOS itself: once is what the server sends
+    tail = client.tokenize(words.question + after + words.lead_in)
+    return Frame(style, words, head, tail, before, after)
+
+
+def pick_value(haystack: Haystack, words: Wording, rng: random.Random, attempts: int = 1000) -> str:
+    """A fresh random value that occurs nowhere in the haystack's text or the prompt's wording."""
+    fixed = (words.instruction + words.question + words.lead_in).lower()
+    for _ in range(attempts):
+        value = new_value(words.kind, rng)
+        if not haystack.contains(value) and value.lower() not in fixed:
+            return value
+    raise PromptError(f"no {words.kind} value absent from the haystack in {attempts} attempts")
+
+
+# --------------------------------------------------------------------------- trials
+
+
+def _trial_base(spec, depth, index, slot_ctx) -> dict:
+    return {
+        "length": spec,
+        "length_target": None,
+        "length_fraction": None,
+        "depth": depth,
+        "depth_actual": None,
+        "trial": index,
+        "value": None,
+        "answer": None,
+        "passed": False,
+        "prompt_n": None,
+        "predicted_n": None,
+        "prompt_ms": None,
+        "slot_ctx": slot_ctx,
+        "reason": None,
+    }
+
+
+def planned_trials(ns: dict) -> list[tuple]:
+    return [(spec, depth, t) for spec in ns["lengths"] for depth in ns["depths"] for t in range(ns["trials"])]
+
+
+@dataclass
+class _Asker:
+    """What every trial against one server shares."""
+
+    client: NeedleClient
+    haystack: Haystack
+    frame: Frame
+    rng: random.Random
+    kind: str
+    slot_ctx: int | None
+    answer_tokens: int
+
+
+def run_trials(
+    client: NeedleClient, style: str, ns: dict, slot_ctx: int, rng: random.Random, trials: list[dict] | None = None
+) -> list[dict]:
+    """Every length x depth x trial against a running server, appended to ``trials``. A server
+    that stops answering (timeout, connection lost) propagates as the exception; the trials so
+    far stay in ``trials``."""
+    words = wording(ns["kind"])
+    haystack = Haystack(client)
+    fr = frame(client, style, words)
+    sample = client.tokenize(words.needle(new_value(ns["kind"], rng)))
+    asker = _Asker(client, haystack, fr, rng, ns["kind"], slot_ctx, max(ns["gen_tokens"], len(sample) + 2))
+    trials = [] if trials is None else trials
+    planned = planned_trials(ns)
+    for k, (spec, depth, index) in enumerate(planned, 1):
+        trial = _trial_base(spec, depth, index, slot_ctx)
+        trials.append(trial)
+        target = _target(trial, asker)
+        if target is not None:
+            _ask(asker, trial, target)
+        verdict_text = "pass" if trial["passed"] else f"fail ({trial['reason']})"
+        length = f"{trial['length_target']:,} tokens" if trial["length_target"] else repr(spec)
+        progress.say(f"needle {k}/{len(planned)}: length {length}, depth {depth}: {verdict_text}")
+    return trials
+
+
+def _target(trial: dict, asker: _Asker) -> int | None:
+    """The trial's prompt length in tokens, or None with the reason it cannot be sent."""
+    spec, slot_ctx, answer_tokens = trial["length"], asker.slot_ctx, asker.answer_tokens
+    if not slot_ctx:
+        if is_fraction(spec):
+            trial["reason"] = "the server did not report its per-slot context, so a fraction of it is unknown"
+            return None
+        trial["length_target"] = int(spec)
+        return int(spec)
+    target = resolve_length(spec, slot_ctx, answer_tokens)
+    trial.update(length_target=target, length_fraction=round(target / slot_ctx, 4))
+    if target > slot_ctx:
+        trial["reason"] = f"length {target} exceeds the configuration's context of {slot_ctx} tokens per slot"
+        return None
+    if target + answer_tokens >= slot_ctx:
+        trial["reason"] = (
+            f"length {target} leaves no room for the {answer_tokens}-token answer in the "
+            f"configuration's context of {slot_ctx} tokens per slot"
+        )
+        return None
+    return target
+
+
+def _ask(asker: _Asker, trial: dict, target: int) -> None:
+    """Send one trial's prompt and judge the answer (or say why it was not sent or refused)."""
+    value = pick_value(asker.haystack, asker.frame.wording, asker.rng)
+    trial["value"] = value
+    needle_ids = asker.client.tokenize(asker.frame.wording.needle(value))
+    try:
+        start = asker.haystack.start(trial["trial"])
+        prompt = build_prompt(asker.haystack, asker.frame, needle_ids, target, trial["depth"], start)
+    except PromptError as exc:
+        trial["reason"] = str(exc)
+        return
+    trial["depth_actual"] = prompt.depth_actual
+    try:
+        answer = asker.client.generate(prompt.ids, asker.answer_tokens)
+    except RequestFailed as exc:
+        trial["reason"] = _refused(exc, target, asker.slot_ctx)
+        return
+    timings = answer.get("timings") or {}
+    trial.update(
+        answer=answer.get("content", ""),
+        prompt_n=timings.get("prompt_n"),
+        predicted_n=timings.get("predicted_n"),
+        prompt_ms=timings.get("prompt_ms"),
+    )
+    trial["reason"] = _judge(trial, bool(answer.get("truncated")), target, asker.kind)
+    trial["passed"] = trial["reason"] is None
+
+
+def _refused(exc: RequestFailed, target: int, slot_ctx) -> str:
+    said = f"HTTP {exc.status}: {exc.message}"
+    if "context" in exc.message.lower():
+        exceeds = f"length {target} exceeds the configuration's context of {slot_ctx} tokens per slot"
+        return f"{exceeds}: the server refused it ({said})"
+    return f"the server refused the request ({said})"
+
+
+def _judge(trial: dict, truncated: bool, target: int, kind: str) -> str | None:
+    """Why the answer does not count (None: it passed)."""
+    if truncated:
+        return (
+            f"truncated by the server (prompt_n {trial['prompt_n']} of {target}, "
+            f"{trial['predicted_n']} tokens generated)"
+        )
+    if trial["prompt_n"] != target:
+        return f"the server evaluated {trial['prompt_n']} prompt tokens, {target} were sent"
+    if not recalled(trial["answer"], trial["value"], kind):
+        return not_recalled(trial["value"])
+    return None
+
+
+def _complete(trials: list[dict], ns: dict, slot_ctx, failure: dict) -> list[dict]:
+    """Every planned trial, those that never ran failed with the server's failure as the reason."""
+    ran = {
+        (repr(t["length"]), t["depth"], t["trial"]): t for t in trials if t.get("prompt_n") is not None or t["reason"]
+    }
+    where = f" at {failure['phase']}" if failure.get("phase") else ""
+    reason = f"the server {failure['outcome']}{where}: {failure.get('message') or 'no message'}"
+    out = []
+    for spec, depth, index in planned_trials(ns):
+        t = ran.get((repr(spec), depth, index))
+        if t is None:
+            t = _trial_base(spec, depth, index, slot_ctx)
+            t["reason"] = reason
+        out.append(t)
+    return out
+
+
+def grid(trials: list[dict], ns: dict) -> list[dict]:
+    """One cell per length x depth: passed only if every trial there passed."""
+    cells = []
+    for spec in ns["lengths"]:
+        for depth in ns["depths"]:
+            here = [t for t in trials if same_length(t["length"], spec) and t["depth"] == depth]
+            if here:
+                cells.append(_cell(spec, depth, here))
+    return cells
+
+
+def _cell(spec, depth, here: list[dict]) -> dict:
+    shown = next((t for t in here if not t["passed"]), here[0])
+    return {
+        "length": spec,
+        "length_target": shown["length_target"],
+        "depth": depth,
+        "n": len(here),
+        "n_passed": sum(t["passed"] for t in here),
+        "passed": all(t["passed"] for t in here),
+        "value": shown["value"],
+        "answer": shown["answer"],
+        "reason": shown["reason"],
+    }
+
+
+def verdict(trials: list[dict], ns: dict, applicable: bool) -> tuple[str, list]:
+    """("pass" | "fail" | "not_applicable", the required lengths that failed)."""
+    if not applicable:
+        return "not_applicable", []
+    failed = [
+        spec
+        for spec in ns["lengths"]
+        if any(not t["passed"] for t in trials if same_length(t["length"], spec))
+        or not any(same_length(t["length"], spec) for t in trials)
+    ]
+    required = [spec for spec in failed if any(same_length(spec, r) for r in ns["required"])]
+    return ("pass" if not failed else "fail"), required
+
+
+# --------------------------------------------------------------------------- the job
+
+
+def is_synthetic(config: dict, model_name: str, fetch_record: dict | None = None) -> bool:
+    source = (config.get("models", {}).get(model_name) or {}).get("source") or (fetch_record or {}).get("source", "")
+    return str(source).startswith("synthetic:")
+
+
+@dataclass
+class _Run:
+    """How far one server run got: its phase, the trials so far, the failure (None: none yet)."""
+
+    slot_ctx: int | None
+    phase: str = "start"
+    failure: dict | None = None
+    trials: list[dict] = field(default_factory=list)
+
+
+def run_needle(
+    *,
+    model_name: str,
+    item: dict,
+    config: dict,
+    fetch_record: dict,
+    provenance: dict,
+    record_path: Path,
+    log_path: Path,
+    manifest: dict | None = None,
+    draft_path: str | None = None,
+    rng: random.Random | None = None,
+) -> dict:
+    """Start the server for one configuration, run every needle trial, stop it, write the record."""
+    with progress.job(f"needle {model_name} {item['id']}"):
+        record = _run_needle(
+            model_name, item, config, fetch_record, provenance, record_path, log_path, manifest, draft_path, rng
+        )
+        if record["applicable"]:
+            failed = f", required lengths failed: {record['failed_required']}" if record["failed_required"] else ""
+            server = "" if record["outcome"] == "ok" else f"; the server {outcome_text(record)}"
+            progress.say(f"needle recall {record['recall']}{failed}{server}")
+        return record
+
+
+def _run_needle(model_name, item, config, fetch_record, provenance, record_path, log_path, manifest, draft_path, rng):
+    """The job of ``run_needle`` (which names its progress lines and says the verdict)."""
+    ns = needle_settings(config)
+    style = (config.get("models", {}).get(model_name) or {}).get("prompt_style") or "continuation"
+    record = _record_head(model_name, item, config, fetch_record, provenance, manifest, ns, style)
+    resolved = item["settings"]
+    run = _Run(slot_ctx=resolved["ctx"] // max(1, resolved["parallel"]) if resolved.get("ctx") else None)
+    if is_synthetic(config, model_name, fetch_record):
+        progress.say(f"needle recall not applicable, no llama-server started: {NOT_APPLICABLE_REASON}")
+        return _not_applicable(record, run.slot_ctx, model_name, record_path, log_path)
+    progress.say(
+        f"needle recall: {len(planned_trials(ns))} trials (lengths {ns['lengths']} x depths {ns['depths']} x "
+        f"{ns['trials']}), {ns['kind']} values, {style} prompts"
+    )
+    require_unchanged(model_name, fetch_record)
+    command, _ = server_command(provenance, fetch_record["files"][0]["path"], item, draft_path)
+    server = ServerProcess(command, log_path)
+    exit_with_workflow()
+    try:
+        _serve(
+            server, config, f"needle {model_name} {item['id']}", ns, style, rng or random.SystemRandom(), record, run
+        )
+    except (BudgetError, LeaseError) as exc:
+        run.failure = start_refused(exc)
+    except Exception as exc:  # a crashline fault still leaves a record and no server behind
+        message = f"{type(exc).__name__}: {exc}"
+        run.failure = {"outcome": "error", "failure": "crashline", "phase": run.phase, "message": message}
+    finally:
+        server.stop(5)
+    _finish(record, server, run, ns, log_path)
+    return records.write(record_path, "needle", record)
+
+
+def _record_head(model_name, item, config, fetch_record, provenance, manifest, ns: dict, style: str) -> dict:
+    server_keys = ("binary", "obtained", "sha256", "version", "backend", "source", "build_flags")
+    return {
+        "kind": "needle",
+        "config_id": item["id"],
+        "model": model_summary(model_name, fetch_record, manifest or {}),
+        "settings": item["settings"],
+        "given": item["given"],
+        "server": {k: provenance.get(k) for k in server_keys},
+        "host": host.describe(),
+        "prompt_style": style,
+        "needle": ns,
+        "wording": dataclasses.asdict(wording(ns["kind"])),
+        "budget": config.get("budget"),
+        "requests": {"cache_prompt": False, "temperature": 0.0, "top_k": 1, "prompt": "token ids"},
+        "started_at": _now(),
+    }
+
+
+def _not_applicable(record: dict, slot_ctx, model_name: str, record_path: Path, log_path: Path) -> dict:
+    record.update(
+        applicable=False,
+        outcome="not_applicable",
+        failure=None,
+        phase=None,
+        message=NOT_APPLICABLE_REASON,
+        command=None,
+        returncode=None,
+        slot_ctx=slot_ctx,
+        trials=[],
+        grid=[],
+        recall="not_applicable",
+        failed_required=[],
+        finished_at=_now(),
+    )
+    _note(log_path, f"crashline: no llama-server started for {model_name}: {NOT_APPLICABLE_REASON}\n")
+    return records.write(record_path, "needle", record)
+
+
+def _serve(server: ServerProcess, config: dict, holder: str, ns: dict, style: str, rng, record: dict, run: _Run):
+    """Under the server lock and the same emulated card as the measurement (recall is checked in the
+    environment it counts for): start the server, run the trials, stop it."""
+    server_cfg = config["server"]
+    budget_mib = (config.get("budget") or {}).get("vram_budget_mib")
+    settings = record["settings"]
+    with (
+        lease_for(holder, settings, record["model"].get("layers")) as held,
+        Ballast(budget_mib, held.uuids) if budget_mib else contextlib.nullcontext() as ballast,
+    ):
+        under_lease(held, record, server, settings)
+        record["ballast"] = ballast.info if ballast else None
+        run.phase = "load"
+        say_start(record["model"]["name"], server.base_command, budget_mib, " for needle recall")
+        state = server.start_ready(server_cfg["startup_timeout_s"])
+        record["command"] = server.command
+        if state == "ready":
+            record["load_s"] = round(server.ready_after_s, 2)
+            say_loaded(server, None)
+            _trials(server, server_cfg, ns, style, rng, run)
+        else:
+            run.failure = server_failure(server, "load", timed_out=(state == "timeout"))
+            say_loaded(server, run.failure)
+        run.phase = "stop"
+        server.stop(server_cfg["stop_timeout_s"])
+
+
+def _trials(server: ServerProcess, server_cfg: dict, ns: dict, style: str, rng, run: _Run) -> None:
+    client = NeedleClient.of(server, server_cfg["request_timeout_s"])
+    run.slot_ctx = client.slot_context() or run.slot_ctx
+    run.phase = "needle"
+    try:
+        run_trials(client, style, ns, run.slot_ctx, rng, run.trials)
+    except requests.Timeout:
+        run.failure = server_failure(server, "needle", timed_out=True)
+    except requests.ConnectionError as exc:
+        if server.alive():
+            run.failure = {"outcome": "error", "failure": "request", "phase": "needle", "message": str(exc)[:300]}
+        else:
+            run.failure = server_failure(server, "needle")
+
+
+def _finish(record: dict, server: ServerProcess, run: _Run, ns: dict, log_path: Path) -> None:
+    """The record's outcome, from the failure seen or else the server's log, and the verdict on the trials."""
+    if not Path(log_path).exists():
+        _note(log_path, f"crashline: llama-server did not start ({run.failure and run.failure.get('message')})\n")
+    log = server.log_text()
+    placement = logparse.parse_log(log)
+    failure = run.failure or logparse.classify(log, server.returncode, phase_hint="stop")
+    trials = run.trials if failure["outcome"] == "ok" else _complete(run.trials, ns, run.slot_ctx, failure)
+    recall, failed_required = verdict(trials, ns, applicable=True)
+    record.update(
+        applicable=True,
+        returncode=server.returncode,
+        slot_ctx=run.slot_ctx,
+        placement=placement,
+        outcome=failure["outcome"],
+        failure=failure.get("failure"),
+        phase=failure.get("phase"),
+        message=failure.get("message"),
+        log_tail=placement.get("tail") if failure["outcome"] != "ok" else None,
+        trials=trials,
+        grid=grid(trials, ns),
+        recall=recall,
+        failed_required=failed_required,
+        finished_at=_now(),
+    )
+
+
+def _note(log_path: Path, text: str) -> None:
+    """The server log is a job output: say in it why there is no server output."""
+    Path(log_path).parent.mkdir(parents=True, exist_ok=True)
+    Path(log_path).write_text(text)
+
+
+# --- a search's recall check ---------------------------------------------------------------------------------
+
+
+def search_candidates(summary_path: Path, objective: dict, margin_mib: int) -> list[dict]:
+    """The configurations a search measured that may be recommended (every workload survived with the margin), as
+    needle items, the search's winner first, then by the objective's median at its workload, fastest first."""
+    summary = records.load(summary_path, "search")
+    metric, workload = objective.get("metric") or "decode_tps", objective.get("workload")
+    candidates = []
+    for rel in summary["records"]:
+        if "/" in rel:  # a finalist's later start: the same configuration
+            continue
+        rec = records.load(summary_path.parent / "records" / rel / "measure.json", "measure")
+        headroom = (rec.get("memory") or {}).get("headroom_mib")
+        if rec["outcome"] != "ok" or (headroom is not None and headroom < margin_mib):
+            continue
+        runs = {w["name"]: w for w in rec.get("workloads") or []}
+        median = ((runs.get(workload) or {}).get(metric) or {}).get("median")
+        first = rec["settings"].get("n_cpu_moe") == summary.get("recommended_n_cpu_moe")
+        item = {"id": rec["config_id"], "settings": rec["settings"], "given": rec.get("given") or {}}
+        candidates.append((not first, -(median or 0.0), item))
+    return [item for *_, item in sorted(candidates, key=lambda c: (c[0], c[1]))]
+
+
+def run_search_needle(
+    *,
+    model_name: str,
+    summary_path: Path,
+    objective: dict,
+    config: dict,
+    fetch_record: dict,
+    provenance: dict,
+    out_path: Path,
+    manifest: dict | None = None,
+) -> dict:
+    """Recall for a search's winner before it is recommended: the candidates in order (the winner, then the next
+    fastest), one needle job each, until one recalls at every required length; a winner that fails is replaced
+    by the next. A model whose recall does not apply (random weights) stops at the first."""
+    margin = (config.get("budget") or {}).get("margin_mib", 0)
+    tested, passed = [], None
+    for item in search_candidates(Path(summary_path), objective, margin):
+        folder = out_path.parent / "needle" / item["id"]
+        record = run_needle(
+            model_name=model_name,
+            item=item,
+            config=config,
+            fetch_record=fetch_record,
+            provenance=provenance,
+            record_path=folder / "needle.json",
+            log_path=folder / "needle-server.log",
+            manifest=manifest,
+        )
+        tested.append(item["id"])
+        if not record["applicable"]:
+            break
+        if record["outcome"] == "ok" and not record["failed_required"]:
+            passed = item["id"]
+            break
+        progress.say(f"needle: {item['id']} failed recall; the next fastest of the search is checked")
+    summary = {"model": model_name, "search": str(summary_path), "records": tested, "recalled": passed}
+    return records.write(out_path, "search_needle", summary)

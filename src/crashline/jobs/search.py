@@ -1,0 +1,373 @@
+"""The planner in the workflow: for one combination of the other settings, find the fastest
+n_cpu_moe that survives every workload with headroom, with a few server starts instead of one per
+value.
+
+1. Calibrate: measure the highest n_cpu_moe of the range (every expert on the CPU: the load most
+   likely to fit). Its log gives the compute buffer at this ubatch; its peak VRAM less its
+   buffers gives the rest (CUDA context, small buffers).
+2. Predict every value's VRAM from the manifest (planner.predict) and start at the lowest value
+   predicted to fit the budget.
+3. Search: gallop from the prediction and bisect (planner.search_lowest), each probe a full
+   measurement with every workload.
+4. Step up from the boundary until the headroom clears the margin: the lowest value to use.
+5. Climb (``climb`` values at most, planner.climb): speed is not monotonic in n_cpu_moe near the
+   boundary, so measure the values above it while the objective's speed improves or stays within
+   noise (the ranges of the requests overlap).
+6. Finalists (planner.settle): the fastest value and those within noise of it (at least the
+   runner-up) are started again, interleaved (A B A B ...), until each has ``starts`` server starts
+   (the first included): decode with experts on the CPU varies between starts of one configuration
+   more than within one. The winner has the highest median over every request of every start.
+
+A group without ``climb`` (or with ``climb: 0``) stops at step 4: it recommends the lowest value
+with the margin. Start k > 1 of a value is recorded under ``records/ID/start-K/`` beside the first
+(``records/ID/``); ``records`` lists every record used (``ID`` and ``ID/start-K``), and
+``finalists`` which records are starts of one configuration (``aggregate`` pools them into one row).
+
+Values below the boundary that were never started are reported as skipped with the arithmetic
+("predicted to need X MiB more than the budget"), never silently dropped.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..config import plan as config_mod
+from ..engine import logparse
+from ..engine import planner
+from ..core import progress, records
+from ..core import settings as settings_mod
+from .measure import job_key, measure, outcome_text
+from ..core.records import Outcome
+from ..engine.workloads import summarize
+
+
+def _headroom_ok(rec: dict, margin_mib: int) -> bool:
+    headroom = (rec.get("memory") or {}).get("headroom_mib")
+    return rec["outcome"] == Outcome.OK and (headroom is None or headroom >= margin_mib)
+
+
+def calibration(rec: dict, ubatch: int) -> tuple[planner.ComputeModel, float]:
+    """Compute buffer (GPU) and the rest, from a measured record. Pinned host buffers (``CUDA_Host``) are the
+    machine's RAM, not the card's: counted as GPU they made the compute buffer 192 MiB too big and the rest as
+    much too small on the H200, which only cancels at the ubatch measured."""
+    bufs = rec["placement"].get("buffers_mib") or {}
+    gpu = {k: v for k, v in bufs.items() if not logparse.on_host(k.split(":", 1)[0])}
+    compute = sum(v for k, v in gpu.items() if k.endswith(":compute"))
+    load_peak = ((rec.get("memory") or {}).get("per_phase") or {}).get("load", {}).get("gpu_mib")
+    rest = max(0.0, load_peak - sum(gpu.values())) if load_peak is not None else 0.0
+    return planner.ComputeModel({ubatch: compute}), rest
+
+
+def objective_of(group: dict, config: dict) -> dict:
+    """What the climb and the finalists are ranked by: the group's objective (the job spec carries it, as
+    ``jobs.search_objective`` makes it), else the config's objective block with its workload resolved (default:
+    decode t/s at the workload with the longest prompt)."""
+    if group.get("objective"):
+        return group["objective"]
+    block = config.get("objective") or {}
+    workload = config_mod.objective_workload({"objective": block, "workloads": config["workloads"]})
+    return {**block, "metric": block.get("metric") or "decode_tps", "workload": workload}
+
+
+def _workload(rec: dict, name: str) -> dict | None:
+    return next((w for w in rec.get("workloads") or [] if w["name"] == name), None)
+
+
+# The objective's limits per request that a configuration's median must meet to be recommended.
+LIMITS = {
+    "min_decode_tps": ("decode_tps", lambda median, limit: median >= limit),
+    "max_ttft_s": ("ttft_s", lambda median, limit: median <= limit),
+}
+
+
+def speed_of(recs: list[dict], objective: dict, margin_mib: int) -> planner.Speed | None:
+    """The objective's speed over every request of every repetition of these starts of one configuration (pooled
+    as ``aggregate`` pools them: ``workloads.summarize`` over every run of every start). None unless every start
+    survived every workload with the margin and the pooled medians meet the objective's limits per request."""
+    if not recs or not all(_headroom_ok(r, margin_mib) for r in recs):
+        return None
+    found = [_workload(r, objective["workload"]) for r in recs]
+    if any(w is None or w["outcome"] != Outcome.OK for w in found):
+        return None
+    stats = found[0] if len(found) == 1 else summarize([run for w in found for run in w["runs"]])
+    for key, (metric, meets) in LIMITS.items():
+        median = (stats.get(metric) or {}).get("median")
+        if objective.get(key) is not None and (median is None or not meets(median, objective[key])):
+            return None
+    return planner.Speed.of(stats.get(objective["metric"]))
+
+
+def bound_text(results: dict[int, bool], lo: int, hi: int) -> str:
+    """What the probes so far leave open, survival being monotonic in n_cpu_moe: "boundary in 16..19",
+    "boundary at 17", "boundary in 4..7, if any" (no survivor yet), "no survivor up to 7"."""
+    low = max((n for n, ok in results.items() if not ok), default=lo - 1) + 1
+    high = min((n for n, ok in results.items() if ok), default=None)
+    if high is None:
+        return f"boundary in {low}..{hi}, if any" if low <= hi else f"no survivor up to n_cpu_moe {hi}"
+    return f"boundary at {high}" if low >= high else f"boundary in {low}..{high}"
+
+
+def run_search(
+    *, model_name: str, group: dict, config: dict, fetch_record: dict, manifest: dict, provenance: dict, out_dir: Path
+) -> dict:
+    """Run the search for one group; records of every probe go under ``out_dir/records``."""
+    with progress.job(f"search {model_name} {group['id']}"):
+        search = _Search(model_name, group, config, fetch_record, manifest, provenance, out_dir)
+        summary = search.run()
+        lowest = summary["lowest_with_margin"]
+        also = f" (the lowest with the margin: {lowest})" if lowest != summary["recommended_n_cpu_moe"] else ""
+        progress.say(
+            f"search done: boundary n_cpu_moe {summary['boundary']}, use {summary['recommended_n_cpu_moe']}{also}, "
+            f"{summary['server_starts']} server starts"
+        )
+        return summary
+
+
+class _Search:
+    """One search's state: every value measured, with the records of each of its server starts."""
+
+    def __init__(
+        self,
+        model_name: str,
+        group: dict,
+        config: dict,
+        fetch_record: dict,
+        manifest: dict,
+        provenance: dict,
+        out_dir: Path,
+    ):
+        self.model_name, self.group, self.config = model_name, group, config
+        self.fetch_record, self.manifest, self.provenance, self.out_dir = fetch_record, manifest, provenance, out_dir
+        self.margin = config["budget"]["margin_mib"]
+        self.climb, self.starts = group.get("climb", 0), group.get("starts", 1)
+        lo, hi = group["range"]
+        self.range = (lo, min(hi, manifest["layers"]))
+        self.measured: dict[int, str] = {}  # n_cpu_moe -> the probe's configuration id
+        self.starts_of: dict[int, list[dict]] = {}  # n_cpu_moe -> the record of each server start, the first first
+        self.ids_of: dict[int, list[str]] = {}  # n_cpu_moe -> its records: "ID" (the first start), "ID/start-2", ...
+        self.results: dict[int, bool] = {}  # n_cpu_moe -> survived every workload (its first start)
+
+    # -- measuring ---------------------------------------------------------------------------------------------------
+
+    def given(self, n: int) -> dict:
+        return {**self.group["given"], "n_cpu_moe": n}
+
+    def probe(self, n: int, why: str) -> dict:
+        """Measure n_cpu_moe ``n`` once (``why``: what the probe is for), saying how it went."""
+        if n not in self.starts_of:
+            lo, hi = self.range
+            cid = self.measured[n] = settings_mod.config_id(self.model_name, settings_mod.resolve(self.given(n)))
+            progress.say(f"probe {len(self.starts_of) + 1}: n_cpu_moe {n}, configuration {cid} ({why})")
+            self.ids_of[n] = [cid]
+            rec = self._measure(n, cid)
+            self.starts_of[n] = [rec]
+            self.results[n] = rec["outcome"] == Outcome.OK
+            said = "ok" if self.results[n] else outcome_text(rec)
+            progress.say(f"probe {len(self.starts_of)}: n_cpu_moe {n} {said}; {bound_text(self.results, lo, hi)}")
+        return self.starts_of[n][0]
+
+    def again(self, n: int, k: int) -> planner.Speed | None:
+        """Start ``k`` (2, 3, ...) of a finalist; its speed, None where it did not survive with the margin."""
+        cid = self.measured[n]
+        progress.say(f"start {k}/{self.starts} of n_cpu_moe {n} (configuration {cid}), interleaved with the finalists")
+        self.ids_of[n].append(f"{cid}/start-{k}")
+        rec = self._measure(n, self.ids_of[n][-1])
+        self.starts_of[n].append(rec)
+        speed = self.speed([rec])
+        text = speed.text() if speed else f"{outcome_text(rec)}: out, every start must survive with the margin"
+        progress.say(f"start {k}/{self.starts}: n_cpu_moe {n} {self.words()} {text}")
+        return speed
+
+    def _measure(self, n: int, record_id: str) -> dict:
+        """One server start of n_cpu_moe ``n``, recorded under ``records/RECORD_ID/`` (reused when this search
+        measured it before under the same job key: workloads, budget, limits, build)."""
+        folder = self.out_dir / "records" / record_id
+        record_path = folder / "measure.json"
+        earlier = records.load(record_path, "measure") if record_path.exists() else {}
+        if earlier.get("job_key") == job_key(self.config, self.provenance):
+            progress.say(f"n_cpu_moe {n}: measured by this search before ({record_id}), record reused")
+            return earlier
+        given = self.given(n)
+        return measure(
+            model_name=self.model_name,
+            item={"id": self.measured[n], "settings": settings_mod.resolve(given), "given": given},
+            config=self.config,
+            fetch_record=self.fetch_record,
+            manifest=self.manifest,
+            provenance=self.provenance,
+            record_path=record_path,
+            log_path=folder / "server.log",
+            telemetry_path=folder / "telemetry.parquet",
+        )
+
+    # -- speeds ------------------------------------------------------------------------------------------------------
+
+    @property
+    def objective(self) -> dict:  # read only when the climb runs: a bare config (no workloads) needs none
+        return objective_of(self.group, self.config)
+
+    def speed(self, recs: list[dict]) -> planner.Speed | None:
+        return speed_of(recs, self.objective, self.margin)
+
+    def first(self, n: int) -> planner.Speed | None:
+        """The speed of n's first start (measured now if it was not)."""
+        self.probe(n, "climb")
+        return self.speed(self.starts_of[n][:1])
+
+    def pooled(self, n: int) -> planner.Speed | None:
+        return self.speed(self.starts_of[n])
+
+    def words(self) -> str:
+        return f"{self.objective['metric'].removesuffix('_tps')} t/s at {self.objective['workload']}"
+
+    # -- the search --------------------------------------------------------------------------------------------------
+
+    def run(self) -> dict:
+        lo, hi = self.range
+        budget = self.config["budget"].get("vram_budget_mib")
+        margin = self.margin
+        clipped = f" (the model has {self.manifest['layers']} layers)" if hi < self.group["range"][1] else ""
+        goal = "fastest n_cpu_moe that survives with the margin" if self.climb else "lowest n_cpu_moe that survives"
+        progress.say(f"search for the {goal}, in {lo}..{hi}{clipped}")
+        calib = self.probe(hi, "calibration: the most expert layers on the CPU")
+        resolved = settings_mod.resolve(self.given(hi))
+        compute, rest = calibration(calib, resolved["ubatch"])
+        # the prediction is of the whole model: against the budget on each of its GPUs together
+        limit = (
+            budget * settings_mod.gpu_count(resolved) if budget else (calib.get("memory") or {}).get("vram_limit_mib")
+        )
+        predictions = {
+            n: planner.predict(self.manifest, {**resolved, "n_cpu_moe": n}, compute, rest) for n in range(lo, hi + 1)
+        }
+        if limit:
+            start = next((n for n in range(lo, hi + 1) if predictions[n]["total_mib"] <= limit), hi)
+            progress.say(
+                f"calibrated: compute buffer {compute(resolved['ubatch']):,.0f} MiB, rest {rest:,.0f} MiB; "
+                f"lowest n_cpu_moe predicted to fit {limit:,.0f} MiB: {start}"
+            )
+        else:
+            start = lo  # no GPU limit known (CPU only): every value fits in VRAM terms
+            progress.say(f"no VRAM limit (no GPU, no budget): every n_cpu_moe fits; searching from {start}")
+        survives = lambda n: self.probe(n, "search")["outcome"] == Outcome.OK  # noqa: E731
+        boundary, probes = planner.search_lowest(survives, start, lo, hi)
+        lowest = None
+        if boundary is not None:
+            for n in range(boundary, hi + 1):
+                if _headroom_ok(self.probe(n, f"headroom: the margin is {margin:,} MiB"), margin):
+                    lowest = n
+                    break
+        fastest = self.fastest(lowest, hi) if lowest is not None and self.climb else {}
+        values = []
+        for n in range(lo, hi + 1):
+            p = predictions[n]
+            entry = {"n_cpu_moe": n, "predicted_mib": p["total_mib"]}
+            if n in self.measured:
+                entry["status"] = "measured"
+            elif boundary is not None and n < boundary and limit and p["total_mib"] > limit:
+                entry["status"] = f"skipped: predicted to need {p['total_mib'] - limit:,.0f} MiB more than the budget"
+            elif boundary is not None and n < boundary:
+                entry["status"] = "skipped: below the measured boundary"
+            else:
+                entry["status"] = "not measured: above the boundary, fits by the same prediction"
+            values.append(entry)
+        summary = {
+            "model": self.model_name,
+            "group": self.group["id"],
+            "settings": {k: v for k, v in resolved.items() if k != "n_cpu_moe"},
+            "range": [lo, hi],
+            "limit_mib": limit,
+            "margin_mib": margin,
+            "compute_mib": compute.measured,
+            "rest_mib": round(rest, 1),
+            "predicted_lowest": start,
+            "arithmetic": planner.arithmetic(predictions[start], limit, margin) if limit else None,
+            "full_residency": planner.arithmetic(predictions[lo], limit, margin) if limit else None,
+            "probes": [{"n_cpu_moe": n, "survived": ok} for n, ok in probes],
+            "boundary": boundary,
+            "lowest_with_margin": lowest,
+            "objective": self.objective if self.climb else None,
+            "climb": self.climb,
+            "climbed": fastest.get("climbed", []),
+            "climb_stop": fastest.get("climb_stop"),
+            "starts": self.starts if self.climb else 1,
+            "finalists": fastest.get("finalists", []),
+            "start_order": fastest.get("start_order", []),
+            "runner_up": fastest.get("runner_up"),
+            "lead_won": fastest.get("won"),
+            "lead_pairs": fastest.get("pairs"),
+            "lead_held": fastest.get("lead_held"),
+            "recommended_n_cpu_moe": fastest.get("winner", lowest),
+            "server_starts": sum(map(len, self.ids_of.values())),
+            "records": sorted(r for ids in self.ids_of.values() for r in ids),
+            "values": values,
+        }
+        return records.write(self.out_dir / "search.json", "search", summary)
+
+    def fastest(self, lowest: int, hi: int) -> dict:
+        """Steps 5 and 6: the climb above the lowest value with the margin, then the finalists' interleaved starts."""
+        most, starts = self.climb, self.starts
+        first = self.first(lowest)
+        progress.say(
+            f"climb from n_cpu_moe {lowest}, the lowest with the {self.margin:,} MiB margin: {self.words()} "
+            f"{first.text() if first else 'n/a'}; up to {most} value(s) above it while faster or within noise"
+        )
+
+        def said(step: planner.Step, i: int) -> None:
+            if step.speed is None:
+                text = f"{outcome_text(self.starts_of[step.n_cpu_moe][0])}: not safe with the margin, stop"
+            else:
+                going = "stop" if step.verdict == "slower" else "go on"
+                best = self.first(step.best)
+                text = f"{step.speed.text()}, {step.verdict}; best so far {step.best} ({best.text()}): {going}"
+            progress.say(f"climb {i}/{most}: n_cpu_moe {step.n_cpu_moe} {text}")
+
+        steps, stop = planner.climb(self.first, lowest, hi, most, said)
+        progress.say(f"climb done: {stop}")
+        safe = {n: s for n in self.starts_of if (s := self.speed(self.starts_of[n][:1]))}  # in the order measured
+        chosen = planner.finalists(safe)
+        best, others = chosen[0], chosen[1:]
+        if not others:
+            who = f"{best}, the only value that survived with the margin"
+        elif planner.within_noise(safe[others[0]], safe[best]):
+            who = f"{best} (the fastest in one start), {', '.join(map(str, others))} (within noise of it)"
+        else:
+            who = f"{best} (the fastest in one start), {others[0]} (the runner-up, apart in one start)"
+        round_ = " ".join(str(n) for n in safe if n in chosen)
+        progress.say(f"finalists: {who}; {starts} server starts each, interleaved: {', '.join([round_] * starts)}")
+        result = planner.settle(self.again, self.pooled, safe, starts)
+        joined = [n for n in result["finalists"] if n not in chosen]
+        if joined:
+            progress.say(f"joined the finalists: {', '.join(map(str, joined))} (faster in one start than the winner)")
+        winner = result["winner"]
+        if winner is not None:
+            pooled = result["pooled"][winner]
+            progress.say(
+                f"winner: n_cpu_moe {winner}, {self.words()} {pooled.text()} over {starts} starts "
+                f"({pooled.n} requests); {result['lead_held']}"
+            )
+        else:
+            progress.say(f"no winner: {result['lead_held']}")
+        return {
+            **{k: result[k] for k in ("winner", "runner_up", "won", "pairs", "lead_held")},
+            "climbed": [{"n_cpu_moe": st.n_cpu_moe, **_stat(st.speed), "verdict": st.verdict} for st in steps],
+            "climb_stop": stop,
+            "finalists": [
+                {
+                    "n_cpu_moe": n,
+                    "config_id": self.measured[n],
+                    "starts": len(result["per_start"][n]),
+                    "start_medians": [s.median if s else None for s in result["per_start"][n]],
+                    **_stat(result["pooled"][n]),
+                    "survived": all(s is not None for s in result["per_start"][n]),
+                    "records": self.ids_of[n],
+                }
+                for n in result["finalists"]
+            ],
+            "start_order": [{"n_cpu_moe": n, "start": k} for n, k in result["order"]],
+        }
+
+
+def _stat(speed: planner.Speed | None) -> dict:
+    if speed is None:
+        return dict.fromkeys(("median", "min", "max", "n"))
+    return {"median": speed.median, "min": speed.low, "max": speed.high, "n": speed.n}

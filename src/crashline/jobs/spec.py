@@ -1,0 +1,185 @@
+"""One contract per server job (measure, needle, search): a spec built once from the config.
+
+The spec holds everything the job reads besides its input files, and nothing else. The workflow
+passes it as the rule's ``params`` (so Snakemake reruns the job exactly when it changes) and the
+job reads it back instead of the config; ``python -m crashline VERB`` builds the same spec from
+the config file. Both call ``run`` with the spec and explicit paths: the two entry points cannot
+drift apart.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from ..config import plan as config_mod
+from ..core.atomic import read_json
+
+SERVER_LIMITS = ("startup_timeout_s", "request_timeout_s", "stop_timeout_s")
+
+
+def _server(config: dict) -> dict:
+    return {k: config["server"][k] for k in SERVER_LIMITS}
+
+
+def measure_spec(config: dict, model: str, cid: str) -> dict:
+    """What a measurement reads: the configuration, the workloads and how they are run."""
+    return {
+        "job": "measure",
+        "model": model,
+        "item": config_mod.find(config, model, cid),
+        "config": _measurement_config(config),
+    }
+
+
+def search_spec(config: dict, model: str, gid: str) -> dict:
+    """What a search reads: the group (settings, range, climb and starts, and the objective its climb and finalists
+    are ranked by) and what each probe reads (``config``: the probes' job key does not hold the objective, so a
+    new objective reruns the search, which reuses its records)."""
+    group = config_mod.find_search(config, model, gid)
+    if group.get("climb"):
+        group = {**group, "objective": search_objective(config)}
+    return {"job": "search", "model": model, "group": group, "config": _measurement_config(config)}
+
+
+def search_objective(config: dict) -> dict:
+    """The objective block with its workload resolved (the metric, the workload, and any other key of the block,
+    such as per-request limits, which the search's ranking honours where it knows them)."""
+    block = config["objective"]
+    return {**block, "metric": block.get("metric") or "decode_tps", "workload": config_mod.objective_workload(config)}
+
+
+def needle_spec(config: dict, model: str, cid: str) -> dict:
+    """What a recall check reads: the configuration, the model's source and prompt style, the needle
+    grid and the budget it is checked under."""
+    from ..config.needle import needle_settings
+
+    return {
+        "job": "needle",
+        "model": model,
+        "item": config_mod.find(config, model, cid),
+        "config": {
+            "models": {model: config["models"][model]},
+            "server": _server(config),
+            "budget": config["budget"],
+            "needle": needle_settings(config),
+        },
+    }
+
+
+def search_needle_spec(config: dict, model: str, gid: str) -> dict:
+    """What a search's recall check reads: the group, the objective its candidates are ordered by, and what a
+    needle job reads (the model's source and prompt style, server limits, the budget and margin, the grid)."""
+    from ..config.needle import needle_settings
+
+    return {
+        "job": "search_needle",
+        "model": model,
+        "group": {"id": gid},
+        "objective": search_objective(config),
+        "config": {
+            "models": {model: config["models"][model]},
+            "server": _server(config),
+            "budget": config["budget"],
+            "needle": needle_settings(config),
+        },
+    }
+
+
+def _measurement_config(config: dict) -> dict:
+    """A config without conversations has no key for them: records measured before they existed stay current."""
+    return {
+        "server": _server(config),
+        "workloads": config["workloads"],
+        **({"conversations": config["conversations"]} if config["conversations"] else {}),
+        "repetitions": config["repetitions"],
+        "budget": config["budget"],
+        "telemetry": config["telemetry"],
+    }
+
+
+SPECS = {"measure": measure_spec, "search": search_spec, "needle": needle_spec, "search_needle": search_needle_spec}
+
+
+def spec(job: str, config: dict, model: str, job_id: str) -> dict:
+    return SPECS[job](config, model, job_id)
+
+
+def as_param(job_spec: dict) -> str:
+    """The spec as the rule's params value: canonical JSON, so equal specs are equal strings."""
+    return json.dumps(job_spec, sort_keys=True, separators=(",", ":"))
+
+
+def inputs(fetch: Path, manifest: Path, provenance: Path, draft_fetch: Path | None = None) -> dict:
+    """The input records a server job reads, from their paths."""
+    return {
+        "fetch_record": read_json(fetch),
+        "manifest": read_json(manifest),
+        "provenance": read_json(provenance),
+        "draft_path": read_json(draft_fetch)["files"][0]["path"] if draft_fetch else None,
+    }
+
+
+def run(job_spec: dict, inputs: dict, outputs: dict) -> str:
+    """Run one job; returns the line it prints. ``outputs``: record, server_log, telemetry (measure);
+    record, server_log (needle); summary (search)."""
+    model = job_spec["model"]
+    if job_spec["job"] == "measure":
+        from .measure import measure
+
+        rec = measure(
+            model_name=model,
+            item=job_spec["item"],
+            config=job_spec["config"],
+            **inputs,
+            record_path=Path(outputs["record"]),
+            log_path=Path(outputs["server_log"]),
+            telemetry_path=Path(outputs["telemetry"]),
+        )
+        return f"{model} {rec['config_id']}: {rec['outcome']}" + (
+            f" ({rec['phase']}: {rec['message']})" if rec["message"] else ""
+        )
+    if job_spec["job"] == "needle":
+        from .needle import run_needle
+
+        rec = run_needle(
+            model_name=model,
+            item=job_spec["item"],
+            config=job_spec["config"],
+            **inputs,
+            record_path=Path(outputs["record"]),
+            log_path=Path(outputs["server_log"]),
+        )
+        return f"{model} {job_spec['item']['id']}: recall {rec['recall']}"
+    inputs = {k: v for k, v in inputs.items() if k != "draft_path"}
+    if job_spec["job"] == "search_needle":
+        from .needle import run_search_needle
+
+        rec = run_search_needle(
+            model_name=model,
+            summary_path=Path(outputs["search"]),
+            objective=job_spec["objective"],
+            config=job_spec["config"],
+            **inputs,
+            out_path=Path(outputs["summary"]),
+        )
+        tested = ", ".join(rec["records"]) or "none"
+        return f"{model} search {job_spec['group']['id']}: recall checked for {tested}; recalled: {rec['recalled']}"
+    from ..core.locks import lease_for
+    from .search import run_search
+    from ..core.settings import resolve
+
+    group = job_spec["group"]
+    highest = resolve({**group["given"], "n_cpu_moe": group["range"][1]})  # the most the search asks of the host
+    with lease_for(f"search {model} {group['id']}", highest, inputs["manifest"].get("layers")):  # every probe's
+        summary = run_search(
+            model_name=model,
+            group=group,
+            config=job_spec["config"],
+            **inputs,
+            out_dir=Path(outputs["summary"]).parent,
+        )
+    return (
+        f"{model} search {job_spec['group']['id']}: boundary n_cpu_moe {summary['boundary']}, use "
+        f"{summary['recommended_n_cpu_moe']}, {summary['server_starts']} server starts"
+    )

@@ -1,0 +1,807 @@
+"""The report's figures, drawn from the tables with matplotlib as SVG, one string each for the HTML
+(inline, needing no network) and one file each beside the Markdown report.
+
+Per model, each figure only where the data gives it a meaning (otherwise it is left out, never drawn
+empty):
+
+1. ``vram-vs-n-cpu-moe-MODEL``: peak VRAM against ``--n-cpu-moe``, one series per combination of the
+   other settings, the limit (budget, or the card) and the limit less the margin as lines, and each
+   failure marked where it failed (its peak; at the limit line when no peak was sampled). The crash
+   line as a picture. Needs GPU rows and two or more ``--n-cpu-moe`` values.
+2. ``speed-vs-n-cpu-moe-MODEL``: decode and prefill t/s per request (median, bars from min to max)
+   against ``--n-cpu-moe`` at the objective workload, one curve per combination of the other settings.
+   Needs two or more ``--n-cpu-moe`` values that survived that workload.
+3. ``speed-vs-prompt-length-MODEL``: decode and prefill against the prompt length of the workloads run
+   one request at a time, per configuration: the recommended ones first, then the fastest at the
+   objective workload, at most ``MAX_DEPTH_CONFIGS``. Needs two or more prompt lengths.
+4. ``per-request-vs-total-throughput-MODEL``: decode per request against the aggregate generated
+   throughput of the workloads that send several requests at once (and of the runs of the same prompt
+   and generation lengths at one at a time), each point named by its requests at once and ``-np``;
+   the dashed line joins the best trade-offs (no other point is faster on both axes).
+5. ``memory-over-time-MODEL-ID``: VRAM and RSS of one configuration's run from its
+   ``telemetry.parquet`` (``read_telemetry``), the phases the sampler marked shaded: load (llama.cpp's
+   own warm-up runs inside it), the untimed warm-up request (``prepare``), each workload, stop.
+
+Text stays text (``svg.fonttype`` "none"): labels are searchable and selectable, and the reader's own
+sans-serif draws them; no font is embedded and none is fetched. Ids are salted (``svg.hashsalt``) and
+prefixed with the figure's name, so the same tables give the same bytes and several figures inline in
+one page never share an id.
+"""
+
+from __future__ import annotations
+
+import io
+import re
+import textwrap
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import matplotlib
+import pandas as pd
+from matplotlib.backends.backend_svg import FigureCanvasSVG
+from matplotlib.figure import Figure as MplFigure
+from matplotlib.ticker import FuncFormatter, MaxNLocator
+
+from ..core import columns as cols
+from ..core.atomic import atomic_path
+from ..core.paths import Layout
+from ..core.records import Outcome
+from ..core.settings import SETTINGS, server_args
+from ..core.thresholds import missing
+
+N_CPU_MOE = cols.setting("n_cpu_moe")
+SETTING_COLUMNS = tuple(cols.setting(name) for name in SETTINGS)
+MAX_DEPTH_CONFIGS = 6  # curves in the speed-against-prompt-length figure
+
+SERIES_COLOURS = ("#3b6ea8", "#5b9a68", "#8a6bb0", "#b08850", "#4a9fb5", "#6f6f6f", "#b5a03a", "#2f4b7c")
+FAILURE_COLOURS = ("#c0392b", "#e06a2c", "#8e1b10", "#d64c6a", "#a0522d", "#f08a5d")
+FAILURE_MARKERS = ("X", "v", "s", "D", "^", "P", "*", "<", ">", "h")
+LIMIT_COLOUR, MARGIN_COLOUR = "#222222", "#777777"
+PHASE_SHADES = ("#eef1f5", "#f8f8f8")
+
+RC = {
+    "svg.fonttype": "none",  # text as <text>: no glyphs embedded, no font fetched; the browser's sans-serif
+    "svg.hashsalt": "crashline",  # clip-path and marker ids from their content, not from random numbers
+    "font.family": "sans-serif",
+    "font.size": 9,
+    "axes.titlesize": 9,
+    "axes.labelsize": 9,
+    "axes.spines.top": False,
+    "axes.spines.right": False,
+    "axes.edgecolor": "#888888",
+    "axes.grid": True,
+    "grid.color": "#e4e4e4",
+    "grid.linewidth": 0.6,
+    "xtick.color": "#444444",
+    "ytick.color": "#444444",
+    "legend.frameon": False,
+    "legend.fontsize": 8,
+    "lines.linewidth": 1.4,
+    "lines.markersize": 5,
+}
+NO_METADATA = {"Creator": None, "Date": None, "Format": None, "Type": None}  # no date: the same input, the same bytes
+PHASE_NAMES = {"load": "load", "prepare": "warm-up request", "stop": "stop"}
+
+
+@dataclass
+class Figure:
+    """One figure of the report."""
+
+    name: str  # file stem, unique within a report: "vram-vs-n-cpu-moe-MODEL"
+    title: str  # a sentence saying what it shows (the caption; the SVG's <title> and its heading too)
+    svg: str  # the whole <svg> element, no XML declaration or doctype: ready to inline in HTML
+    series: list[str] = field(default_factory=list)  # labels of the plotted data series, in legend order
+    kind: str = ""  # vram | speed | depth | concurrency | memory | conversation
+
+    @property
+    def file(self) -> str:
+        return f"{self.name}.svg"
+
+
+# -- values and labels ---------------------------------------------------------------------------
+
+
+def _value(value):
+    """A table value as plain Python: None for a missing one, an int for a whole float (NaN-padded ints)."""
+    if missing(value):
+        return None
+    if hasattr(value, "item"):
+        value = value.item()
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
+def _mib(value) -> str:
+    return f"{value:,.0f} MiB"
+
+
+def _setting_text(name: str, value) -> str:
+    """One setting as llama-server would be given it (``-ub 512``, ``-kvu``), or in words where it has no flag."""
+    value = _value(value)
+    if name == "page_cache":
+        return f"{value} page cache" if value else "page cache unknown"
+    if name == "extra_args":
+        return f"extra arguments {value}" if value else "no extra arguments"
+    if value is None:
+        flag = SETTINGS[name].flag
+        return f"no {flag}" if flag else f"{name.replace('_', ' ')}: llama.cpp's default"
+    return " ".join(server_args({name: value})) or f"{name.replace('_', ' ')} {value}"
+
+
+def _present(frame: pd.DataFrame, names: Iterable[str]) -> list[str]:
+    return [c for c in names if c in frame.columns]
+
+
+def _varying(rows: pd.DataFrame, names: Iterable[str]) -> list[str]:
+    """The setting columns whose values differ between the rows (a missing value counts as one value)."""
+    return [c for c in names if len({_value(v) for v in rows[c]}) > 1]
+
+
+def _not_default(rows: pd.DataFrame, names: Iterable[str]) -> list[str]:
+    """The setting columns where some row differs from crashline's default."""
+    out = []
+    for c in names:
+        default = SETTINGS[c.removeprefix(cols.SETTING_PREFIX)].default
+        default = " ".join(default) if isinstance(default, (list, tuple)) else default
+        given = [v for v in map(_value, rows[c]) if v not in (None, "")]  # unset: not a difference
+        if any(v != default for v in given):
+            out.append(c)
+    return out
+
+
+def _label(row, names: list[str]) -> str:
+    if not names:
+        return "crashline's default settings"
+    return ", ".join(_setting_text(c.removeprefix(cols.SETTING_PREFIX), row[c]) for c in names)
+
+
+def _label_columns(rows: pd.DataFrame, names: list[str]) -> list[str]:
+    """What tells the rows apart: the settings that vary, or (all alike) those that are not crashline's defaults."""
+    return _varying(rows, names) or _not_default(rows, names)
+
+
+def _order(value) -> tuple:
+    """A sort key for values of mixed kinds: numbers by size, then texts, then missing."""
+    value = _value(value)
+    if value is None:
+        return (2, "")
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return (0, value)
+    return (1, str(value))
+
+
+def _groups(rows: pd.DataFrame, names: list[str]) -> list[tuple[tuple, pd.DataFrame]]:
+    """The rows grouped by the values of ``names`` (missing values alike), in a stable order."""
+    if not names:
+        return [((), rows)] if len(rows) else []
+    keys = rows[names].apply(lambda r: tuple(_value(v) for v in r), axis=1)
+    groups: dict[tuple, list] = {}
+    for index, key in zip(rows.index, keys, strict=True):
+        groups.setdefault(key, []).append(index)
+    ordered = sorted(groups, key=lambda k: tuple(_order(v) for v in k))
+    return [(key, rows.loc[groups[key]]) for key in ordered]
+
+
+def _failure_text(row) -> str:
+    """How a configuration failed, in the report's words: "oom at warmup", "load_failed (weights) at load"."""
+    outcome, failure, phase = (_value(row.get(c)) for c in ("outcome", "failure", "phase"))
+    kind = f"{outcome} ({failure})" if failure and failure != outcome else str(outcome)
+    return f"{kind} at {phase}" if phase else kind
+
+
+def _environments(rows: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
+    if "environment" not in rows or rows.empty:
+        return [("", rows)]
+    return [(str(env), part) for env, part in rows.groupby(rows["environment"].fillna(""), sort=True)]
+
+
+def _env_text(rows: pd.DataFrame) -> str:
+    """A short name of a machine: its GPU and the budget it ran under."""
+    gpu = _value(rows["gpu"].iloc[0]) if "gpu" in rows else None
+    budget = _value(rows["vram_budget_mib"].iloc[0]) if "vram_budget_mib" in rows else None
+    return f"{gpu or 'unknown GPU'}" + (f", budget {_mib(budget)}" if budget else "")
+
+
+def _with_env(rows: pd.DataFrame, names: list[str]) -> tuple[list[str], bool]:
+    """Rows of several machines (or budgets) are never one series: the environment joins the key."""
+    several = "environment" in rows and rows["environment"].nunique(dropna=False) > 1
+    return (["environment", *names] if several else names), several
+
+
+def _series_label(rows: pd.DataFrame, names: list[str], several_envs: bool) -> str:
+    settings = [c for c in names if c != "environment"]
+    text = _label(rows.iloc[0], settings)
+    return f"{text} ({_env_text(rows)})" if several_envs else text
+
+
+# -- drawing -------------------------------------------------------------------------------------
+
+
+def _new(title: str, panels: int = 1, height: float = 3.8) -> tuple[MplFigure, list]:
+    fig = MplFigure(figsize=(7.6, height + 1.9 * (panels - 1)), layout="constrained")
+    FigureCanvasSVG(fig)
+    axes = fig.subplots(panels, 1, sharex=True, squeeze=False)[:, 0].tolist()
+    fig.suptitle("\n".join(textwrap.wrap(title, 105)), x=0.01, ha="left", fontsize=9.5)
+    for ax in axes:
+        ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _pos: f"{v:,.0f}" if abs(v) >= 10 else f"{v:g}"))
+    return fig, axes
+
+
+def _legend(fig: MplFigure, axes: list) -> None:
+    handles, labels = [], []
+    for ax in axes:
+        for handle, label in zip(*ax.get_legend_handles_labels(), strict=True):
+            if label not in labels:
+                handles.append(handle)
+                labels.append(label)
+    if handles:
+        fig.legend(handles, labels, loc="outside lower center", ncols=2 if len(labels) > 3 else 1)
+
+
+_ID = re.compile(r'(\bid="|href="#|url\(#)([^")]+)')
+
+
+def _svg(fig: MplFigure, name: str, title: str) -> str:
+    """The figure as an <svg> element: every id prefixed with the figure's name, a <title> for readers."""
+    buf = io.StringIO()
+    fig.savefig(buf, format="svg", metadata=NO_METADATA)
+    text = buf.getvalue()
+    text = text[text.index("<svg") :]
+    prefix = re.sub(r"[^A-Za-z0-9_-]", "_", name)
+    text = _ID.sub(lambda m: f"{m.group(1)}{prefix}-{m.group(2)}", text)
+    head = text.index(">") + 1
+    caption = title.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+    return f"{text[:head]}\n <title>{caption}</title>{text[head:]}".rstrip() + "\n"
+
+
+def _finish(fig: MplFigure, axes: list, name: str, title: str, series: list[str], kind: str) -> Figure:
+    _legend(fig, axes)
+    return Figure(name=name, title=title, svg=_svg(fig, name, title), series=series, kind=kind)
+
+
+def _error_bars(rows: pd.DataFrame, metric: str) -> tuple[list, list, list]:
+    """Medians and the distances to min and max (none where min or max is missing)."""
+    med = [float(v) for v in rows[cols.stat(metric, "median")]]
+    lo = [m - v if not missing(v) else 0.0 for m, v in zip(med, rows[cols.stat(metric, "min")], strict=True)]
+    hi = [v - m if not missing(v) else 0.0 for m, v in zip(med, rows[cols.stat(metric, "max")], strict=True)]
+    return med, [max(0.0, d) for d in lo], [max(0.0, d) for d in hi]
+
+
+SPEEDS = (("decode_tps", "decode"), ("prefill_tps", "prefill"))
+
+
+def _speed_panels(rows: pd.DataFrame) -> list[tuple[str, str]]:
+    return [(m, word) for m, word in SPEEDS if rows[cols.stat(m, "median")].notna().any()]
+
+
+def _has(frame: pd.DataFrame | None, *names: str) -> bool:
+    return frame is not None and not frame.empty and all(n in frame.columns for n in names)
+
+
+# -- 1. peak VRAM against --n-cpu-moe ------------------------------------------------------------
+
+
+def _limit(rows: pd.DataFrame, budget: dict) -> tuple[float | None, str]:
+    """The VRAM limit the rows ran under, and what it is: the budget, else the card's total memory."""
+    limits = rows["vram_limit_mib"].dropna() if "vram_limit_mib" in rows else pd.Series(dtype=float)
+    budgets = rows["vram_budget_mib"].dropna() if "vram_budget_mib" in rows else pd.Series(dtype=float)
+    if budget.get("vram_budget_mib") and (budgets.empty or (budgets == budget["vram_budget_mib"]).all()):
+        return float(budget["vram_budget_mib"]), "VRAM budget"
+    if limits.empty:
+        return None, "VRAM budget"
+    kinds = set(rows["vram_limit_is"].dropna()) if "vram_limit_is" in rows else set()  # "budget" or "card"
+    card = kinds == {"card"} if kinds else budgets.empty
+    return float(limits.max()), "card's memory" if card else "VRAM budget"
+
+
+def _limit_lines(ax, limit: float, limit_is: str, margin) -> None:
+    """The limit, and the limit less the margin, as labelled horizontal lines (ids ``limit``, ``margin``)."""
+    line = ax.axhline(limit, color=LIMIT_COLOUR, linewidth=1.0, label=f"{limit_is} ({_mib(limit)})")
+    line.set_gid("limit")
+    if margin:
+        label = f"{limit_is} − margin ({_mib(limit - margin)}; margin {_mib(margin)})"
+        line = ax.axhline(limit - margin, color=MARGIN_COLOUR, linestyle="--", linewidth=1.0, label=label)
+        line.set_gid("margin")
+
+
+def _predictions(searches: pd.DataFrame | None, model: str, names: list[str], lo: int, hi: int) -> list[tuple]:
+    """The planner's predicted VRAM per n_cpu_moe of each search of the model, within [lo, hi]."""
+    if not _has(searches, "model", "value_rows"):
+        return []
+    out = []
+    for _, row in searches[searches["model"] == model].iterrows():
+        points = sorted(
+            (int(v["n_cpu_moe"]), float(v["predicted_mib"]))
+            for v in row["value_rows"]
+            if v["predicted_mib"] is not None and lo <= v["n_cpu_moe"] <= hi
+        )
+        key = tuple(_value(row[c]) if c in row else None for c in names)
+        if len(points) > 1:
+            out.append((key, points))
+    return out
+
+
+def per_gpu(rows: pd.DataFrame) -> pd.DataFrame:
+    """Rows whose configuration spans several GPUs drawn as each GPU is limited: the fullest GPU's peak against one
+    GPU's limit (the budget, or the card), not the sum against one GPU's line."""
+    if "peak_gpus_mib" not in rows:
+        return rows
+    rows = rows.copy()
+    for i, each in rows["peak_gpus_mib"].items():
+        if each is not None and not isinstance(each, float) and len(each) > 1:
+            rows.at[i, "peak_gpu_mib"] = float(max(each))
+            if "vram_limit_mib" in rows and pd.notna(rows.at[i, "vram_limit_mib"]):
+                rows.at[i, "vram_limit_mib"] = rows.at[i, "vram_limit_mib"] / len(each)
+    return rows
+
+
+def _vram(model: str, configs: pd.DataFrame, searches: pd.DataFrame | None, budget: dict) -> list[Figure]:
+    if not _has(configs, N_CPU_MOE, "peak_gpu_mib", "gpu", "outcome"):
+        return []
+    rows = configs[(configs["model"] == model) & configs[N_CPU_MOE].notna() & (configs["gpu"] != "no GPU")]
+    envs = [(env, per_gpu(part)) for env, part in _environments(rows) if part[N_CPU_MOE].nunique() > 1]
+    out = []
+    for i, (_env, part) in enumerate(envs):
+        suffix = f"-{i + 1}" if len(envs) > 1 else ""
+        out.append(_vram_one(model, part, searches if len(envs) == 1 else None, budget, suffix))
+    return [f for f in out if f is not None]
+
+
+def _vram_one(model: str, rows: pd.DataFrame, searches, budget: dict, suffix: str) -> Figure | None:
+    limit, limit_is = _limit(rows, budget)
+    margin = budget.get("margin_mib")
+    others = [c for c in _present(rows, SETTING_COLUMNS) if c != N_CPU_MOE]
+    names = _varying(rows, others)
+    label_names = names or _not_default(rows, others)
+    groups = _groups(rows, names)
+    several = len(groups) > 1
+    where = f" on {_env_text(rows)}" if suffix else ""
+    title = (
+        f"Peak VRAM of {model} against --n-cpu-moe{where}, one series per combination of the other settings, "
+        f"with the {limit_is} and the margin below it; each failure is marked where it failed."
+    )
+    fig, (ax,) = _new(title)
+    series, drawn = [], 0
+    kinds: dict[str, int] = {}  # failure kind and phase -> its marker
+    failed: dict[str, list[tuple]] = {}  # legend entry -> (x, y, kind, series index)
+    for i, (_key, group) in enumerate(groups):
+        label = _label(group.iloc[0], label_names)
+        ok = group[(group["outcome"] == Outcome.OK) & group["peak_gpu_mib"].notna()].sort_values(N_CPU_MOE)
+        if len(ok):
+            colour = SERIES_COLOURS[i % len(SERIES_COLOURS)]
+            (line,) = ax.plot(ok[N_CPU_MOE], ok["peak_gpu_mib"], "o-", color=colour, label=label)
+            line.set_gid(f"series-{len(series)}")
+            series.append(label)
+            drawn += len(ok)
+        for _, row in group[group["outcome"] != Outcome.OK].iterrows():
+            peak = _value(row["peak_gpu_mib"])
+            y = peak if peak is not None else limit  # no peak sampled: on the limit line
+            if y is None:
+                continue
+            kind = _failure_text(row)
+            kinds.setdefault(kind, len(kinds))
+            failed.setdefault(f"{kind} ({label})" if several else kind, []).append((_value(row[N_CPU_MOE]), y, kind, i))
+    for entry, points in failed.items():
+        kind, group_index = points[0][2], points[0][3]
+        artist = ax.scatter(
+            [p[0] for p in points],
+            [p[1] for p in points],
+            marker=FAILURE_MARKERS[kinds[kind] % len(FAILURE_MARKERS)],
+            s=64,
+            color=FAILURE_COLOURS[(kinds[kind] + group_index) % len(FAILURE_COLOURS)],
+            edgecolors="#3a0a05",
+            linewidths=0.6,
+            zorder=3,
+            label=entry,
+        )
+        artist.set_gid(f"series-{len(series)}")
+        series.append(entry)
+        drawn += len(points)
+    if drawn < 2:
+        return None
+    span = (int(rows[N_CPU_MOE].min()), int(rows[N_CPU_MOE].max()))
+    for key, points in _predictions(searches, model, names, *span):
+        match = next((i for i, (k, _g) in enumerate(groups) if k == key), None)
+        colour = SERIES_COLOURS[match % len(SERIES_COLOURS)] if match is not None else "#999999"
+        whose = f" ({_label(groups[match][1].iloc[0], names)})" if several and match is not None else ""
+        label = f"planner's prediction{whose}"
+        (line,) = ax.plot(*zip(*points, strict=True), ":", color=colour, linewidth=1.1, label=label)
+        line.set_gid(f"series-{len(series)}")
+        series.append(label)
+    if limit is not None:
+        _limit_lines(ax, limit, limit_is, margin)
+    ax.set_xlabel("--n-cpu-moe (layers whose experts stay on the CPU)")
+    ax.set_ylabel("peak VRAM of the server (MiB)")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    return _finish(fig, [ax], f"vram-vs-n-cpu-moe-{model}{suffix}", title, series, "vram")
+
+
+# -- 2. speed against --n-cpu-moe at the objective workload -------------------------------------
+
+
+def _speed(model: str, measurements: pd.DataFrame, workload: str) -> list[Figure]:
+    if not _has(measurements, N_CPU_MOE, "workload", "workload_outcome", "decode_tps_median"):
+        return []
+    rows = measurements[
+        (measurements["model"] == model)
+        & (measurements["workload"] == workload)
+        & (measurements["workload_outcome"] == Outcome.OK)
+        & measurements[N_CPU_MOE].notna()
+    ]
+    panels = _speed_panels(rows) if len(rows) else []
+    if rows[N_CPU_MOE].nunique() < 2 or not panels:
+        return []
+    others = [c for c in _present(rows, SETTING_COLUMNS) if c != N_CPU_MOE]
+    names, several = _with_env(rows, _varying(rows, others))
+    label_names = [c for c in names if c != "environment"] or _not_default(rows, others)
+    first = rows.iloc[0]
+    at_once = _value(first["concurrency"]) or 1
+    shape = f"{int(first['prompt_tokens']):,} prompt tokens, {int(first['gen_tokens']):,} generated"
+    shape += f", {at_once} requests at once" if at_once > 1 else ""
+    title = (
+        f"Decode and prefill speed of {model} against --n-cpu-moe at workload {workload} ({shape}): "
+        "median of every request, bars from min to max."
+    )
+    fig, axes = _new(title, len(panels))
+    series = []
+    for i, (_key, group) in enumerate(_groups(rows, names)):
+        group = group.sort_values(N_CPU_MOE)
+        label = _series_label(group, label_names, several)
+        for ax, (metric, _word) in zip(axes, panels, strict=True):
+            data = group[group[cols.stat(metric, "median")].notna()]
+            if data.empty:
+                continue
+            med, lo, hi = _error_bars(data, metric)
+            bars = ax.errorbar(
+                data[N_CPU_MOE], med, yerr=[lo, hi], fmt="o-", capsize=3, color=SERIES_COLOURS[i % 8], label=label
+            )
+            bars.lines[0].set_gid(f"series-{len(series)}-{metric}")
+        series.append(label)
+    for ax, (_metric, word) in zip(axes, panels, strict=True):
+        ax.set_ylabel(f"{word} (tokens/s per request)")
+        ax.set_ylim(bottom=0)
+    axes[-1].set_xlabel("--n-cpu-moe (layers whose experts stay on the CPU)")
+    axes[-1].xaxis.set_major_locator(MaxNLocator(integer=True))
+    return [_finish(fig, axes, f"speed-vs-n-cpu-moe-{model}", title, series, "speed")]
+
+
+# -- 3. speed against prompt length -------------------------------------------------------------
+
+
+def _depth(model: str, measurements: pd.DataFrame, workload: str, recommended: set[str]) -> list[Figure]:
+    if not _has(measurements, "prompt_tokens", "concurrency", "workload_outcome", "decode_tps_median"):
+        return []
+    rows = measurements[
+        (measurements["model"] == model)
+        & (measurements["workload_outcome"] == Outcome.OK)
+        & (measurements["concurrency"].fillna(1) == 1)
+    ]
+    if rows["prompt_tokens"].nunique() < 2 or not _speed_panels(rows):
+        return []
+    # Per configuration and prompt length one row: the workload with the most generated tokens.
+    rows = rows.sort_values(["config_id", "prompt_tokens", "gen_tokens"]).drop_duplicates(
+        ["config_id", "prompt_tokens"], keep="last"
+    )
+    depths = rows.groupby("config_id")["prompt_tokens"].nunique()
+    candidates = [cid for cid in depths.index if depths[cid] > 1]
+    if not candidates:
+        return []
+    objective = rows[rows["workload"] == workload].set_index("config_id")["decode_tps_median"]
+    objective = objective[~objective.index.duplicated()]
+
+    def rank(cid):
+        speed = _value(objective.get(cid))
+        return (cid not in recommended, speed is None, -(speed or 0.0), cid)
+
+    chosen = sorted(candidates, key=rank)[:MAX_DEPTH_CONFIGS]
+    rows = rows[rows["config_id"].isin(chosen)]
+    settings = _present(rows, SETTING_COLUMNS)
+    first = rows.drop_duplicates("config_id").set_index("config_id").loc[chosen]
+    names = _label_columns(first, settings)
+    several = "environment" in rows and rows["environment"].nunique(dropna=False) > 1
+    how = "the recommended first, then " if recommended & set(chosen) else ""
+    more = (
+        f" {len(chosen)} of {len(candidates)} configurations: {how}the fastest at {workload}."
+        if len(candidates) > len(chosen)
+        else ""
+    )
+    title = (
+        f"Decode and prefill speed of {model} against prompt length, one request at a time: "
+        f"median of every request, bars from min to max.{more}"
+    )
+    panels = _speed_panels(rows)
+    fig, axes = _new(title, len(panels))
+    series = []
+    for i, cid in enumerate(chosen):
+        data = rows[rows["config_id"] == cid].sort_values("prompt_tokens")
+        label = _series_label(data, names, several) + (" (recommended)" if cid in recommended else "")
+        for ax, (metric, _word) in zip(axes, panels, strict=True):
+            part = data[data[cols.stat(metric, "median")].notna()]
+            if part.empty:
+                continue
+            med, lo, hi = _error_bars(part, metric)
+            bars = ax.errorbar(
+                part["prompt_tokens"],
+                med,
+                yerr=[lo, hi],
+                fmt="o-",
+                capsize=3,
+                color=SERIES_COLOURS[i % len(SERIES_COLOURS)],
+                linewidth=2.2 if cid in recommended else 1.4,
+                label=label,
+            )
+            bars.lines[0].set_gid(f"series-{i}-{metric}")
+        series.append(label)
+    ticks = sorted(int(v) for v in rows["prompt_tokens"].unique())
+    for ax, (_metric, word) in zip(axes, panels, strict=True):
+        ax.set_ylabel(f"{word} (tokens/s per request)")
+        ax.set_ylim(bottom=0)
+    if ticks[-1] >= 8 * ticks[0]:
+        axes[-1].set_xscale("log", base=2)
+    axes[-1].set_xticks(ticks, [f"{t:,}" for t in ticks])
+    axes[-1].minorticks_off()
+    axes[-1].set_xlabel("prompt length (tokens)")
+    return [_finish(fig, axes, f"speed-vs-prompt-length-{model}", title, series, "depth")]
+
+
+# -- 4. per-request decode against aggregate throughput ------------------------------------------
+
+
+def _pareto(points: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """The points no other point beats on both axes, by rising x."""
+    front, best = [], float("-inf")
+    for x, y in sorted(points, key=lambda p: (-p[0], -p[1])):
+        if y > best:
+            front.append((x, y))
+            best = y
+    return sorted(front)
+
+
+def _concurrency(model: str, measurements: pd.DataFrame) -> list[Figure]:
+    need = ("concurrency", "prompt_tokens", "gen_tokens", "aggregate_tps_median", "decode_tps_median")
+    if not _has(measurements, *need):
+        return []
+    rows = measurements[
+        (measurements["model"] == model)
+        & (measurements["workload_outcome"] == Outcome.OK)
+        & measurements["aggregate_tps_median"].notna()
+        & measurements["decode_tps_median"].notna()
+    ]
+    at_once = rows[rows["concurrency"] > 1]
+    shapes = sorted({(int(p), int(g)) for p, g in zip(at_once["prompt_tokens"], at_once["gen_tokens"], strict=True)})
+    rows = rows[[(int(p), int(g)) in shapes for p, g in zip(rows["prompt_tokens"], rows["gen_tokens"], strict=True)]]
+    if len(rows) < 2:
+        return []
+    parallel = cols.setting("parallel")
+    names = _varying(rows, [c for c in _present(rows, SETTING_COLUMNS) if c != parallel])
+    keys, several = _with_env(rows, [])
+    title = (
+        f"Decode speed per request against total generated throughput for {model}, as more requests run "
+        "at once: each point a configuration at a number of requests at once (medians); the dashed line "
+        "joins the best trade-offs."
+    )
+    fig, (ax,) = _new(title, height=4.2)
+    series = []
+    front_label = "best trade-offs of each series (no other point of it is faster on both axes)"
+    for prompt, gen in shapes:
+        same = rows[(rows["prompt_tokens"] == prompt) & (rows["gen_tokens"] == gen)]
+        for _key, data in _groups(same, keys):
+            colour = SERIES_COLOURS[len(series) % len(SERIES_COLOURS)]
+            label = f"{prompt:,} prompt + {gen:,} generated tokens" + (f" ({_env_text(data)})" if several else "")
+            xs = data["aggregate_tps_median"].astype(float).tolist()
+            ys = data["decode_tps_median"].astype(float).tolist()
+            artist = ax.scatter(xs, ys, color=colour, s=30, zorder=3, label=label)
+            artist.set_gid(f"series-{len(series)}")
+            series.append(label)
+            front = _pareto(list(zip(xs, ys, strict=True)))
+            for (_, row), x, y in zip(data.iterrows(), xs, ys, strict=True):
+                if (x, y) not in front and int(row["concurrency"]) == 1:
+                    continue  # a point named only where it matters: on the front, or several at once
+                slots = _setting_text("parallel", row[parallel]) if parallel in row else ""
+                text = ", ".join(t for t in (f"{int(row['concurrency'])} at once", slots) if t)
+                text += f", {_label(row, names)}" if names else ""
+                ax.annotate(text, (x, y), xytext=(4, 4), textcoords="offset points", fontsize=7, color="#333333")
+            if len(front) > 1:
+                ax.plot(*zip(*front, strict=True), "--", color=colour, linewidth=1.0, label=front_label)
+    ax.set_xlabel("aggregate generated throughput (tokens/s, all requests together)")
+    ax.set_ylabel("decode per request (tokens/s)")
+    ax.set_xlim(left=0)
+    ax.set_ylim(bottom=0)
+    return [_finish(fig, [ax], f"per-request-vs-total-throughput-{model}", title, series, "concurrency")]
+
+
+# -- 5. memory over time -------------------------------------------------------------------------
+
+
+def phases(frame: pd.DataFrame) -> list[tuple[str, float, float]]:
+    """The phases of a run from its telemetry, as (phase, start s, end s) from the first sample: each phase
+    runs from its first sample to the next phase's first (the sampler marks them as they begin)."""
+    if not _has(frame, "t", "phase") or len(frame) < 2:
+        return []
+    t0 = float(frame["t"].iloc[0])
+    t = (frame["t"].astype(float) - t0).tolist()
+    names = frame["phase"].tolist()
+    out, start = [], 0
+    for i in range(1, len(names) + 1):
+        if i == len(names) or names[i] != names[start]:
+            out.append((str(names[start]), t[start], t[i] if i < len(names) else t[i - 1]))
+            start = i
+    return out
+
+
+def _memory(model: str, configs: pd.DataFrame, telemetry: Mapping[str, pd.DataFrame], budget: dict) -> list[Figure]:
+    out = []
+    rows = configs[configs["model"] == model] if _has(configs, "model", "config_id") else pd.DataFrame()
+    for cid in sorted(telemetry or {}):
+        frame = telemetry[cid]
+        match = rows[rows["config_id"] == cid] if len(rows) else rows
+        if match.empty or not _has(frame, "t") or len(frame) < 2:
+            continue
+        lines = [
+            (c, text)
+            for c, text in (
+                ("gpu_mib", "VRAM used by the server"),
+                ("server_rss_mib", "RSS of the server and its children"),
+            )
+            if c in frame and frame[c].notna().any()
+        ]
+        if not lines:
+            continue
+        row = match.iloc[0]
+        args = _value(row.get("server_args")) or "crashline's default settings"
+        title = f"Memory of {model} over its run with {args} ({cid}), the phases shaded."
+        fig, (ax,) = _new(title, height=3.6)
+        t = frame["t"].astype(float) - float(frame["t"].iloc[0])
+        series = []
+        for i, (column, text) in enumerate(lines):
+            (line,) = ax.plot(t, frame[column], "-", color=SERIES_COLOURS[i], linewidth=1.3, label=text)
+            line.set_gid(f"series-{i}")
+            series.append(text)
+        if "gpu_mib" in dict(lines):
+            limit, limit_is = _limit(match, budget)
+            if limit is not None:
+                _limit_lines(ax, limit, limit_is, budget.get("margin_mib"))
+        spans = phases(frame)
+        for k, (name, start, end) in enumerate(spans):
+            ax.axvspan(start, end, color=PHASE_SHADES[k % 2], zorder=0, linewidth=0)
+            text = PHASE_NAMES.get(name, f"workload {name}")
+            ax.text(
+                start,
+                0.98,
+                f" {text}",
+                transform=ax.get_xaxis_transform(),
+                rotation=90,
+                va="top",
+                ha="left",
+                fontsize=7,
+                color="#555555",
+            )
+        ax.set_xlabel("time since the first sample (s)")
+        ax.set_ylabel("memory (MiB)")
+        ax.set_ylim(bottom=0)
+        out.append(_finish(fig, [ax], f"memory-over-time-{model}-{cid}", title, series, "memory"))
+    return out
+
+
+# -- all of them ---------------------------------------------------------------------------------
+
+
+def figures(
+    configs: pd.DataFrame,
+    measurements: pd.DataFrame,
+    searches: pd.DataFrame | None,
+    budget: dict,
+    objective_workload: str,
+    telemetry: Mapping[str, pd.DataFrame] | None = None,
+    recommended: Iterable[str] = (),
+    conversations: pd.DataFrame | None = None,
+) -> dict[str, list[Figure]]:
+    """Every figure the tables give meaning to, per model (in the order of ``configs``).
+
+    ``budget`` is the config's ``budget`` block (``vram_budget_mib`` may be None: then the limit is the
+    card's total memory, the ``vram_limit_mib`` of the rows). ``telemetry`` maps a configuration id to
+    its run's time series (``read_telemetry``), drawn as memory over time; ``recommended`` names the
+    recommended configuration ids, which the speed-against-prompt-length figure draws first;
+    ``conversations`` is the conversations table (memory over the turns).
+    """
+    if not _has(configs, "model"):
+        return {}
+    recommended = set(recommended)
+    # A search probe with the settings of a sweep configuration has its id: one row each is enough here.
+    configs = configs.drop_duplicates(["model", "config_id"], keep="last") if _has(configs, "config_id") else configs
+    if _has(measurements, "model", "config_id", "workload"):
+        measurements = measurements.drop_duplicates(["model", "config_id", "workload"], keep="last")
+    out = {}
+    with matplotlib.rc_context(RC):  # the figures' own settings, restored after: nothing leaks into other plots
+        for model in configs["model"].drop_duplicates():
+            out[model] = [
+                *_vram(model, configs, searches, budget),
+                *_speed(model, measurements, objective_workload),
+                *_depth(model, measurements, objective_workload, recommended),
+                *_concurrency(model, measurements),
+                *_memory(model, configs, telemetry or {}, budget),
+                *_conversation_memory(model, conversations),
+            ]
+    return out
+
+
+def _conversation_memory(model: str, conversations: pd.DataFrame | None) -> list[Figure]:
+    """Peak VRAM (with a GPU) and host RSS of each turn against the history it sent, one series per
+    configuration and conversation workload; a conversation that failed ends in a marker at its last turn."""
+    if not _has(conversations, "model", "turn_rows", "conversation"):
+        return []
+    rows = conversations[conversations["model"] == model]
+    if rows.empty:
+        return []
+    names = _label_columns(rows, _present(rows, SETTING_COLUMNS))
+    several_talks = rows["conversation"].nunique() > 1
+    panels = [("gpu_mib", "peak VRAM (MiB)"), ("rss_mib", "peak host RSS (MiB)")]
+    panels = [(k, word) for k, word in panels if any(t[k] is not None for ts in rows["turn_rows"] for t in ts)]
+    if not panels:
+        return []
+    title = (
+        f"Memory of {model} as each conversation grows with the prompt cache on: the peak of each turn against "
+        "the history it sent (the restart case left out); ✕ marks the turn a conversation failed at."
+    )
+    fig, axes = _new(title, panels=len(panels))
+    series = []
+    for i, (_, row) in enumerate(rows.iterrows()):
+        label = ", ".join(t for t in (_label(row, names), row["conversation"] if several_talks else "") if t)
+        label = label or row["conversation"]
+        colour = SERIES_COLOURS[i % len(SERIES_COLOURS)]
+        turns = [t for t in row["turn_rows"] if t["turn"] != "restart"]
+        for ax, (key, _word) in zip(axes, panels, strict=True):
+            done = [t for t in turns if t["outcome"] == Outcome.OK and t[key] is not None]
+            (line,) = ax.plot(
+                [t["history_tokens"] for t in done], [t[key] for t in done], "o-", color=colour, label=label
+            )
+            line.set_gid(f"series-{len(series)}")
+            cut = [t for t in turns if t["outcome"] != Outcome.OK and t[key] is not None]
+            if cut:
+                ax.scatter([t["history_tokens"] for t in cut], [t[key] for t in cut], marker="X", s=64, color=colour)
+        series.append(label)
+    for ax, (_key, word) in zip(axes, panels, strict=True):
+        ax.set_ylabel(word)
+        ax.set_ylim(bottom=0)
+    axes[-1].set_xlabel("history sent (tokens)")
+    return [_finish(fig, axes, f"conversation-memory-{model}", title, series, "conversation")]
+
+
+def telemetry_path(results_dir: str | Path, model: str, config_id: str) -> Path | None:
+    """Where a configuration's time series is: its measure job's folder, or a search's probe folder."""
+    path = Layout(results_dir).telemetry(model, config_id)
+    if path.exists():
+        return path
+    probes = sorted(Path(results_dir).glob(f"search/{model}/*/records/{config_id}/telemetry.parquet"))
+    return probes[0] if probes else None
+
+
+def read_telemetry(results_dir: str | Path, model: str, config_ids: Iterable[str]) -> dict[str, pd.DataFrame]:
+    """The time series of these configurations that exist (``figures(telemetry=...)``)."""
+    out = {}
+    for cid in config_ids:
+        path = telemetry_path(results_dir, model, cid)
+        if path is not None:
+            out[cid] = pd.read_parquet(path)
+    return out
+
+
+def write(by_model: Mapping[str, list[Figure]], directory: str | Path) -> list[Path]:
+    """Each figure as ``directory/NAME.svg`` (the Markdown report links them by ``Figure.file``); the
+    directory is made even when there is no figure (the workflow declares it as an output), and a figure
+    left there by an earlier report that this one does not draw is removed."""
+    Path(directory).mkdir(parents=True, exist_ok=True)
+    drawn = {fig.file for figs in by_model.values() for fig in figs}
+    for old in Path(directory).glob("*.svg"):
+        if old.name not in drawn:
+            old.unlink()
+    paths = []
+    for figs in by_model.values():
+        for fig in figs:
+            path = Path(directory) / fig.file
+            with atomic_path(path) as tmp:
+                tmp.write_text('<?xml version="1.0" encoding="utf-8" standalone="no"?>\n' + fig.svg, encoding="utf-8")
+            paths.append(path)
+    return paths

@@ -1,0 +1,382 @@
+"""Records (JSON, one per job) into Parquet tables; reports read only these tables.
+
+``configs``: one row per model × configuration (outcome, failure phase, placement, memory).
+``measurements``: one row per model × configuration × workload, every setting a column.
+``conversations``: one row per model × configuration × conversation workload, its turns a nested list.
+``searches``: one row per n_cpu_moe search.
+
+A search's finalist has several server starts (``records/ID/`` and ``records/ID/start-K/``): its starts
+are one row in ``configs`` and ``measurements`` (``pool_starts``), with ``starts`` the number of starts,
+each statistic over every request of every start, and ``*_start_medians`` each start's own median.
+Other records are one row each, as they are.
+
+Every table has the columns ``columns`` names, of the types it gives, with rows or without.
+"""
+
+from __future__ import annotations
+
+import statistics
+from pathlib import Path
+
+import pandas as pd
+import pyarrow as pa
+
+from ..core import columns as cols
+from ..core import host as host_mod
+from ..core import records
+from ..core import settings as settings_mod
+from . import files as tablefiles
+from ..engine.workloads import summarize
+
+
+def _settings_columns(resolved: dict) -> dict:
+    return {cols.setting(k): (" ".join(v) if isinstance(v, list) else v) for k, v in resolved.items()}
+
+
+def _config_row(rec: dict) -> dict:
+    placement = rec.get("placement") or {}
+    memory = rec.get("memory") or {}
+    budget = rec.get("budget") or {}
+    gpu = rec["host"]["gpu"]
+    return {
+        "model": rec["model"]["name"],
+        "config_id": rec["config_id"],
+        "model_source": rec["model"]["source"],
+        "model_sha256": rec["model"]["sha256"],
+        "architecture": rec["model"].get("architecture"),
+        "quantisation": rec["model"].get("quantisation"),
+        "model_bytes": rec["model"].get("total_bytes"),
+        **_settings_columns(rec["settings"]),
+        "server_args": settings_mod.label(rec["settings"]),
+        "command_argv": rec.get("command"),
+        "server_version": rec["server"].get("version"),
+        "server_sha256": rec["server"].get("sha256"),
+        "server_backend": rec["server"].get("backend"),
+        "server_obtained": rec["server"].get("obtained"),
+        # A different VRAM budget is a different card: never ranked or averaged together.
+        "environment": host_mod.environment_key(rec["host"]) + f"|budget {budget.get('vram_budget_mib') or 'none'}",
+        "hostname": rec["host"].get("hostname"),
+        "cpu_model": rec["host"].get("cpu_model"),
+        "gpu": ", ".join(d["name"] for d in gpu.get("devices", [])) or "no GPU",
+        "gpu_uuids": ",".join(d["uuid"] for d in gpu.get("devices", []) if d.get("uuid")) or None,
+        "gpu_driver": gpu.get("driver"),
+        "vram_budget_mib": budget.get("vram_budget_mib"),
+        "margin_mib": budget.get("margin_mib"),
+        "repetitions": rec.get("repetitions"),
+        "outcome": rec["outcome"],
+        "failure": rec.get("failure"),
+        "phase": rec.get("phase"),
+        "message": rec.get("message"),
+        "returncode": rec.get("returncode"),
+        "load_s": rec.get("load_s"),
+        "page_cache_resident_at_start": rec.get("page_cache_resident_at_start"),
+        "page_cache_verified": (rec.get("page_cache") or {}).get("verified"),
+        "peak_rss_mib": memory.get("peak_rss_mib"),
+        "peak_gpu_mib": memory.get("peak_gpu_mib"),
+        "peak_gpus_mib": memory.get("peak_gpus_mib"),
+        "load_peak_gpu_mib": ((memory.get("per_phase") or {}).get("load") or {}).get("gpu_mib"),
+        "vram_limit_mib": memory.get("vram_limit_mib"),
+        "vram_limit_is": memory.get("vram_limit_is"),
+        "headroom_mib": memory.get("headroom_mib"),
+        "peak_pct_of_limit": memory.get("peak_pct_of_limit"),
+        "log_tail": rec.get("log_tail"),
+        "n_ctx": placement.get("n_ctx"),
+        "n_threads": placement.get("n_threads"),
+        "n_parallel": placement.get("n_parallel"),
+        "n_ctx_slot": placement.get("n_ctx_slot"),
+        "settings_used": ", ".join(
+            f"{k} {v['used']} (asked {v['asked']})" for k, v in (rec.get("settings_used") or {}).items()
+        )
+        or None,
+        "n_threads_batch": placement.get("n_threads_batch"),
+        "layers_offloaded": placement.get("layers_offloaded"),
+        "buffers": placement.get("buffers") or [],
+        "started_at": rec.get("started_at"),
+        "starts": rec.get("starts", 1),
+    }
+
+
+def _stat_columns(w: dict) -> dict:
+    """Each statistic of each metric of a workload (None for a workload that failed)."""
+    return {cols.stat(metric, k): (w.get(metric) or {}).get(k) for metric in cols.METRICS for k in cols.STATS}
+
+
+def _start_medians(w: dict) -> dict:
+    """Each metric's median in each server start (one start: its own median); None for a workload that failed."""
+    pooled = w.get("start_medians") or {m: [(w.get(m) or {}).get("median")] for m in cols.METRICS}
+    return {cols.start_medians(m): v if any(x is not None for x in v) else None for m, v in pooled.items()}
+
+
+def _workload_columns(w: dict, peak: dict) -> dict:
+    """The columns a workload adds to its configuration's row in ``measurements``."""
+    rows = (w.get("bottleneck") or {}).get("rows") or []
+    return {
+        "workload": w["name"],
+        "prompt_tokens": w["prompt_tokens"],
+        "gen_tokens": w["gen_tokens"],
+        "concurrency": w.get("concurrency", 1),
+        "workload_outcome": w["outcome"],
+        "workload_message": w.get("message"),
+        **_stat_columns(w),
+        **_start_medians(w),
+        **{f"draft_{k}": (w.get("draft") or {}).get(k) for k in ("drafted", "accepted", "acceptance")},
+        "workload_peak_rss_mib": peak.get("rss_mib"),
+        "workload_peak_gpu_mib": peak.get("gpu_mib"),
+        "cpu_server_cores": peak.get("cpu_server_cores"),
+        "cpu_other_cores": peak.get("cpu_other_cores"),
+        "decode_bound_tps": (w.get("decode_bound") or {}).get("bound_tps"),
+        "measured_over_bound": (w.get("decode_bound") or {}).get("measured_over_bound"),
+        "decode_bound_from": (w.get("decode_bound") or {}).get("placement_from"),
+        "decode_bound_unknown": (w.get("decode_bound") or {}).get("unknown"),
+        "bottleneck_verdict": (w.get("bottleneck") or {}).get("verdict"),
+        "bottleneck_rows": rows,
+    }
+
+
+def _conversation_columns(talk: dict) -> dict:
+    """The columns a conversation workload adds to its configuration's row in ``conversations``."""
+    restart = talk.get("restart_turn") or {}
+    return {
+        "conversation": talk["name"],
+        **{k: talk[k] for k in ("turn_tokens", "reply_tokens", "depth_tokens", "restart")},
+        "soak_s": talk.get("soak_s", 0),
+        "soak_sets": talk.get("soak_sets", 0),
+        "ran_s": talk.get("ran_s"),
+        "at_once": talk["conversations"],
+        "conversation_outcome": talk["outcome"],
+        "conversation_message": talk.get("message"),
+        **{k: talk.get(k) for k in ("failed_at", "turns_planned", "turns_done", "depth_reached", "reused_median")},
+        **{k: talk.get(k) for k in ("gpu_mib_per_1k", "rss_mib_per_1k", "rss_mib_per_hour")},
+        "restart_ttft_s": restart.get("ttft_s"),
+        "restart_prefill_tps": restart.get("prefill_tps"),
+        "restart_gpu_mib": restart.get("gpu_mib"),
+        "restart_rss_mib": restart.get("rss_mib"),
+        "turn_rows": [{**t, "turn": str(t["turn"])} for t in talk["turns"]],
+    }
+
+
+def _column(values: list, kind: pa.DataType | None) -> pa.Array:
+    """One column of a table. A scalar is cast safely (2.5 is no int64); lists and structs are built as
+    their type; a column the registry does not name (a setting since removed) keeps its values' type."""
+    if kind is None:
+        return pa.array(values)
+    if pa.types.is_nested(kind):
+        return pa.array(values, type=kind)
+    return pa.array(values).cast(kind)
+
+
+def _table(rows: list[dict], types: dict[str, pa.DataType]) -> pa.Table:
+    """The rows as a table of the registry's columns and types (every column, with no rows too)."""
+    names = list(types) + [k for k in dict.fromkeys(k for row in rows for k in row) if k not in types]
+    return pa.table({name: _column([row.get(name) for row in rows], types.get(name)) for name in names})
+
+
+# -- server starts of one configuration, pooled into one row --------------------------------------------------------
+
+
+def _pool_memory(memories: list[dict | None]) -> dict | None:
+    """The peaks over every start: the highest peak, the least headroom; per phase the highest of each peak."""
+    found = [m for m in memories if m]
+    if not found:
+        return None
+    out = dict(found[0])
+    for key, pick in (("peak_rss_mib", max), ("peak_gpu_mib", max), ("peak_pct_of_limit", max)):
+        values = [m[key] for m in found if m.get(key) is not None]
+        out[key] = pick(values) if values else None
+    for key in ("headroom_mib", "headroom_pct"):
+        values = [m[key] for m in found if m.get(key) is not None]
+        out[key] = min(values) if values else None
+    each = [m["peak_gpus_mib"] for m in found if m.get("peak_gpus_mib")]
+    out["peak_gpus_mib"] = [max(x) for x in zip(*each)] if each else None
+    phases: dict[str, dict] = {}
+    for m in found:
+        for phase, peaks in (m.get("per_phase") or {}).items():
+            into = phases.setdefault(phase, dict(peaks))
+            for key, value in peaks.items():
+                if isinstance(value, (int, float)) and not isinstance(value, bool) and into.get(key) is not None:
+                    into[key] = into[key] + value if key == "samples" else max(into[key], value)
+    out["per_phase"] = phases
+    return out
+
+
+def _pool_workload(ws: list[dict]) -> dict:
+    """One workload over several starts: every run of every start, its statistics over every request of them
+    (``workloads.summarize``, as each start's own), each start's medians; the first start's telemetry analysis."""
+    out = dict(ws[0])
+    bad = next((w for w in ws if w["outcome"] != "ok"), None)
+    if bad is not None:
+        out.update(outcome=bad["outcome"], message=bad.get("message"))
+        out.update(dict.fromkeys([*cols.METRICS, "draft"]))
+    else:
+        out.update(summarize([run for w in ws for run in w.get("runs") or []]))
+        bound = dict(out.get("decode_bound") or {})
+        if bound.get("bound_tps") and (out.get("decode_tps") or {}).get("median"):
+            out["decode_bound"] = {**bound, "measured_over_bound": out["decode_tps"]["median"] / bound["bound_tps"]}
+    out["runs"] = [run for w in ws for run in w.get("runs") or []]
+    out["start_medians"] = {m: [(w.get(m) or {}).get("median") for w in ws] for m in cols.METRICS}
+    return out
+
+
+def pool_starts(recs: list[dict]) -> dict:
+    """Server starts of one configuration as one record (a search's finalists): the first start's record with
+    ``starts``; the outcome of the first start that failed, if one did; the peaks over every start
+    (``_pool_memory``); per workload, the statistics over every request of every start (``_pool_workload``); per
+    conversation workload, the first start's, or the first that failed."""
+    if len(recs) == 1:
+        return recs[0]
+    out = {**recs[0], "starts": len(recs)}
+    bad = next((r for r in recs if r["outcome"] != "ok"), None)
+    if bad is not None:
+        out.update({k: bad.get(k) for k in ("outcome", "failure", "phase", "message", "log_tail", "returncode")})
+    out["memory"] = _pool_memory([r.get("memory") for r in recs])
+    loads = [r["load_s"] for r in recs if r.get("load_s") is not None]
+    out["load_s"] = statistics.median(loads) if loads else None
+    out["finished_at"] = recs[-1].get("finished_at")
+    names = [w["name"] for w in recs[0].get("workloads") or []]
+    out["workloads"] = [
+        _pool_workload([w for r in recs for w in r.get("workloads") or [] if w["name"] == name]) for name in names
+    ]
+    talks = [r.get("conversations") or [] for r in recs]
+    out["conversations"] = [
+        next((t[i] for t in talks if i < len(t) and t[i]["outcome"] != "ok"), first) for i, first in enumerate(talks[0])
+    ]
+    return out
+
+
+def start_groups(search_paths: list[Path]) -> list[list[Path]]:
+    """The records that are server starts of one configuration, as each search lists them (its ``finalists``)."""
+    groups = []
+    for path in map(Path, search_paths):
+        for final in records.load(path, "search").get("finalists") or []:
+            if len(final["records"]) > 1:
+                groups.append([path.parent / "records" / rid / "measure.json" for rid in final["records"]])
+    return groups
+
+
+def _pooled_records(record_paths: list[Path], starts: list[list[Path]]):
+    """Each record path's record, the starts of one configuration (``starts``) pooled into one, at the place of
+    the first of them given."""
+    group_of = {Path(p).absolute(): group for group in starts for p in group}
+    given = {Path(p).absolute() for p in record_paths}
+    done = set()
+    for path in record_paths:
+        group = group_of.get(Path(path).absolute())
+        if group is None:
+            yield records.load(path, "measure")
+        elif id(group) not in done:
+            done.add(id(group))
+            yield pool_starts([records.load(p, "measure") for p in group if Path(p).absolute() in given])
+
+
+def latest_of_each_host_kind(recs) -> list[dict]:
+    """The records, but where two hosts of the same kind (the same environment: identical nodes, runs merged with
+    merge_results) measured the same configuration, only the later one: a ranking holds each configuration once.
+    Records of one host are all kept."""
+    kept: dict[tuple, dict] = {}
+    out: list[dict] = []
+    for rec in recs:
+        key = (rec["model"]["name"], rec["config_id"], _config_row(rec)["environment"])
+        other = kept.get(key)
+        if other is None or other["host"].get("hostname") == rec["host"].get("hostname"):
+            kept[key] = rec
+            out.append(rec)
+        elif (rec.get("finished_at") or "") > (other.get("finished_at") or ""):
+            out[out.index(other)] = kept[key] = rec
+    return out
+
+
+def arrow_tables(record_paths: list[Path], starts: list[list[Path]] = ()) -> dict[str, pa.Table]:
+    """``configs``, ``measurements`` and ``conversations`` from measure records; the records in one list of
+    ``starts`` (server starts of one configuration, ``start_groups``) become one row, pooled (``pool_starts``)."""
+    rows: dict[str, list[dict]] = {"configs": [], "measurements": [], "conversations": []}
+    for rec in latest_of_each_host_kind(_pooled_records(record_paths, list(starts))):
+        row = _config_row(rec)
+        rows["configs"].append(row)
+        per_phase = (rec.get("memory") or {}).get("per_phase") or {}
+        rows["measurements"] += [
+            {**row, **_workload_columns(w, per_phase.get(w["name"], {}))} for w in rec.get("workloads", [])
+        ]
+        rows["conversations"] += [{**row, **_conversation_columns(t)} for t in rec.get("conversations") or []]
+    types = {"configs": cols.CONFIGS, "measurements": cols.MEASUREMENTS, "conversations": cols.CONVERSATIONS}
+    return {name: _table(table_rows, types[name]) for name, table_rows in rows.items()}
+
+
+def tables(record_paths: list[Path], search_paths: list[Path] = ()) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """``configs`` and ``measurements`` as a reader of the Parquet files sees them (starts pooled as the searches
+    given list them)."""
+    found = arrow_tables(record_paths, start_groups(list(search_paths)))
+    return found["configs"].to_pandas(), found["measurements"].to_pandas()
+
+
+def _finalist_row(f: dict) -> dict:
+    return {k: f.get(k) for k in cols.FINALISTS.value_type.names}
+
+
+def _search_row(s: dict) -> dict:
+    """One search; the keys a search from before the climb lacks are empty (its recommendation was the lowest
+    value with the margin)."""
+    lo, hi = s["range"]
+    objective = s.get("objective") or {}
+    return {
+        "model": s["model"],
+        "group": s["group"],
+        **dict.fromkeys(cols.settings_columns(leave_out=("n_cpu_moe",))),  # a setting added since: unset
+        **_settings_columns(s["settings"]),
+        "server_args": settings_mod.label({**s["settings"], "n_cpu_moe": None}),
+        "range_lo": lo,
+        "range_hi": hi,
+        "limit_mib": s["limit_mib"],
+        "compute_rows": [{"ubatch": int(u), "mib": m} for u, m in (s.get("compute_mib") or {}).items()],
+        "rest_mib": s.get("rest_mib"),
+        "margin_mib": s["margin_mib"],
+        "predicted_lowest": s["predicted_lowest"],
+        "arithmetic": s["arithmetic"],
+        "full_residency": s["full_residency"],
+        "boundary": s["boundary"],
+        "lowest_with_margin": s.get("lowest_with_margin", s["recommended_n_cpu_moe"]),
+        "recommended_n_cpu_moe": s["recommended_n_cpu_moe"],
+        "server_starts": s["server_starts"],
+        "probe_rows": s["probes"],
+        "value_rows": s["values"],
+        "objective_metric": objective.get("metric"),
+        "objective_workload": objective.get("workload"),
+        "climb_limit": s.get("climb", 0),
+        "climbed": s.get("climbed") or [],
+        "climb_stop": s.get("climb_stop"),
+        "starts_per_finalist": s.get("starts", 1),
+        "finalists": [_finalist_row(f) for f in s.get("finalists") or []],
+        "start_order": s.get("start_order") or [],
+        "runner_up": s.get("runner_up"),
+        "lead_won": s.get("lead_won"),
+        "lead_pairs": s.get("lead_pairs"),
+        "lead_held": s.get("lead_held"),
+    }
+
+
+def arrow_search_table(summary_paths: list[Path]) -> pa.Table:
+    return _table([_search_row(records.load(p, "search")) for p in summary_paths], cols.SEARCHES)
+
+
+def search_table(summary_paths: list[Path]) -> pd.DataFrame:
+    """One row per n_cpu_moe search: what was predicted, probed, skipped, and where the line is."""
+    return arrow_search_table(summary_paths).to_pandas()
+
+
+def write(
+    record_paths: list[Path],
+    configs_path: Path,
+    measurements_path: Path,
+    search_paths: list[Path] = (),
+    searches_path: Path | None = None,
+    conversations_path: Path | None = None,
+) -> tuple[pd.DataFrame, pd.DataFrame]:
+    search_paths = [Path(p) for p in search_paths]
+    found = arrow_tables([Path(p) for p in record_paths], start_groups(search_paths))
+    outputs = [(found["configs"], configs_path), (found["measurements"], measurements_path)]
+    if searches_path is not None:
+        outputs.append((arrow_search_table(search_paths), searches_path))
+    if conversations_path is not None:
+        outputs.append((found["conversations"], conversations_path))
+    for table, path in outputs:
+        tablefiles.write(table, path)
+    return found["configs"].to_pandas(), found["measurements"].to_pandas()
