@@ -113,7 +113,12 @@ class Runner:
 
 def phase_planner(args, run: Runner) -> dict:
     """The workflow's own search (crashline.jobs.search), over the whole n_cpu_moe range."""
-    group = {"id": "bench", "given": dict(run.cfg["defaults"]), "range": [0, run.manifest["layers"]]}
+    group = {
+        "id": "bench",
+        "given": dict(run.cfg["defaults"]),
+        "range": [0, run.manifest["layers"]],
+        "margin_mib": run.cfg["budget"]["margin_mib"],
+    }
     summary = run_search(
         model_name=MODEL,
         group=group,

@@ -49,7 +49,17 @@ rule validity:
             else 1
         ),
     params:
-        validity=json.dumps(CFG["validity"], sort_keys=True),
+        # what the job reads besides its inputs: which configurations (the recommendation's objective and margin)
+        # and how llama-bench runs them
+        validity=json.dumps(
+            {
+                "validity": CFG["validity"],
+                "objective": CFG["objective"],
+                "margin_mib": CFG["budget"]["margin_mib"],
+                "request_timeout_s": CFG["server"]["request_timeout_s"],
+            },
+            sort_keys=True,
+        ),
     script:
         "../scripts/job.py"
 
@@ -67,6 +77,7 @@ rule report:
         # what-if predictions from each search's calibration read the model's manifest
         manifests=[LAYOUT.manifest(model) for model in CFG["models"]],
     output:
+        recommendation=LAYOUT.recommendation(),
         md=report(LAYOUT.report_md(), category="Report"),
         html=report(LAYOUT.report_html(), category="Report"),
         figures=report(
@@ -77,6 +88,10 @@ rule report:
     conda:
         "../envs/crashline.yaml"
     params:
-        objective=json.dumps(CFG["objective"], sort_keys=True),
+        # what the report decides with besides its inputs: the objective and the margin (one decision: recommend.decide)
+        decision=json.dumps(
+            {"objective": CFG["objective"], "margin_mib": CFG["budget"]["margin_mib"]},
+            sort_keys=True,
+        ),
     script:
         "../scripts/job.py"

@@ -68,6 +68,8 @@ ARGV = {
     ],
     "report": lambda s: [
         "report",
+        "--recommendation",
+        s.output.recommendation,
         "--configs",
         s.input.configs,
         "--measurements",

@@ -45,6 +45,8 @@ def test_specs_hold_what_each_job_reads_and_nothing_else():
     assert set(bare["config"]) == {"server", "workloads", "repetitions", "budget", "telemetry"}
     assert set(needle["config"]) == {"models", "server", "budget", "needle"}
     assert set(measure["config"]["server"]) == {"startup_timeout_s", "request_timeout_s", "stop_timeout_s"}
+    # the margin decides what may be recommended, not what a server measures: a search and its recall check have it
+    assert "margin_mib" not in measure["config"]["budget"] and "margin_mib" not in needle["config"]["budget"]
     edited = {**cfg, "needle": {**cfg["needle"], "depths": [0.5]}}
     assert jobs.spec("measure", edited, item["model"], item["id"]) == measure  # recall settings: measure kept
     assert jobs.spec("needle", edited, item["model"], item["id"]) != needle
@@ -149,3 +151,19 @@ def test_an_edit_reruns_exactly_the_jobs_that_read_it(tmp_path, server_provenanc
     (tmp_path / "mine.yaml").write_text(text + edit)
     planned = _planned(_snakemake(tmp_path, "-n"))
     assert {job for job in ("measure", "needle", "search") if planned.get(job)} == reruns, planned
+
+
+@pytest.mark.e2e
+def test_an_edit_of_the_decision_reruns_the_report_and_the_llama_bench_check_and_no_server_job(
+    tmp_path, server_provenance
+):
+    """The objective and the margin decide the recommendation, which the report says and llama-bench checks: an
+    edit of either reruns both (the check once ran on the old winner), and measures nothing again."""
+    copy_workflow(tmp_path)
+    (tmp_path / "mine.yaml").write_text(TINY)
+    _snakemake(tmp_path)
+    for edit in ("objective:\n  metric: prefill_tps\n", "budget:\n  margin_mib: 512\n"):
+        (tmp_path / "mine.yaml").write_text(TINY + edit)
+        planned = _planned(_snakemake(tmp_path, "-n"))
+        assert planned.get("validity") == 1 and planned.get("report") == 1, (edit, planned)
+        assert not any(planned.get(job) for job in ("measure", "needle", "search")), (edit, planned)

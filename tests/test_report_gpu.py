@@ -233,7 +233,7 @@ def test_search_replayed_on_the_h200_records(tmp_path, monkeypatch):
     config = {"budget": {"vram_budget_mib": 11761, "margin_mib": 1024}}
     summary = search.run_search(
         model_name="moe-synthetic",
-        group={"id": "h200", "range": [0, 28], "given": {"ctx": 32768, "ubatch": 2048}},
+        group={"id": "h200", "range": [0, 28], "given": {"ctx": 32768, "ubatch": 2048}, "margin_mib": 1024},
         config=config,
         fetch_record={},
         manifest=read_json(MANIFEST),

@@ -45,7 +45,7 @@ def test_search_on_cpu_writes_probes_summary_and_report(tmp_path, tiny_moe, serv
     out = tmp_path / "search" / "tiny" / group["id"]
     summary = run_search(
         model_name="tiny",
-        group=group,
+        group={**group, "margin_mib": cfg["budget"]["margin_mib"]},
         config=cfg,
         fetch_record=fetch,
         manifest=inspect_gguf(tiny_moe),

@@ -5,6 +5,7 @@ profile's settings, and the answer is printed; a second run measures nothing aga
 from __future__ import annotations
 
 import hashlib
+import json
 import subprocess
 import sys
 
@@ -80,6 +81,11 @@ def test_tune_runs_the_workflow_and_prints_the_answer(tmp_path, tiny_moe, server
     lines = first.stdout.splitlines()
     assert lines[0] == f"config: {tmp_path / 't' / 'tune.yaml'}"
     assert lines[1].startswith("tiny-moe: use ") and lines[-1].startswith(f"report: {results / 'report.md'}")
+    # one decision: what tune printed is the report's headline and recommendation.json's answer
+    (answer,) = json.loads((results / "recommendation.json").read_text())
+    assert lines[1] == f"tiny-moe: use {answer['use']}" and lines[3] == f"  {answer['command']}"
+    assert f"**Use `{answer['use']}`**" in (results / "report.md").read_text()
+    assert answer["winner"] in (results / "report.md").read_text()
     searches = pd.read_parquet(results / "tables" / "searches.parquet")
     configs = pd.read_parquet(results / "tables" / "configs.parquet")
     assert sorted(searches["s_ubatch"]) == [512, 2048] and (configs["s_fit"] == "on").sum() == 1

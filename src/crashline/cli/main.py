@@ -205,6 +205,7 @@ def cmd_report(args) -> int:
         Path(args.needle or layout.needle_table()),
         conversations_path=Path(args.conversations or layout.conversations_table()),
         validity_path=Path(args.validity or layout.validity()),
+        recommendation_path=Path(args.recommendation or layout.recommendation()),
     )
     print(md)
     return 0
@@ -358,6 +359,7 @@ def parser() -> argparse.ArgumentParser:
         "--server",
         "--md",
         "--html",
+        "--recommendation",
     ):
         s.add_argument(option, help="path (default: the results layout's)")
     s = verb("validity", cmd_validity, "run llama-bench beside crashline for the recommended configurations")

@@ -155,30 +155,24 @@ def run_workflow(config_path: Path, workdir: Path, root: Path) -> bool:
 
 
 def answer(cfg: dict) -> list[str]:
-    """What the run found, as the lines ``tune`` prints: per model the settings to use (or that nothing
-    survived), the command, and where the report is."""
-    import pandas as pd
-
-    from ..report import build as report
+    """What the run found, as the lines ``tune`` prints: the report's own answer (recommendation.json, written
+    with the report by the one decision, recommend.decide), per model the settings to use or why there are none,
+    the command, and where the report is."""
     from ..core.atomic import read_json
     from ..core.paths import Layout
 
     layout = Layout(cfg["results_dir"])
-    configs = pd.read_parquet(layout.configs_table())
-    measurements = pd.read_parquet(layout.measurements_table())
-    ctx = report.context(configs, measurements, read_json(layout.provenance()), cfg)
     lines = []
-    for m in ctx["per_model"]:
-        for r in m["recommendations"]:
-            if not r["winner"]:
-                lines.append(f"{m['name']}: no configuration survived every workload with the margin.")
-                continue
-            lines += [
-                f"{m['name']}: use {r['use']}",
-                f"  {r['metric_label']} {r['winner_speed']:.1f} t/s per request at {r['workload']}"
-                + (f"; {r['memory']}" if r.get("memory") else ""),
-                "  " + r["command"].replace("\n", "\n  "),
-            ]
+    for a in read_json(layout.recommendation()):
+        if not a["winner"]:
+            lines.append(f"{a['machine']}: no recommendation: {a['why']}.")
+            continue
+        lines += [
+            f"{a['machine']}: use {a['use']}",
+            f"  {a['metric_label']} {a['speed']:.1f} t/s, the best by {a['objective']}"
+            + (f"; {a['memory']}" if a.get("memory") else ""),
+            f"  {a['command']}",
+        ]
     return [*lines, f"report: {layout.report_md()} and {layout.report_html()}"]
 
 

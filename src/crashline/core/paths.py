@@ -61,6 +61,10 @@ class Layout:
     def validity(self) -> Path:
         return self.root / "validity" / "llama-bench.json"
 
+    def recommendation(self) -> Path:
+        """Each model's answer, machine-readable: what the report's headline says and ``tune`` prints."""
+        return self.root / "recommendation.json"
+
     def report_md(self) -> Path:
         return self.root / "report.md"
 

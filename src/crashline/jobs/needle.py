@@ -619,6 +619,7 @@ def run_search_needle(
     model_name: str,
     summary_path: Path,
     objective: dict,
+    margin_mib: int,
     config: dict,
     fetch_record: dict,
     provenance: dict,
@@ -628,9 +629,8 @@ def run_search_needle(
     """Recall for a search's winner before it is recommended: the candidates in order (the winner, then the next
     fastest), one needle job each, until one recalls at every required length; a winner that fails is replaced
     by the next. A model whose recall does not apply (random weights) stops at the first."""
-    margin = (config.get("budget") or {}).get("margin_mib", 0)
     tested, passed = [], None
-    for item in search_candidates(Path(summary_path), objective, margin):
+    for item in search_candidates(Path(summary_path), objective, margin_mib):
         folder = out_path.parent / "needle" / item["id"]
         record = run_needle(
             model_name=model_name,

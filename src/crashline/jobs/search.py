@@ -138,7 +138,7 @@ class _Search:
     ):
         self.model_name, self.group, self.config = model_name, group, config
         self.fetch_record, self.manifest, self.provenance, self.out_dir = fetch_record, manifest, provenance, out_dir
-        self.margin = config["budget"]["margin_mib"]
+        self.margin = group["margin_mib"]
         self.climb, self.starts = group.get("climb", 0), group.get("starts", 1)
         lo, hi = group["range"]
         self.range = (lo, min(hi, manifest["layers"]))

@@ -22,6 +22,12 @@ def _server(config: dict) -> dict:
     return {k: config["server"][k] for k in SERVER_LIMITS}
 
 
+def _budget(config: dict) -> dict:
+    """The budget a server runs under: the card it emulates, not the margin. The margin only decides what may be
+    recommended (and where a search stops), so its edit re-measures nothing."""
+    return {k: v for k, v in config["budget"].items() if k != "margin_mib"}
+
+
 def measure_spec(config: dict, model: str, cid: str) -> dict:
     """What a measurement reads: the configuration, the workloads and how they are run."""
     return {
@@ -36,7 +42,7 @@ def search_spec(config: dict, model: str, gid: str) -> dict:
     """What a search reads: the group (settings, range, climb and starts, and the objective its climb and finalists
     are ranked by) and what each probe reads (``config``: the probes' job key does not hold the objective, so a
     new objective reruns the search, which reuses its records)."""
-    group = config_mod.find_search(config, model, gid)
+    group = {**config_mod.find_search(config, model, gid), "margin_mib": config["budget"]["margin_mib"]}
     if group.get("climb"):
         group = {**group, "objective": search_objective(config)}
     return {"job": "search", "model": model, "group": group, "config": _measurement_config(config)}
@@ -61,7 +67,7 @@ def needle_spec(config: dict, model: str, cid: str) -> dict:
         "config": {
             "models": {model: config["models"][model]},
             "server": _server(config),
-            "budget": config["budget"],
+            "budget": _budget(config),
             "needle": needle_settings(config),
         },
     }
@@ -77,10 +83,11 @@ def search_needle_spec(config: dict, model: str, gid: str) -> dict:
         "model": model,
         "group": {"id": gid},
         "objective": search_objective(config),
+        "margin_mib": config["budget"]["margin_mib"],
         "config": {
             "models": {model: config["models"][model]},
             "server": _server(config),
-            "budget": config["budget"],
+            "budget": _budget(config),
             "needle": needle_settings(config),
         },
     }
@@ -93,7 +100,7 @@ def _measurement_config(config: dict) -> dict:
         "workloads": config["workloads"],
         **({"conversations": config["conversations"]} if config["conversations"] else {}),
         "repetitions": config["repetitions"],
-        "budget": config["budget"],
+        "budget": _budget(config),
         "telemetry": config["telemetry"],
     }
 
@@ -159,6 +166,7 @@ def run(job_spec: dict, inputs: dict, outputs: dict) -> str:
             model_name=model,
             summary_path=Path(outputs["search"]),
             objective=job_spec["objective"],
+            margin_mib=job_spec["margin_mib"],
             config=job_spec["config"],
             **inputs,
             out_path=Path(outputs["summary"]),

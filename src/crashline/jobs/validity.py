@@ -155,17 +155,9 @@ def _settings(row: dict) -> dict:
 def chosen(config: dict, configs, measurements, needle) -> list[tuple[str, str]]:
     """(model, config id) to check: each model's recommended configuration, as the report recommends it, and those
     the config's ``validity.configs`` names."""
-    from ..config.plan import resolve_objective
-    from ..tables.needle import recall_failures
-    from ..tables.recommend import recommend
+    from ..tables.recommend import decide
 
-    recs = recommend(
-        configs,
-        measurements,
-        margin_mib=config["budget"]["margin_mib"],
-        recall_failures=recall_failures(needle),
-        **resolve_objective(config),
-    )
+    recs = decide(configs, measurements, config, needle)
     wanted = [(r["model"], r["winner"]) for r in recs if r["winner"]]
     asked = set(config["validity"]["configs"])
     wanted += [(m, c) for m, c in zip(configs["model"], configs["config_id"]) if c in asked and (m, c) not in wanted]

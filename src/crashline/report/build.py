@@ -16,12 +16,12 @@ from ..core.atomic import atomic_path, read_json
 from ..tables.boundary import crash_lines
 from ..core.columns import SETTING_PREFIX, setting
 from ..config.plan import expand, expand_searches, objective_workload, resolve_objective
-from ..tables.needle import recall_failures, recall_grid
+from ..tables.needle import recall_grid
 from . import correction, html, markdown, sections
 from . import figures as figures_mod
 from .doc import Figure, Stat
 from .compact import distinguishing, runs, split_common, wrapped
-from ..tables.recommend import failure_reason, recommend
+from ..tables.recommend import decide, failure_reason
 from ..core.records import Outcome
 from ..core.paths import Layout
 from ..core.thresholds import missing, shared, too_wide
@@ -63,14 +63,14 @@ def _size(nbytes) -> str:
 
 
 def reproduce_command(command) -> str:
-    """The recorded server command, as a user would type it: default port, no crashline logging."""
+    """The recorded server command, as a user would type it: default port, no crashline logging or key."""
     args = list(command) if command is not None else []
     out, skip = [], 0
     for i, arg in enumerate(args):
         if skip:
             skip -= 1
             continue
-        if arg in ("--host", "--port", "-lv"):
+        if arg in ("--host", "--port", "-lv", "--api-key-file"):
             skip = 1
             continue
         out.append(arg)
@@ -376,6 +376,37 @@ def _answer(r: dict, all_args: list[str], measurements: pd.DataFrame) -> dict:
     }
 
 
+def answers(ctx: dict) -> list[dict]:
+    """recommendation.json: per model (and kind of machine) the answer as the report's headline gives it, with the
+    whole command, the figures at the objective and why, or why nothing is recommended."""
+    out = []
+    for m in ctx["per_model"]:
+        for r in m["recommendations"]:
+            entry = {
+                "model": m["name"],
+                "environment": r["environment"],
+                "machine": m.get("title", m["name"]),
+                "objective": r["objective_text"],
+                "metric": r["metric"],
+                "workload": r["workload"],
+                "winner": r["winner"],
+            }
+            if r["winner"]:
+                entry |= {
+                    "use": r["use"],
+                    "command": reproduce_command(r["winner_row"]["command_argv"]),
+                    "speed": r["winner_speed"],
+                    "metric_label": r["metric_label"],
+                    "measured": r["winner_measured"],
+                    "memory": r["memory"],
+                    "headroom_mib": None if missing(h := r["winner_row"].get("headroom_mib")) else float(h),
+                }
+            else:
+                entry["why"] = r["no_winner"]
+            out.append(entry)
+    return out
+
+
 def conversation_rows(conversations: pd.DataFrame, model: str, differs: dict[str, str]) -> list[dict]:
     """The conversations table's rows of one model, as the report says them."""
     if conversations.empty:
@@ -544,15 +575,15 @@ def context(
     measurements: pd.DataFrame,
     provenance: dict,
     config: dict,
-    recall_failures: dict | None = None,
+    needle: pd.DataFrame | None = None,
     conversations: pd.DataFrame | None = None,
 ) -> dict:
-    """What the report says, section by section, as data (``present.sections`` lays it out)."""
+    """What the report says, section by section, as data (``report.sections`` lays it out)."""
     conversations = conversations if conversations is not None else pd.DataFrame()
     objective = resolve_objective(config)
     metric, workload = objective["metric"], objective["workload"]
     margin = config["budget"]["margin_mib"]
-    recs = recommend(configs, measurements, margin_mib=margin, recall_failures=recall_failures or {}, **objective)
+    recs = decide(configs, measurements, config, needle)
     short = min(config["workloads"], key=lambda w: (w["prompt_tokens"], w["gen_tokens"]))["name"]
     lines = crash_lines(configs, measurements, short, margin)
     residency = configs["page_cache_resident_at_start"].dropna()
@@ -735,6 +766,7 @@ def render(
     results_dir: Path | None = None,
     conversations_path: Path | None = None,
     validity_path: Path | None = None,
+    recommendation_path: Path | None = None,
 ) -> None:
     """Both reports from the tables: the same document, printed as Markdown and as HTML, and its figures as
     SVG files in ``figures/`` beside the Markdown (the recommended configurations' time series are read from
@@ -744,7 +776,7 @@ def render(
     needle_table = _table(needle_path)
     talks = _table(conversations_path)
     checked = read_json(validity_path) if validity_path and Path(validity_path).exists() else {}
-    ctx = context(configs, measurements, read_json(provenance_path), config, recall_failures(needle_table), talks)
+    ctx = context(configs, measurements, read_json(provenance_path), config, needle_table, talks)
     search_table = _table(searches_path)
     winners: dict[str, list[str]] = {}  # a model measured on several machines: every section's winners
     for m in ctx["per_model"]:
@@ -778,3 +810,5 @@ def render(
     doc = sections.document(ctx, recall_grid(needle_table), correction.report_section(config, configs, measurements))
     _write(md_path, markdown.page(doc))
     _write(html_path, html.page(doc))
+    with atomic_path(recommendation_path or Layout(md_path.parent).recommendation()) as tmp:
+        tmp.write_text(json.dumps(answers(ctx), indent=1, default=str) + "\n")

@@ -168,6 +168,22 @@ def missed_limits(row, min_decode_tps: float | None, max_ttft_s: float | None) -
     return missed
 
 
+def decide(configs: pd.DataFrame, measurements: pd.DataFrame, config: dict, needle: pd.DataFrame | None = None):
+    """The recommendation per (model, environment) from the tables and the config (its objective and margin) and
+    the needle table's recall failures: the one decision behind the report, recommendation.json, ``tune``'s answer
+    and the llama-bench check."""
+    from ..config.plan import resolve_objective
+    from .needle import recall_failures
+
+    return recommend(
+        configs,
+        measurements,
+        margin_mib=config["budget"]["margin_mib"],
+        recall_failures=recall_failures(needle),
+        **resolve_objective(config),
+    )
+
+
 def recommend(
     configs: pd.DataFrame,
     measurements: pd.DataFrame,
