@@ -255,8 +255,10 @@ BAD = {
     ),
     "objective metric": (
         lambda c: c.update(objective={"metric": "speed"}),
-        "config key objective.metric = 'speed': unknown metric; expected one of decode_tps (decode t/s per request), "
-        "prefill_tps (prefill t/s per request), aggregate_tps (generated t/s of all requests at once together)",
+        "config key objective.metric = 'speed': unknown metric; expected one of e2e_tps (end-to-end t/s per request: "
+        "its prompt and generated tokens over the whole time it took, as a user waits for it, so prefill and decode "
+        "both count), decode_tps (decode t/s per request), prefill_tps (prefill t/s per request), aggregate_tps "
+        "(generated t/s of all requests at once together)",
     ),
     # synthetic shapes: synthetic.resolve_shape at load
     "more experts used than there are": (

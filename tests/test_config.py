@@ -206,7 +206,7 @@ def slot_sweep(objective: dict, parallel=(1, 4)) -> dict:
 @pytest.mark.parametrize(
     "objective, resolved",
     [
-        ({}, {"metric": "decode_tps", "workload": "slots", "concurrency": 1}),  # slots: 1 request at once
+        ({}, {"metric": "e2e_tps", "workload": "slots", "concurrency": 1}),  # slots: 1 request at once
         ({"concurrency": 4}, {"workload": "slots", "concurrency": 4}),  # the longest prompt run at 4 at once
         (
             {"metric": "aggregate_tps", "concurrency": 4, "min_decode_tps": 20, "max_ttft_s": 2.0},
@@ -248,8 +248,10 @@ def test_objective_workload_without_a_load_is_still_the_longest_prompt():
         (
             {"metric": "speed"},
             (1, 4),
-            "config key objective.metric = 'speed': unknown metric; expected one of decode_tps (decode t/s per "
-            "request), prefill_tps (prefill t/s per request), aggregate_tps",
+            "config key objective.metric = 'speed': unknown metric; expected one of e2e_tps (end-to-end t/s per "
+            "request: its prompt and generated tokens over the whole time it took, as a user waits for it, so "
+            "prefill and decode both count), decode_tps (decode t/s per request), prefill_tps (prefill t/s per "
+            "request), aggregate_tps",
         ),
         (
             {"metric": "aggregate_tp"},
@@ -359,3 +361,11 @@ def test_a_build_without_the_fit_aims_runs_fit_on_without_them():
 
 def test_the_pinned_build_has_the_fit_aims(server_provenance):
     assert {"--fit", "--fit-target", "-fitt", "--fit-ctx", "-fitc"} <= set(server_provenance["help_flags"])
+
+
+def test_the_default_objective_is_the_whole_request_in_the_schema_and_the_code():
+    """One default: the schema's objective.metric is plan.DEFAULT_METRIC, and a bare objective resolves to it."""
+    schema_default = load_schema()["properties"]["objective"]["properties"]["metric"]["default"]
+    assert schema_default == C.DEFAULT_METRIC == "e2e_tps"
+    cfg = C.load(REPO / "config" / "config.yaml")
+    assert C.resolve_objective({**cfg, "objective": {}})["metric"] == "e2e_tps"

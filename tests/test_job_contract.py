@@ -39,10 +39,12 @@ def test_specs_hold_what_each_job_reads_and_nothing_else():
     cfg = C.load(REPO / "config" / "config.yaml")
     item = C.expand(cfg)[0]
     measure, needle = (jobs.spec(j, cfg, item["model"], item["id"]) for j in ("measure", "needle"))
-    assert set(measure["config"]) == {"server", "workloads", "conversations", "repetitions", "budget", "telemetry"}
+    assert set(measure["config"]) == {
+        *("server", "workloads", "conversations", "repetitions", "warmup_requests", "budget", "telemetry"),
+    }
     # a config without conversations has no key for them: its measurements keep their job key
     bare = jobs.spec("measure", {**cfg, "conversations": []}, item["model"], item["id"])
-    assert set(bare["config"]) == {"server", "workloads", "repetitions", "budget", "telemetry"}
+    assert set(bare["config"]) == {"server", "workloads", "repetitions", "warmup_requests", "budget", "telemetry"}
     assert set(needle["config"]) == {"models", "server", "budget", "needle"}
     assert set(measure["config"]["server"]) == {"startup_timeout_s", "request_timeout_s", "stop_timeout_s"}
     # the margin decides what may be recommended, not what a server measures: a search and its recall check have it

@@ -118,6 +118,9 @@ def test_ok_record_has_speeds_placement_and_memory(tmp_path, tiny_moe, server_pr
         assert w["concurrency"] == 1 and [len(run["requests"]) for run in w["runs"]] == [1, 1]
         assert [r["prompt_n"] for r in requests] == [n_prompt, n_prompt]
         assert [r["predicted_n"] for r in requests] == [n_gen, n_gen]
+        # one untimed run at the workload's own depth before its timed ones, kept apart (warmup_requests: 1)
+        assert [[r["prompt_n"] for r in run["requests"]] for run in w["warmup_runs"]] == [[n_prompt]]
+        assert w["warmup_runs"][0]["requests"][0]["end_s"] > 0
         assert all(0 < r["ttft_s"] < r["end_s"] for r in requests)
         assert w["prefill_tps"]["n"] == 2 and w["prefill_tps"]["median"] > 0
         assert w["decode_tps"]["min"] <= w["decode_tps"]["median"] <= w["decode_tps"]["max"]

@@ -54,7 +54,8 @@ def test_load_refuses_a_newer_version_naming_the_file_and_what_it_reads(tmp_path
 def test_load_refuses_an_unknown_kind_and_a_kind_other_than_expected(tmp_path):
     path = tmp_path / "odd.json"
     write_json(path, {"kind": "telemetry", "schema_version": 1})
-    with pytest.raises(RecordError, match=r"odd\.json: unknown record kind 'telemetry' \(this code reads measure 1–2"):
+    reads = rf"odd\.json: unknown record kind 'telemetry' \(this code reads measure 1–{records.CURRENT['measure']}"
+    with pytest.raises(RecordError, match=reads):
         records.load(path)
     with pytest.raises(RecordError, match=r"ncmoe25\.json: a 'measure' record where a 'search' record was expected"):
         records.load(FIXTURES / "h200-records" / "ncmoe25.json", "search")
@@ -72,7 +73,17 @@ def test_load_upgrades_a_version_1_measure_record():
     loaded = records.load(path, "measure")
     assert list(loaded)[:2] == ["kind", "schema_version"] and loaded["schema_version"] == records.CURRENT["measure"]
     assert "schema" not in loaded
-    assert {k: v for k, v in loaded.items() if k != "schema_version"} == {k: v for k, v in raw.items() if k != "schema"}
+    upgraded = ("schema_version", "workloads")
+    assert {k: v for k, v in loaded.items() if k not in upgraded} == {
+        k: v for k, v in raw.items() if k not in ("schema", "workloads")
+    }
+    # version 3: each workload's end-to-end speed from its requests (version 1 kept the server's times only)
+    for before, after in zip(raw["workloads"], loaded["workloads"], strict=True):
+        assert {k: v for k, v in after.items() if k not in ("e2e_tps", "warmup_runs")} == before
+        assert after["warmup_runs"] == []
+        seconds = [(r["prompt_ms"] + r["predicted_ms"]) / 1000 for r in before["runs"]]
+        rates = [(r["prompt_n"] + r["predicted_n"]) / s for r, s in zip(before["runs"], seconds)]
+        assert after["e2e_tps"]["n"] == len(rates) and after["e2e_tps"]["min"] == pytest.approx(min(rates))
 
 
 def test_load_upgrades_a_search_without_version():
@@ -94,7 +105,9 @@ def test_write_then_load_round_trip(tmp_path):
     written = records.write(path, "measure", record)
     text = path.read_text()
     assert json.loads(text) == written and not list(tmp_path.glob(".*.part"))
-    assert text.startswith('{\n  "kind": "measure",\n  "schema_version": 2,\n  "config_id": "abc",')
+    assert text.startswith(
+        f'{{\n  "kind": "measure",\n  "schema_version": {records.CURRENT["measure"]},\n  "config_id": "abc",'
+    )
     assert '"outcome": "context_exceeded"' in text  # the enum is its plain string in JSON
     loaded = records.load(path, "measure")
     assert (
@@ -102,7 +115,7 @@ def test_write_then_load_round_trip(tmp_path):
         == written
         == {
             "kind": "measure",
-            "schema_version": 2,
+            "schema_version": records.CURRENT["measure"],
             "config_id": "abc",
             "outcome": "context_exceeded",
             "workloads": [{"name": "short", "outcome": "ok"}],

@@ -98,7 +98,7 @@ def test_search_climbs_then_starts_the_finalists_again_interleaved(tmp_path, tin
     (group,) = C.expand_searches(cfg)
     spec = jobs.spec("search", cfg, "tiny", group["id"])
     assert (spec["group"]["climb"], spec["group"]["starts"]) == (2, 2)
-    assert spec["group"]["objective"] == {"metric": "decode_tps", "workload": "short", **spec["group"]["objective"]}
+    assert spec["group"]["objective"] == {"metric": "e2e_tps", "workload": "short", **spec["group"]["objective"]}
     out = tmp_path / "search"
 
     def search() -> dict:

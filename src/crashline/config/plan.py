@@ -364,11 +364,14 @@ def find(config: dict, model: str, cid: str) -> dict:
 
 
 OBJECTIVE_METRICS = {
+    "e2e_tps": "end-to-end t/s per request: its prompt and generated tokens over the whole time it took, as a user "
+    "waits for it, so prefill and decode both count",
     "decode_tps": "decode t/s per request",
     "prefill_tps": "prefill t/s per request",
     "aggregate_tps": "generated t/s of all requests at once together",
 }
 OBJECTIVE_LIMITS = ("min_decode_tps", "max_ttft_s")  # limits per request, at the objective's load
+DEFAULT_METRIC = "e2e_tps"  # the schema's default too (tests/test_config.py checks they agree)
 
 
 def _parallels(config: dict) -> set[int]:
@@ -411,7 +414,7 @@ def resolve_objective(config: dict) -> dict:
     workload's own concurrency when that is a number; for ``concurrency: slots`` it is 1 request at once,
     or the slot count every configuration shares. aggregate_tps and the per-request limits need it set."""
     obj = config["objective"]
-    metric = obj.get("metric", "decode_tps")
+    metric = obj.get("metric") or DEFAULT_METRIC
     if metric not in OBJECTIVE_METRICS:
         close = settings_mod.did_you_mean(metric, OBJECTIVE_METRICS, "")
         hint = (

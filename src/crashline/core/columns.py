@@ -23,7 +23,7 @@ CONVERSATIONS_KEY = (*CONFIGS_KEY, "conversation")
 SEARCHES_KEY = ("model", "group")
 
 STATS = ("median", "min", "max", "n", "spread_pct")  # of each metric, over the requests of every repetition
-METRICS = ("prefill_tps", "decode_tps", "aggregate_tps", "ttft_s")
+METRICS = ("prefill_tps", "decode_tps", "e2e_tps", "aggregate_tps", "ttft_s")
 
 TEXT, INT, FLOAT, BOOL = pa.string(), pa.int64(), pa.float64(), pa.bool_()
 SETTING_TYPES = {"int": INT, "bool": BOOL}  # other kinds are text; a list ("extra_args") is joined by spaces

@@ -7,7 +7,9 @@ upgraded step by step (``UPGRADES``), so that the code after ``load`` only ever 
 
 Versions (bump one, and add its upgrade, whenever a field is renamed, removed or given a new meaning):
 
-- measure 1: ``"schema": 1`` (the version under its first name). 2: ``schema_version``.
+- measure 1: ``"schema": 1`` (the version under its first name). 2: ``schema_version``. 3: each workload has
+  ``e2e_tps`` (end to end per request, from its runs' requests) and ``warmup_runs`` (untimed runs at its depth;
+  none before version 3).
 - needle 1: as measure 1. 2: ``schema_version`` (needle.py still writes version 1; ``load`` upgrades it).
 - search_needle 1: a search's recall check (``needle_job.run_search_needle``): which candidates it tested,
   in order, and the first that recalled (``records``: their needle.json folders, relative to its own).
@@ -25,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from .atomic import read_json, write_json
+from .stats import end_to_end_tps, stats
 
 
 class Outcome(enum.StrEnum):
@@ -49,7 +52,7 @@ KIND_KEY = "kind"
 VERSION_KEY = "schema_version"
 LEGACY_VERSION_KEY = "schema"  # measure and needle version 1 named their version so
 
-CURRENT = {"measure": 2, "needle": 2, "search": 1, "search_needle": 1}
+CURRENT = {"measure": 3, "needle": 2, "search": 1, "search_needle": 1}
 
 
 class RecordError(ValueError):
@@ -62,6 +65,19 @@ def _schema_renamed(record: dict) -> dict:
     return record
 
 
+def _end_to_end(record: dict) -> dict:
+    """Version 2 to 3: each workload's end-to-end speed per request, from the requests its runs recorded; no
+    warm-up runs (version 2 had one short request per server start only)."""
+    for w in record.get("workloads") or []:
+        w.setdefault("warmup_runs", [])
+        if "e2e_tps" not in w:
+            # a run of version 1 is the request itself
+            reqs = [r for run in w.get("runs") or [] for r in run.get("requests", [run])]
+            ok = w.get("outcome") == Outcome.OK
+            w["e2e_tps"] = stats([e for r in reqs if (e := end_to_end_tps(r))]) if ok else None
+    return record
+
+
 def _search_defaults(record: dict) -> dict:
     """Version 0 to 1: a search from before ``records`` names none of its probes' records."""
     record.setdefault("records", [])
@@ -71,6 +87,7 @@ def _search_defaults(record: dict) -> dict:
 # (kind, version) -> the function that turns that version into the next one.
 UPGRADES: dict[tuple[str, int], Callable[[dict], dict]] = {
     ("measure", 1): _schema_renamed,
+    ("measure", 2): _end_to_end,
     ("needle", 1): _schema_renamed,
     ("search", 0): _search_defaults,
 }

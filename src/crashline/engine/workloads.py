@@ -5,7 +5,6 @@ through the server's own /tokenize, prompt cache off, greedy, speeds from the re
 from __future__ import annotations
 
 import json
-import statistics
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -14,6 +13,7 @@ from importlib import resources
 import requests
 import urllib3
 
+from ..core.stats import end_to_end_tps, stats
 from ..core.settings import concurrency  # noqa: F401 - measure reads it from here; it is a config matter
 
 PROSE_DIR = "data/prose"
@@ -115,20 +115,6 @@ class PromptSource:
             out += self.tokens[start : start + n_tokens - len(out)]
             start = 0
         return out
-
-
-def stats(values: list[float]) -> dict | None:
-    if not values:
-        return None
-    med = statistics.median(values)
-    return {
-        "median": med,
-        "min": min(values),
-        "max": max(values),
-        "n": len(values),
-        "stdev": statistics.stdev(values) if len(values) > 1 else 0.0,
-        "spread_pct": (max(values) - min(values)) / med * 100 if med else None,
-    }
 
 
 def stream_request(
@@ -258,6 +244,7 @@ def summarize(runs: list[dict]) -> dict:
         "prefill_tps": stats([r["prefill_tps"] for r in reqs if r.get("prefill_tps")]),
         "decode_tps": stats([r["decode_tps"] for r in reqs if r.get("decode_tps")]),
         "ttft_s": stats([r["ttft_s"] for r in reqs if r.get("ttft_s") is not None]),
+        "e2e_tps": stats([e2e for r in reqs if (e2e := end_to_end_tps(r))]),
         "aggregate_tps": stats([run["aggregate_tps"] for run in runs if run.get("aggregate_tps")]),
         "draft": {"drafted": drafted, "accepted": accepted, "acceptance": accepted / drafted} if drafted else None,
     }

@@ -31,7 +31,10 @@ from ..engine.telemetry import Sampler, window_summary, write_frame
 from ..engine.workloads import Client, PromptSource, RequestFailed, check_run, concurrency, one_run, summarize, windows
 
 # a workload that failed
-NO_SPEEDS = {"prefill_tps": None, "decode_tps": None, "ttft_s": None, "aggregate_tps": None, "draft": None}
+NO_SPEEDS = {
+    **dict.fromkeys(("prefill_tps", "decode_tps", "e2e_tps", "ttft_s", "aggregate_tps")),
+    "draft": None,
+}
 SERVER_FIELDS = ("binary", "obtained", "sha256", "version", "backend", "source", "build_flags")  # of provenance
 ENDING_S = 3  # how long a server that refused or dropped a request may take to die of it
 
@@ -83,10 +86,11 @@ def _rate(values: list) -> str:
 
 def say_run(workload: dict, index: int, repetitions: int, run: dict, peak_gpu_mib, limit_mib) -> None:
     """One repetition of a workload: its speeds (the median request when several ran at once) and,
-    with a GPU, peak VRAM so far in the workload and the headroom to the limit."""
+    with a GPU, peak VRAM so far in the workload and the headroom to the limit. A negative ``index`` is a warm-up."""
     reqs = run["requests"]
+    which = "warm-up (not counted)" if index < 0 else f"{index + 1}/{repetitions}"
     text = (
-        f"{workload['name']} {index + 1}/{repetitions}: prefill {_rate([r.get('prefill_tps') for r in reqs])}, "
+        f"{workload['name']} {which}: prefill {_rate([r.get('prefill_tps') for r in reqs])}, "
         f"decode {_rate([r.get('decode_tps') for r in reqs])}"
     )
     if len(reqs) > 1 and run.get("aggregate_tps"):
@@ -346,7 +350,15 @@ def run_workloads(
     clock.lap("warmup_request")
     try:
         results, failure = _run_each(
-            server, sampler, client, prompts, workloads, config["repetitions"], request_timeout_s, settings, limit_mib
+            server,
+            sampler,
+            client,
+            prompts,
+            workloads,
+            (config.get("warmup_requests", 0), config["repetitions"]),
+            request_timeout_s,
+            settings,
+            limit_mib,
         )
     finally:
         clock.lap("workloads")
@@ -450,8 +462,10 @@ def _restart(server: ServerProcess, sampler: Sampler, server_cfg: dict, where: s
     return server_failure(server, where, timed_out=(state == "timeout"))
 
 
-def _run_each(server, sampler, client, prompts, workloads, repetitions, request_timeout_s, settings, limit_mib):
-    """The workloads of ``run_workloads``, each R times."""
+def _run_each(server, sampler, client, prompts, workloads, runs, request_timeout_s, settings, limit_mib):
+    """The workloads of ``run_workloads``: ``runs`` is (W, R), each workload W times untimed at its own depth, then R
+    times timed. A warm-up that fails is the workload's failure (the server met that depth then)."""
+    warmups, repetitions = runs
     results = []
     for workload in workloads:
         sampler.phase(workload["name"])
@@ -461,24 +475,26 @@ def _run_each(server, sampler, client, prompts, workloads, repetitions, request_
             "concurrency": n_requests,
             "repetitions": repetitions,
             "runs": [],
+            "warmup_runs": [],
             "outcome": Outcome.OK,
             "message": None,
             **NO_SPEEDS,
             "windows": {},
         }
         results.append(result)
-        for i in range(repetitions):
+        for i in range(-warmups, repetitions):
+            warmup = i < 0
             try:
-                run = one_run(client, prompts, workload, i, n_requests)
+                run = one_run(client, prompts, workload, repetitions - 1 - i if warmup else i, n_requests)
             except (requests.Timeout, RequestFailed, requests.ConnectionError) as exc:
                 failure, outcome, message = request_failure(server, exc, workload["name"], request_timeout_s)
                 result.update(outcome=outcome, message=message)
                 said = outcome_text(failure) if failure else f"{outcome} ({message})"
-                progress.say(f"{workload['name']} {i + 1}/{repetitions}: {said}")
+                progress.say(f"{workload['name']} {'warm-up' if warmup else f'{i + 1}/{repetitions}'}: {said}")
                 if failure:
                     return results, failure
                 break
-            result["runs"].append(run)
+            result["warmup_runs" if warmup else "runs"].append(run)
             say_run(workload, i, repetitions, run, sampler.peaks.get(workload["name"], {}).get("gpu_mib"), limit_mib)
             problem = check_run(run, workload)
             if problem:

@@ -58,6 +58,7 @@ from ..config.needle import (
     same_length,
     wording,
 )
+from ..config.plan import DEFAULT_METRIC
 from ..engine.server import ServerProcess
 from ..core.supervision import exit_with_workflow
 from ..engine.workloads import Client, RequestFailed, prose_text
@@ -597,7 +598,7 @@ def search_candidates(summary_path: Path, objective: dict, margin_mib: int) -> l
     """The configurations a search measured that may be recommended (every workload survived with the margin), as
     needle items, the search's winner first, then by the objective's median at its workload, fastest first."""
     summary = records.load(summary_path, "search")
-    metric, workload = objective.get("metric") or "decode_tps", objective.get("workload")
+    metric, workload = objective.get("metric") or DEFAULT_METRIC, objective.get("workload")
     candidates = []
     for rel in summary["records"]:
         if "/" in rel:  # a finalist's later start: the same configuration

@@ -61,12 +61,12 @@ def calibration(rec: dict, ubatch: int) -> tuple[planner.ComputeModel, float]:
 def objective_of(group: dict, config: dict) -> dict:
     """What the climb and the finalists are ranked by: the group's objective (the job spec carries it, as
     ``jobs.search_objective`` makes it), else the config's objective block with its workload resolved (default:
-    decode t/s at the workload with the longest prompt)."""
+    end-to-end t/s per request at the workload with the longest prompt)."""
     if group.get("objective"):
         return group["objective"]
     block = config.get("objective") or {}
     workload = config_mod.objective_workload({"objective": block, "workloads": config["workloads"]})
-    return {**block, "metric": block.get("metric") or "decode_tps", "workload": workload}
+    return {**block, "metric": block.get("metric") or config_mod.DEFAULT_METRIC, "workload": workload}
 
 
 def _workload(rec: dict, name: str) -> dict | None:

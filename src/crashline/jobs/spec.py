@@ -52,7 +52,8 @@ def search_objective(config: dict) -> dict:
     """The objective block with its workload resolved (the metric, the workload, and any other key of the block,
     such as per-request limits, which the search's ranking honours where it knows them)."""
     block = config["objective"]
-    return {**block, "metric": block.get("metric") or "decode_tps", "workload": config_mod.objective_workload(config)}
+    metric = block.get("metric") or config_mod.DEFAULT_METRIC
+    return {**block, "metric": metric, "workload": config_mod.objective_workload(config)}
 
 
 def needle_spec(config: dict, model: str, cid: str) -> dict:
@@ -100,6 +101,7 @@ def _measurement_config(config: dict) -> dict:
         "workloads": config["workloads"],
         **({"conversations": config["conversations"]} if config["conversations"] else {}),
         "repetitions": config["repetitions"],
+        "warmup_requests": config["warmup_requests"],
         "budget": _budget(config),
         "telemetry": config["telemetry"],
     }

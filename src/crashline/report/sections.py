@@ -185,6 +185,7 @@ def recommendation(r: dict):
         f"{r.get('objective_text') or r['workload']} among the configurations that survived every workload "
         "with the margin",
         f"; {r['memory']}." if r.get("memory") else ".",
+        *([f" {whole}"] if (whole := request_text(r.get("winner_measured") or {})) else []),
     ]
     blocks = [answer, Para(said), CodeBlock(r["command"], copy=True), Para(["Configuration id ", Code(r["winner"])])]
     if r["others"]:
@@ -193,6 +194,17 @@ def recommendation(r: dict):
             Bullets([_lost(o) for o in r["others"]]),
         ]
     return Box(blocks, "winner")
+
+
+def request_text(measured: dict) -> str | None:
+    """What one request at the objective's workload was like: prefill, the first token, decode (medians)."""
+    parts = [
+        f"prefill {v:,.1f} t/s" if (v := measured.get("prefill_tps_median")) else None,
+        f"first token after {v:.2f} s" if (v := measured.get("ttft_s_median")) is not None else None,
+        f"decode {v:,.1f} t/s" if (v := measured.get("decode_tps_median")) else None,
+    ]
+    parts = [p for p in parts if p]
+    return f"Per request: {', '.join(parts)}." if parts else None
 
 
 def _lost(o: dict) -> list:

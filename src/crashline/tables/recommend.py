@@ -22,8 +22,8 @@ from ..engine.logparse import on_host
 from ..core.records import Outcome
 from ..core.settings import SETTINGS
 
-METRIC_LABEL = {"decode_tps": "decode", "prefill_tps": "prefill", "aggregate_tps": "aggregate"}
-PER_REQUEST = {"decode_tps": True, "prefill_tps": True, "aggregate_tps": False}
+METRIC_LABEL = {"e2e_tps": "end to end", "decode_tps": "decode", "prefill_tps": "prefill", "aggregate_tps": "aggregate"}
+PER_REQUEST = {"e2e_tps": True, "decode_tps": True, "prefill_tps": True, "aggregate_tps": False}
 
 
 # Settings left to llama.cpp (unset) and the configs column where its log says what it chose.
