@@ -102,9 +102,13 @@ def fit_comparison(
     speeds = measurements[measurements["workload"] == workload].set_index("config_id")[col]
     for _, fit in configs[configs["s_fit"] == "on"].iterrows():
         rec = next((r for r in recs if r["environment"] == fit["environment"] and r["winner"]), None)
-        entry = {"fit": _placement_summary(fit, speeds.get(fit["config_id"])), "recommended": None}
+        fit_speed = speeds.get(fit["config_id"])
+        entry = {"fit": _placement_summary(fit, fit_speed), "recommended": None, "ratio": None, "is_fit": False}
         if rec:
             entry["recommended"] = _placement_summary(pd.Series(rec["winner_row"]), rec["winner_speed"])
+            entry["is_fit"] = rec["winner"] == fit["config_id"]
+            if fit["outcome"] == Outcome.OK and not missing(fit_speed) and fit_speed:
+                entry["ratio"] = rec["winner_speed"] / fit_speed  # the bar: llama.cpp's own answer
         out.append(entry)
     return out
 
@@ -391,8 +395,10 @@ def answers(ctx: dict) -> list[dict]:
                 "workload": r["workload"],
                 "winner": r["winner"],
             }
+            fits = [f for f in m["fit"] if f["ratio"] is not None or f["is_fit"]]
             if r["winner"]:
                 entry |= {
+                    "over_fit_on": 1.0 if fits and fits[0]["is_fit"] else (fits[0]["ratio"] if fits else None),
                     "use": r["use"],
                     "command": reproduce_command(r["winner_row"]["command_argv"]),
                     "speed": r["winner_speed"],

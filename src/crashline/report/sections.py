@@ -349,7 +349,28 @@ def fit(m: dict) -> list:
         "% of limit",
         "headroom MiB",
     ]
-    return [Para(lead), Table(header, rows, frozenset(range(3, 8)), marks)]
+    said = []
+    for f in m["fit"]:
+        if f["is_fit"]:
+            said.append(Para([Code("--fit on"), " is the recommendation: llama.cpp's own placement was the fastest."]))
+        elif f["ratio"] is not None:
+            said.append(
+                Para(
+                    [
+                        "crashline's recommendation runs at ",
+                        Strong(f"{f['ratio']:.2f}×"),
+                        f" the {metric} t/s of ",
+                        Code("--fit on"),
+                        f" at the objective workload, with {f['recommended']['headroom']} MiB of headroom against "
+                        f"its {f['fit']['headroom']}.",
+                    ]
+                )
+            )
+        elif f["recommended"]:
+            said.append(
+                Para([Code("--fit on"), f" did not survive ({f['fit']['outcome']}): the recommendation stands."])
+            )
+    return [Para(lead), Table(header, rows, frozenset(range(3, 8)), marks), *said]
 
 
 def _placement(name, p: dict) -> list:
