@@ -383,3 +383,34 @@ def test_table_and_section_show_the_grid(tmp_path, gemma_fetch, server_provenanc
     page = html.block(NR.section(ctx))
     assert '<td class="fail"' in page and "exceeds the configuration&#39;s context" in page
     assert NR.section([]) is None  # no needle records: no section
+
+
+def _trials(rows: list[tuple[str, int, bool]]):
+    """A needle table of (config_id, length_target, passed) trials of one model, every length required."""
+    import pandas as pd
+
+    return pd.DataFrame(
+        {
+            "model": "m",
+            "config_id": [c for c, _, _ in rows],
+            "length_target": [n for _, n, _ in rows],
+            "length": [str(n) for _, n, _ in rows],
+            "depth": 0.5,
+            "passed": [p for _, _, p in rows],
+            "applicable": True,
+            "failed_required": [
+                json.dumps(sorted({str(n) for c2, n, p in rows if c2 == c and not p})) for c, _, _ in rows
+            ],
+            "reason": "not recalled",
+        }
+    )
+
+
+def test_a_model_that_fails_the_baseline_refuses_no_configuration_for_recall():
+    """No trial at the shortest length passed, in any configuration: the model's failure. Recall then refuses
+    nothing; where one configuration recalled there, the others' failures are theirs."""
+    cannot = _trials([("a", 2048, False), ("a", 8192, False), ("b", 2048, False), ("b", 8192, False)])
+    assert NT.recall_failures(cannot) == {}
+    assert "does not recall a needle even at 2,048 tokens (on `a`, `b`)" in NT.uninformative(cannot)["m"]
+    can = _trials([("a", 2048, True), ("a", 8192, False), ("b", 2048, False), ("b", 8192, False)])
+    assert NT.uninformative(can) == {} and set(NT.recall_failures(can)) == {("m", "a"), ("m", "b")}

@@ -110,3 +110,32 @@ def test_a_winner_that_fails_recall_is_replaced_by_the_next_fastest(searched, tm
     )
     assert calls == [c["id"] for c in candidates[:2]] and rec["recalled"] == candidates[1]["id"]
     assert records.load(out, "search_needle")["records"] == calls
+
+
+@pytest.mark.e2e
+def test_a_winner_that_recalls_nothing_even_at_the_shortest_length_ends_the_check(searched, tmp_path, monkeypatch):
+    """The baseline: a candidate that recalls no needle even at the shortest length fails as the model, not as its
+    placement, and the search's other candidates (which differ in placement alone) are not checked."""
+    (summary_path,) = searched.glob("search/gemma/*/search.json")
+    objective = {"metric": "decode_tps", "workload": "short"}
+    assert len(needle_job.search_candidates(summary_path, objective, 1024)) >= 2
+    calls = []
+
+    def recalls_nothing(**kw):
+        calls.append(kw["item"]["id"])
+        trials = [{"length_target": n, "passed": False} for n in (512, 512, 2048)]
+        return {"applicable": True, "outcome": "ok", "failed_required": [512, 2048], "trials": trials}
+
+    monkeypatch.setattr(needle_job, "run_needle", recalls_nothing)
+    rec = needle_job.run_search_needle(
+        model_name="gemma",
+        summary_path=summary_path,
+        objective=objective,
+        margin_mib=1024,
+        config={"budget": {}},
+        fetch_record={},
+        provenance={},
+        out_path=tmp_path / "recall.json",
+    )
+    assert len(calls) == 1 and rec["recalled"] is None
+    assert rec["uninformative"] == f"{calls[0]} recalled no needle even at 512 tokens, the shortest length"

@@ -172,6 +172,17 @@ class NeedlePrompt:
     extra: dict = field(default_factory=dict)
 
 
+def baseline_failed(trials) -> int | None:
+    """The recall baseline: the shortest length among ``trials`` ((length_target, passed) pairs), when no trial at
+    it passed; else None. A model that fails even there cannot recall (random weights, a model too small for the
+    task): its failures say nothing of a configuration, which would recall short needles and lose long ones."""
+    tried = [(int(length), bool(passed)) for length, passed in trials if length == length]  # NaN: no trial
+    if not tried:
+        return None
+    shortest = min(length for length, _ in tried)
+    return None if any(passed for length, passed in tried if length == shortest) else shortest
+
+
 def build_prompt(haystack, fr: Frame, needle_ids: list[int], target: int, depth: float, start: int) -> NeedlePrompt:
     """Exactly ``target`` token ids: head, haystack with the needle at the sentence boundary
     nearest ``depth``, tail. ``haystack``: anything with ``window(start, n)`` (``needle_job.Haystack``)."""

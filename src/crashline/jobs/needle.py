@@ -48,6 +48,7 @@ from ..config.needle import (
     Frame,
     PromptError,
     Wording,
+    baseline_failed,
     build_prompt,
     is_fraction,
     needle_settings,
@@ -629,8 +630,9 @@ def run_search_needle(
 ) -> dict:
     """Recall for a search's winner before it is recommended: the candidates in order (the winner, then the next
     fastest), one needle job each, until one recalls at every required length; a winner that fails is replaced
-    by the next. A model whose recall does not apply (random weights) stops at the first."""
-    tested, passed = [], None
+    by the next. A model whose recall does not apply stops at the first, and so does one that fails the baseline
+    (no needle recalled even at the shortest length: ``uninformative`` says so)."""
+    tested, passed, uninformative = [], None, None
     for item in search_candidates(Path(summary_path), objective, margin_mib):
         folder = out_path.parent / "needle" / item["id"]
         record = run_needle(
@@ -649,6 +651,18 @@ def run_search_needle(
         if record["outcome"] == "ok" and not record["failed_required"]:
             passed = item["id"]
             break
+        trials = [(t.get("length_target"), t.get("passed")) for t in record.get("trials") or []]
+        if record["outcome"] == "ok" and (shortest := baseline_failed(trials)) is not None:
+            # the candidates differ in placement alone: the next would fail as this one did
+            uninformative = f"{item['id']} recalled no needle even at {shortest:,} tokens, the shortest length"
+            progress.say(f"needle: {uninformative}; recall cannot rank this search's configurations")
+            break
         progress.say(f"needle: {item['id']} failed recall; the next fastest of the search is checked")
-    summary = {"model": model_name, "search": str(summary_path), "records": tested, "recalled": passed}
+    summary = {
+        "model": model_name,
+        "search": str(summary_path),
+        "records": tested,
+        "recalled": passed,
+        "uninformative": uninformative,
+    }
     return records.write(out_path, "search_needle", summary)

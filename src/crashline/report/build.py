@@ -16,7 +16,7 @@ from ..core.atomic import atomic_path, read_json
 from ..tables.boundary import crash_lines
 from ..core.columns import SETTING_PREFIX, setting
 from ..config.plan import expand, expand_searches, objective_workload, resolve_objective
-from ..tables.needle import recall_grid
+from ..tables.needle import recall_grid, uninformative
 from . import correction, html, markdown, sections
 from . import figures as figures_mod
 from .doc import Figure, Stat
@@ -608,6 +608,7 @@ def context(
             for model in configs["model"].drop_duplicates()
             for env, machine in machines(configs, model)
         ],
+        "recall_uninformative": uninformative(needle),
         "suspect_columns": SUSPECT_COLUMNS,
         "objective_workload": workload,
     }

@@ -31,6 +31,7 @@ td.num { text-align: right; font-variant-numeric: tabular-nums; white-space: now
 code, pre { font-family: ui-monospace, monospace; font-size: 0.85rem; }
 pre { background: #f6f6f6; padding: 0.6rem; white-space: pre-wrap; overflow-wrap: anywhere; }
 .fail { color: #b00020; font-weight: 600; }
+.warn { color: #8a5a00; font-weight: 600; }
 .rec { background: #f3f7fb; }
 .winner { border-left: 4px solid #5b7a99; padding-left: 0.8rem; }
 .answer { font-size: 1.25rem; }

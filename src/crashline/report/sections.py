@@ -26,6 +26,7 @@ def document(ctx: dict, needle_grid: list[dict], corrections: Section | None) ->
     """The whole report."""
     blocks = [
         *top(ctx["nothing_survived"]),
+        *(Para([Strong(f"{model}: "), why, "."], "warn") for model, why in ctx["recall_uninformative"].items()),
         *intro(ctx),
         environment(ctx),
         *(model_section(m, ctx) for m in ctx["per_model"]),

@@ -13,7 +13,7 @@ from ..core import settings as settings_mod
 from ..core import records
 from . import files as tablefiles
 from ..core.host import environment_key
-from ..config.needle import length_label
+from ..config.needle import baseline_failed, length_label
 from ..core.thresholds import missing
 
 TRIAL_COLUMNS = (
@@ -161,12 +161,35 @@ def _grid_cell(here: pd.DataFrame, depth: float) -> dict | None:
     }
 
 
+def uninformative(frame: pd.DataFrame | None) -> dict[str, str]:
+    """model -> why recall cannot rank its configurations: the baseline failed, no trial at the shortest length any
+    configuration tried passed, in any configuration. A failure even there is the model's (random weights, a model
+    too small for the task), not a configuration's, which would recall short needles and lose long ones."""
+    out: dict[str, str] = {}
+    if frame is None or frame.empty:
+        return out
+    trials = frame[frame["length_target"].notna() & frame["applicable"].fillna(False).astype(bool)]
+    for model, rows in trials.groupby("model", sort=False):
+        shortest = baseline_failed(zip(rows["length_target"], rows["passed"].fillna(False)))
+        if shortest is not None:
+            on = ", ".join(f"`{cid}`" for cid in dict.fromkeys(rows[rows["length_target"] == shortest]["config_id"]))
+            out[model] = (
+                f"the model does not recall a needle even at {shortest:,.0f} tokens (on {on}): recall cannot rank "
+                "its configurations, and no configuration is refused for it"
+            )
+    return out
+
+
 def recall_failures(frame: pd.DataFrame | None) -> dict[tuple[str, str], str]:
-    """(model, config_id) -> why the recommendation must skip it: recall failed at a required length."""
+    """(model, config_id) -> why the recommendation must skip it: recall failed at a required length. A model whose
+    recall is ``uninformative`` has none: its failures say nothing about a configuration."""
     out: dict[tuple[str, str], str] = {}
     if frame is None or frame.empty:
         return out
+    exempt = uninformative(frame)
     for (model, cid), rows in frame.groupby(["model", "config_id"], sort=False):
+        if model in exempt:
+            continue
         failed = json.loads(rows.iloc[0]["failed_required"])
         if not failed:
             continue
