@@ -262,3 +262,18 @@ def test_a_limit_without_a_measurement_is_missed():
         ("max_ttft_s", "time to first token not measured (under 2 s asked)"),
     ]
     assert missed_limits(pd.Series({"decode_tps_median": 20.0, "ttft_s_median": 2.0}), 20, 2.0) == []  # at the limit
+
+
+def test_a_tie_is_called_a_tie_and_broken_by_headroom(tables):
+    """On the H200 records at depth-16k, --n-cpu-moe 29 and 31 cannot be told apart end to end (their ranges over the
+    repetitions overlap): the winner is the one with more VRAM headroom, and both verdicts say tied."""
+    configs, measurements = tables
+    (r,) = recommend(configs, measurements, "e2e_tps", "depth-16k", margin_mib=1024)
+    n29, n31 = row(configs, n_cpu_moe=29), row(configs, n_cpu_moe=31)
+    assert n31["headroom_mib"] > n29["headroom_mib"] and r["winner"] == n31["config_id"]
+    assert r["tie"].startswith("tied with 1 other(s) on speed; chosen for the most VRAM headroom (+646 MiB")
+    (lost,) = [o for o in r["others"] if o["config_id"] == n29["config_id"]]
+    assert lost["tied"] and lost["reason"].startswith("tied: ") and "overlaps the winner's" in lost["reason"]
+    assert lost["speed"] > r["winner_speed"]  # the faster median lost the tie: speed could not tell them apart
+    (decode,) = recommend(configs, measurements, "decode_tps", "depth-16k", margin_mib=1024)
+    assert decode["tie"] is None and decode["winner"] == n31["config_id"]  # on decode 31 is clearly faster

@@ -189,6 +189,10 @@ def recommendation(r: dict):
         *([f" {whole}"] if (whole := request_text(r.get("winner_measured") or {})) else []),
     ]
     blocks = [answer, Para(said), CodeBlock(r["command"], copy=True), Para(["Configuration id ", Code(r["winner"])])]
+    if r.get("tie"):
+        blocks.insert(
+            2, Para(["Tied: ", r["tie"], ". Two configurations are tied when neither range lies above the other."])
+        )
     if r["others"]:
         blocks += [
             Para("Why the others lost (each named by how its settings differ from the recommendation):"),

@@ -13,6 +13,7 @@ only when no warm run survived, and otherwise point to the cold-versus-warm comp
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
@@ -210,7 +211,7 @@ def recommend(
     out = []
     if configs.empty:
         return out
-    col, low, high = (cols.stat(metric, k) for k in ("median", "min", "max"))
+    col = cols.stat(metric, "median")
     for (model, env), group in configs.groupby(["model", "environment"], sort=True):
         ours = measurements[(measurements["model"] == model) & (measurements["environment"] == env)]
         at_workload = ours[ours["workload"] == workload]
@@ -230,8 +231,11 @@ def recommend(
             ((speeds.loc[cid, col], cid) for cid in at_load if not limits[cid] and not pd.isna(speeds.loc[cid, col])),
             reverse=True,
         )
-        winner = ranked[0][1] if ranked else None
-        best = float(ranked[0][0]) if ranked else None
+        spread = {cid: spread_of(speeds.loc[cid], metric) for _, cid in ranked}
+        tied = [cid for _, cid in ranked if overlap(spread[cid], spread[ranked[0][1]])] if ranked else []
+        headroom = dict(zip(group["config_id"], group["headroom_mib"]))
+        winner, tie = break_tie(tied, headroom) if tied else (None, None)
+        best = float(speeds.loc[winner, col]) if winner else None
         verdicts = []
         reference = group[group["config_id"] == winner].iloc[0] if winner else group.iloc[0]
         for _, row in group.iterrows():
@@ -291,10 +295,16 @@ def recommend(
             else:
                 speed = _value(measured, col)
                 pct = (speed - best) / best * 100 if speed and best else None
-                reason = f"slower: {speed:.1f} t/s ({pct:+.1f}%)" if pct is not None else "no speed"
-                if pct is not None and speeds.loc[cid, high] >= speeds.loc[winner, low]:
-                    reason += ", within the spread of the repetitions: not a real difference yet"
-                verdicts.append({"config_id": cid, "label": label, "failed": False, "speed": speed, "reason": reason})
+                if cid in tied:
+                    reason = (
+                        f"tied: {speed:.1f} t/s ({pct:+.1f}%), its range over {spread[cid].what} overlaps the winner's"
+                    )
+                else:
+                    reason = f"slower: {speed:.1f} t/s ({pct:+.1f}%)" if pct is not None else "no speed"
+                verdicts.append(
+                    {"config_id": cid, "label": label, "failed": False, "tied": cid in tied, "speed": speed,
+                     "reason": reason}
+                )  # fmt: skip
         eligible = set(survivors["config_id"])
         shown = set((survivors if rank_cold else warm)["config_id"])
         out.append(
@@ -313,12 +323,58 @@ def recommend(
                 "winner_speed": best,
                 "winner_row": group[group["config_id"] == winner].iloc[0].to_dict() if winner else None,
                 "winner_measured": _medians(speeds.loc[winner]) if winner else None,
+                "tie": tie,
                 "no_winner": None if winner else _no_winner(survivors, pool, at_load, load, workload),
                 "others": sorted(verdicts, key=lambda v: (v["failed"], -(v.get("speed") or 0), _natural(v["label"]))),
                 "tradeoff": tradeoff(group, ours, shown, eligible, winner),
             }
         )
     return out
+
+
+@dataclass(frozen=True)
+class Spread:
+    """Where a configuration's speed lies: [low, high], and what that range is (the medians of its server starts
+    where it had several, as between-start variance decides; else every request of its repetitions)."""
+
+    low: float
+    high: float
+    what: str
+
+
+def spread_of(row, metric: str) -> Spread:
+    listed = row.get(cols.start_medians(metric))
+    starts = [float(v) for v in (listed if listed is not None and not np.isscalar(listed) else []) if v == v]
+    if len(starts) >= 2:
+        return Spread(min(starts), max(starts), f"the medians of its {len(starts)} server starts")
+    low, high = row[cols.stat(metric, "min")], row[cols.stat(metric, "max")]
+    return Spread(float(low), float(high), "every request of its repetitions")
+
+
+def overlap(a: Spread, b: Spread) -> bool:
+    """Tied: neither range lies wholly above the other (as the search's climb and finalists judge noise)."""
+    return a.low <= b.high and b.low <= a.high
+
+
+def break_tie(tied: list[str], headroom: dict) -> tuple[str, str | None]:
+    """Among configurations tied with the fastest (``tied``, fastest first): the one with the most VRAM headroom,
+    since the speeds cannot tell them apart and room is what survives the next longer prompt; where no headroom
+    is known, the fastest median. Returns (winner, why, in words; None without a tie)."""
+    if len(tied) == 1:
+        return tied[0], None
+    known = {cid: h for cid in tied if (h := headroom.get(cid)) is not None and h == h}  # NaN: no GPU, no headroom
+    if len(known) == len(tied):
+        winner = max(tied, key=lambda cid: (known[cid], -tied.index(cid)))
+        runner = next(cid for cid in tied if cid != winner)
+        more = known[winner] - known[runner]
+        why = (
+            f"tied with {len(tied) - 1} other(s) on speed; chosen for the most VRAM headroom ({more:+,.0f} MiB against "
+            f"`{runner}`)"
+            if more
+            else f"tied with {len(tied) - 1} other(s) on speed and headroom; chosen for the higher median"
+        )
+        return winner, why
+    return tied[0], f"tied with {len(tied) - 1} other(s) on speed; chosen for the higher median"
 
 
 def _medians(row) -> dict:
