@@ -75,20 +75,28 @@ SHORT = [{"name": "short", "prompt_tokens": 16, "gen_tokens": 4}]
     [
         {"workloads": [{"name": "short", "prompt_tokens": 16, "gen_tokens": 8}]},
         {"budget": 4096},  # without a GPU its probes are refused: measured again all the same, never reused
+        {"model": "another file"},  # the same name and shape, other weights (#26: m1's probes answered for m2)
     ],
 )
 def test_search_probes_are_measured_again_after_an_edit(tmp_path, tiny_moe, server_provenance, edit):
     out = tmp_path / "search"
+    if "model" in edit:
+        other = tmp_path / "other" / tiny_moe.name
+        other.parent.mkdir()
+        data = bytearray(tiny_moe.read_bytes())
+        data[-1] ^= 0x01  # the last byte of the last tensor: the same shape, another file
+        other.write_bytes(bytes(data))
+        edit = {"model": other}
 
-    def search(workloads=SHORT, budget=None):
-        cfg = search_config(tiny_moe, workloads, budget)
+    def search(workloads=SHORT, budget=None, model=tiny_moe):
+        cfg = search_config(model, workloads, budget)
         spec = jobs.spec("search", cfg, "tiny", C.expand_searches(cfg)[0]["id"])
         summary = run_search(
             model_name="tiny",
             group=spec["group"],
             config=spec["config"],
-            fetch_record=fetch_record(tiny_moe),
-            manifest=inspect_gguf(tiny_moe),
+            fetch_record=fetch_record(model),
+            manifest=inspect_gguf(model),
             provenance=server_provenance,
             out_dir=out,
         )

@@ -260,11 +260,12 @@ def settings_used(resolved: dict, placement: dict) -> dict:
     return out
 
 
-def job_key(job_config: dict, provenance: dict) -> str:
+def job_key(job_config: dict, provenance: dict, fetch_record: dict) -> str:
     """What a measurement's result depends on besides its settings: the workloads, repetitions, budget,
-    limits and telemetry of its job config, and the llama-server build. A search reuses a probe record
-    only under the same key."""
-    text = json.dumps({"config": job_config, "server_sha256": provenance.get("sha256")}, sort_keys=True)
+    limits and telemetry of its job config, the llama-server build and the model file (its sha256: another file
+    under the same name is another model). A search reuses a probe record only under the same key."""
+    model = fetch_record.get("sha256") or [f.get("sha256") for f in fetch_record.get("files") or []]
+    text = json.dumps({"config": job_config, "server_sha256": provenance.get("sha256"), "model": model}, sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
@@ -548,7 +549,7 @@ def _measure(
         "settings": resolved,
         "given": item["given"],
         "flags_left_out": left_out,
-        "job_key": job_key(config, provenance),
+        "job_key": job_key(config, provenance, fetch_record),
         "server": {k: provenance.get(k) for k in SERVER_FIELDS},
         "host": host.describe(),
         "budget": config["budget"],

@@ -184,7 +184,7 @@ class _Search:
         folder = self.out_dir / "records" / record_id
         record_path = folder / "measure.json"
         earlier = records.load(record_path, "measure") if record_path.exists() else {}
-        if earlier.get("job_key") == job_key(self.config, self.provenance):
+        if earlier.get("job_key") == job_key(self.config, self.provenance, self.fetch_record):
             progress.say(f"n_cpu_moe {n}: measured by this search before ({record_id}), record reused")
             return earlier
         given = self.given(n)
