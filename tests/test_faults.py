@@ -486,3 +486,45 @@ def test_workflow_interrupted_mid_search_keeps_whole_probes_and_reruns_the_rest(
     (summary,) = probes.rglob("search.json")
     assert all(p.stat().st_mtime_ns == t for p, t in kept.items())  # measured under the same spec: reused
     assert len(read_json(summary)["records"]) > len(kept)  # and the rest measured now
+
+
+# -- crashline tune stopped (#26): no orphan, a resuming rerun, one tune per folder -----------------------------------
+
+
+def _tune(tmp_path, model, out) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "crashline", "tune", str(model), "--ctx", "4096", "--prompt", "1024", "--out", str(out)],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(REPO / "src")},
+        start_new_session=True,
+    )
+
+
+@pytest.mark.parametrize("how", [signal.SIGTERM, signal.SIGKILL], ids=["sigterm", "sigkill"])
+def test_tune_stopped_mid_run_leaves_no_job_and_the_same_command_resumes(tmp_path, tiny_moe, server_provenance, how):
+    """tune runs Snakemake inside itself, so its jobs have no snakemake ancestor to watch: they watch tune. SIGTERM
+    stops them at their next safe point and says how to resume; after SIGKILL they stop by themselves. Either way
+    the same command then finishes, without --rerun-incomplete or --unlock. A second tune into the folder while the
+    first runs is refused before it writes anything."""
+    out = tmp_path / "t"
+    first = _tune(tmp_path, tiny_moe, out)
+    server = _wait_for_server(tmp_path)
+    written = (out / "tune.yaml").stat().st_mtime_ns
+    second = _tune(tmp_path, tiny_moe, out)
+    said, _ = second.communicate(timeout=120)
+    assert second.returncode == 2 and "another crashline tune runs there" in said, said[-2000:]
+    assert (out / "tune.yaml").stat().st_mtime_ns == written  # refused before it wrote anything
+    os.kill(first.pid, how)
+    text, _ = first.communicate(timeout=300)
+    if how == signal.SIGTERM:
+        assert first.returncode == 128 + signal.SIGTERM, text[-3000:]
+        assert "stopped (SIGTERM)" in text and "run the same command again to resume" in text, text[-3000:]
+    assert _gone(server, 30), "llama-server outlived tune"
+    assert _jobs_done(out, 30), "a job of the stopped tune is still running"
+    again = _tune(tmp_path, tiny_moe, out)
+    text, _ = again.communicate(timeout=900)
+    assert again.returncode == 0, text[-4000:]
+    assert "tiny-moe: use " in text and not servers_of(tmp_path)

@@ -238,9 +238,13 @@ def cmd_suggest(args) -> int:
 
 
 def cmd_tune(args) -> int:
-    from .tune import tune
+    from .tune import TuneStopped, tune
 
-    lines = tune(args.model, args.ctx, args.prompt, args.vram, args.margin, args.gpu, args.out)
+    try:
+        lines = tune(args.model, args.ctx, args.prompt, args.vram, args.margin, args.gpu, args.out)
+    except TuneStopped as exc:
+        print(exc, file=sys.stderr)
+        return exc.exit_code
     print("\n".join(lines))
     return 0
 

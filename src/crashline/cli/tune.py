@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 from pathlib import Path
 
 import yaml
@@ -126,9 +127,35 @@ def _profile(root: Path) -> dict:
     return yaml.safe_load((root / "profiles" / "default" / "config.yaml").read_text()) or {}
 
 
+class Stopped(BaseException):
+    """SIGTERM reached ``tune``: its jobs were asked to stop (a BaseException, so that Snakemake passes it on)."""
+
+
+class TuneStopped(RuntimeError):
+    """``tune`` was stopped before it finished; the message says how to resume."""
+
+    exit_code = 128 + signal.SIGTERM
+
+
+def _stop_jobs(signum, frame) -> None:
+    """SIGTERM to ``tune``: every job it runs gets SIGTERM too and stops at its next safe point (its server stopped;
+    a search keeps the probes it finished, which a rerun reuses), instead of Snakemake finishing them first."""
+    import psutil
+
+    for child in psutil.Process().children(recursive=True):
+        try:
+            if child.name() != "llama-server":  # each job stops its own server
+                child.terminate()
+        except psutil.Error:
+            pass
+    raise Stopped(signum)
+
+
 def run_workflow(config_path: Path, workdir: Path, root: Path) -> bool:
     """``snakemake --cores 1 report --configfile CONFIG`` through the Python API, with the default profile's
-    rerun triggers and resources."""
+    rerun triggers and resources. It resumes whatever an earlier run left: the caller holds ``tune``'s own lock
+    on the folder, so a Snakemake lock there is stale (a killed ``tune``) and is removed, and incomplete outputs
+    are made again (Snakemake's --rerun-incomplete)."""
     from snakemake.api import SnakemakeApi
     from snakemake.settings.enums import RerunTrigger
     from snakemake.settings.types import (
@@ -149,7 +176,8 @@ def run_workflow(config_path: Path, workdir: Path, root: Path) -> bool:
             snakefile=root / "Snakefile",
             workdir=workdir,
         )
-        dag = workflow.dag(dag_settings=DAGSettings(targets={"report"}, rerun_triggers=triggers))
+        dag = workflow.dag(dag_settings=DAGSettings(targets={"report"}, rerun_triggers=triggers, force_incomplete=True))
+        dag.unlock()
         dag.execute_workflow(executor="local", execution_settings=ExecutionSettings())
     return True
 
@@ -185,17 +213,36 @@ def tune(
     gpu: str | None = None,
     out: str | Path = "tune",
 ) -> list[str]:
-    """Write the config, run the workflow, return the answer's lines."""
+    """Write the config, run the workflow, return the answer's lines. One ``tune`` at a time in a folder: a second
+    is refused before it writes anything. SIGTERM stops the jobs at their next safe point (TuneStopped); the same
+    command again resumes, as it does after ``kill -9``."""
+    from ..core.locks import Busy, exclusive
+    from ..core.supervision import WORKFLOW_PID
+
     out = Path(out).resolve()
     vram_mib = parse_size_mib(vram, "--vram") if vram else None
     margin_mib = parse_size_mib(margin, "--margin", minimum=0) if margin else None
     raw = config(model, ctx, prompt, vram_mib, margin_mib, out)
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / "tune.yaml"
-    with atomic_path(path) as tmp:
-        tmp.write_text("# written by crashline tune\n" + yaml.safe_dump(raw, sort_keys=False))
-    if gpu is not None:
-        # before any job starts, in the order nvidia-smi numbers GPUs: every server sees that GPU only
-        os.environ.update(CUDA_DEVICE_ORDER="PCI_BUS_ID", CUDA_VISIBLE_DEVICES=str(gpu))
-    run_workflow(path, out, workflow_dir())
+    root = workflow_dir()
+    try:
+        with exclusive(out / ".tune.lock", f"crashline tune in {out}"):
+            path = out / "tune.yaml"
+            with atomic_path(path) as tmp:
+                tmp.write_text("# written by crashline tune\n" + yaml.safe_dump(raw, sort_keys=False))
+            if gpu is not None:
+                # before any job starts, in the order nvidia-smi numbers GPUs: every server sees that GPU only
+                os.environ.update(CUDA_DEVICE_ORDER="PCI_BUS_ID", CUDA_VISIBLE_DEVICES=str(gpu))
+            os.environ[WORKFLOW_PID] = str(os.getpid())  # its jobs end when it is gone, however it ends
+            previous = signal.signal(signal.SIGTERM, _stop_jobs)
+            try:
+                run_workflow(path, out, root)
+            except Stopped:
+                raise TuneStopped(
+                    f"crashline tune stopped (SIGTERM): its jobs stopped at their next safe point; run the same "
+                    f"command again to resume in {out}"
+                ) from None
+            finally:
+                signal.signal(signal.SIGTERM, previous)
+    except Busy as exc:
+        raise ConfigError(f"--out {out}: another crashline tune runs there ({exc}); wait for it or pick another --out")
     return [f"config: {path}", *answer(config_mod.validate(raw, config_mod.load_schema()))]

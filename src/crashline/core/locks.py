@@ -69,6 +69,25 @@ def held(path: Path, what: str, waiting: str):
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
+class Busy(RuntimeError):
+    """A lock that another process holds, where waiting for it is not what the caller wants."""
+
+
+@contextlib.contextmanager
+def exclusive(path: Path, what: str):
+    """Hold the lock at ``path`` for ``what``, or raise Busy at once, naming its holder."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    _check_folder(path.parent)
+    f = _try_lock(path, what)
+    if f is None:
+        raise Busy(f"{_holders([path])} holds {path}")
+    try:
+        yield path
+    finally:
+        _release([f])
+
+
 def _lock_dir(lock_dir: Path | None) -> Path:
     """The lock folder, made 0700 where it is missing; one that another user could change is refused."""
     lock_dir = Path(lock_dir or LOCK_DIR)

@@ -1,9 +1,11 @@
 """A job started by Snakemake ends with its workflow.
 
 After ``kill -9`` of ``snakemake`` its running job goes on unsupervised: it would keep its server
-(and the GPU) and later write a record that a rerun may already have written. A job that finds a
-``snakemake`` process among its ancestors watches it; once that process is gone, the job sends
-itself SIGTERM, which unwinds like Ctrl-C (the server is stopped, no record is written).
+(and the GPU) and later write a record that a rerun may already have written. A job that finds its
+workflow among its ancestors watches it: a ``snakemake`` process, or the process ``crashline tune`` names in
+``CRASHLINE_WORKFLOW_PID`` (it runs Snakemake inside itself, so no ancestor is called snakemake). Once that
+process is gone, the job sends itself SIGTERM, which unwinds like Ctrl-C (the server is stopped, no record is
+written).
 """
 
 from __future__ import annotations
@@ -18,9 +20,12 @@ from pathlib import Path
 import psutil
 
 _watching = False
+WORKFLOW_PID = "CRASHLINE_WORKFLOW_PID"  # set by a process that runs the workflow inside itself (crashline tune)
 
 
-def _is_snakemake(proc: psutil.Process) -> bool:
+def _is_workflow(proc: psutil.Process) -> bool:
+    if str(proc.pid) == os.environ.get(WORKFLOW_PID):
+        return True
     try:
         argv = proc.cmdline()
     except psutil.Error:
@@ -29,10 +34,10 @@ def _is_snakemake(proc: psutil.Process) -> bool:
 
 
 def workflow_process() -> psutil.Process | None:
-    """The nearest ``snakemake`` ancestor of this process, if any."""
+    """The nearest ancestor of this process that runs the workflow (``snakemake``, or ``crashline tune``), if any."""
     proc = psutil.Process().parent()
     while proc is not None and proc.pid > 1:
-        if _is_snakemake(proc):
+        if _is_workflow(proc):
             return proc
         try:
             proc = proc.parent()
@@ -59,7 +64,7 @@ def exit_with_workflow(interval_s: float = 1.0) -> psutil.Process | None:
         while alive():
             time.sleep(interval_s)
         print(
-            f"crashline: the workflow (snakemake, pid {workflow.pid}) that started this job is gone: "
+            f"crashline: the workflow (pid {workflow.pid}) that started this job is gone: "
             "stopping the server; no record is written",
             file=sys.stderr,
             flush=True,
