@@ -253,6 +253,15 @@ BAD = {
         lambda c: c.update(objective={"workload": "shrot"}),
         "config key objective.workload = 'shrot': no such workload; did you mean 'short'?",
     ),
+    # a whole number written as 2.0 passes JSON Schema's integer and then crashed every job (#26)
+    "repetitions as a float": (
+        lambda c: c.update(repetitions=2.0),
+        "config key repetitions = 2.0: expected an integer",
+    ),
+    "prompt tokens as a float": (
+        lambda c: c["workloads"][0].update(prompt_tokens=64.0),
+        "config key workloads.0.prompt_tokens = 64.0: expected an integer",
+    ),
     "objective metric": (
         lambda c: c.update(objective={"metric": "speed"}),
         "config key objective.metric = 'speed': unknown metric; expected one of e2e_tps (end-to-end t/s per request: "

@@ -96,9 +96,20 @@ def _error_lines(e: jsonschema.ValidationError, prefix: str) -> list[str]:
     return [f"{prefix} {path} = {short_repr(e.instance)}: {_reason(e)}"]
 
 
+def _whole_number(checker, instance) -> bool:
+    """An integer is an int: JSON Schema counts 2.0 as one, and a job then fails on ``range(2.0)``."""
+    return isinstance(instance, int) and not isinstance(instance, bool)
+
+
+_STRICT = jsonschema.validators.extend(
+    jsonschema.Draft202012Validator,
+    type_checker=jsonschema.Draft202012Validator.TYPE_CHECKER.redefine("integer", _whole_number),
+)
+
+
 def schema_errors(instance, schema: dict, prefix: str) -> list[str]:
     """One line per schema violation, naming the key and the bad value (and a near miss of an unknown key)."""
-    validator = jsonschema.Draft202012Validator(schema)
+    validator = _STRICT(schema)
     errors = sorted(validator.iter_errors(instance), key=lambda e: [str(p) for p in e.absolute_path])
     return [line for e in errors for line in _error_lines(e, prefix)]
 
