@@ -253,6 +253,15 @@ BAD = {
         lambda c: c.update(objective={"workload": "shrot"}),
         "config key objective.workload = 'shrot': no such workload; did you mean 'short'?",
     ),
+    # results_dir that spilled into the clone or mixed with the cache (#26)
+    "empty results_dir": (
+        lambda c: c.update(results_dir=""),
+        "config key results_dir = '': empty; give a folder for records and reports (default results)",
+    ),
+    "results_dir in the cache": (
+        lambda c: c.update(results_dir="/tmp/crashline-cache-x/results", cache_dir="/tmp/crashline-cache-x"),
+        "config key results_dir = '/tmp/crashline-cache-x/results' is nested with the cache (/tmp/crashline-cache-x)",
+    ),
     # a whole number written as 2.0 passes JSON Schema's integer and then crashed every job (#26)
     "repetitions as a float": (
         lambda c: c.update(repetitions=2.0),
@@ -590,3 +599,10 @@ def test_the_demo_still_loads_and_plans():
 def test_extra_args_may_not_set_what_crashline_sets_itself():
     message = error_of(setting("defaults", extra_args=["--host=0.0.0.0", "--port", "80"]))
     assert "passes --host, which crashline sets itself (the server listens on 127.0.0.1" in message
+
+
+def test_a_results_dir_under_home_is_expanded_as_a_shell_would():
+    cfg = C.load(REPO / "config" / "config.yaml")
+    raw = {k: cfg[k] for k in ("models", "configurations", "workloads")}
+    expanded = C.validate({**raw, "results_dir": "~/crashline-results-x"}, C.load_schema())
+    assert expanded["results_dir"] == str(Path.home() / "crashline-results-x") and "~" not in expanded["results_dir"]

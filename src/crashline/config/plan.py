@@ -38,6 +38,7 @@ def validate(config: dict, schema: dict) -> dict:
     config = fill_defaults(schema, copy.deepcopy(config))
     _check_models(config)
     _check_settings(config)
+    config = _places(config)
     _check_places(config)
     config = _add_claim_workloads(config)
     _check_references(config)
@@ -146,6 +147,25 @@ def _server_binary_problem(value: str) -> str | None:
         mode = path.stat().st_mode & 0o777
         return f"it is not executable (mode {mode:o}); chmod +x it or give the llama-server executable"
     return None
+
+
+def _places(config: dict) -> dict:
+    """results_dir and cache_dir with ``~`` expanded, as a shell would (a folder named ``~`` is never meant); an
+    empty results_dir, or one that is the cache or inside it (or holds it), is refused: results would spill into
+    the folder the command runs in, or mix with models and builds that outlive any run."""
+    results = config["results_dir"]
+    if not results.strip():
+        raise ConfigError("config key results_dir = '': empty; give a folder for records and reports (default results)")
+    config["results_dir"] = os.path.expanduser(results)
+    if config.get("cache_dir"):
+        config["cache_dir"] = os.path.expanduser(config["cache_dir"])
+    mine, cache = Path(config["results_dir"]).resolve(), cache_dir(config).resolve()
+    if mine == cache or cache in mine.parents or mine in cache.parents:
+        raise ConfigError(
+            f"config key results_dir = {results!r} is {'the cache' if mine == cache else 'nested with the cache'} "
+            f"({cache}); keep them apart: deleting results must not delete models and builds"
+        )
+    return config
 
 
 def _check_places(config: dict) -> None:
