@@ -123,6 +123,28 @@ def run_search(
         return summary
 
 
+def set_aside(out_dir: Path, listed: list[str]) -> list[str]:
+    """Move the probe records under ``out_dir/records`` that this search does not list (measured by an earlier
+    search under other workloads, another budget or another model file) to ``out_dir/superseded``, each with its
+    server log and telemetry: whoever reads or merges the folder finds only this search's records there, and
+    nothing is deleted. Returns what was moved."""
+    moved = []
+    root = out_dir / "records"
+    for record in sorted(root.rglob("measure.json")) if root.is_dir() else []:
+        rel = record.parent.relative_to(root).as_posix()
+        if rel in listed:
+            continue
+        dest = out_dir / "superseded" / rel
+        dest.mkdir(parents=True, exist_ok=True)
+        for f in record.parent.iterdir():
+            if f.is_file():
+                f.replace(dest / f.name)
+        moved.append(rel)
+    if moved:
+        progress.say(f"set aside {len(moved)} probe record(s) of an earlier search in {out_dir / 'superseded'}")
+    return moved
+
+
 class _Search:
     """One search's state: every value measured, with the records of each of its server starts."""
 
@@ -301,6 +323,7 @@ class _Search:
             "records": sorted(r for ids in self.ids_of.values() for r in ids),
             "values": values,
         }
+        set_aside(self.out_dir, summary["records"])
         return records.write(self.out_dir / "search.json", "search", summary)
 
     def fastest(self, lowest: int, hi: int) -> dict:
