@@ -8,12 +8,14 @@ import hashlib
 import json
 import subprocess
 import sys
+import time
 
 import pandas as pd
 import pytest
 
 from crashline.config.file import ConfigError
 from crashline.cli.tune import _hf_file, config, model_source
+from crashline.core.host import gpus
 
 
 def test_the_model_as_typed_becomes_a_source(tmp_path, tiny_moe):
@@ -88,10 +90,30 @@ def test_tune_runs_the_workflow_and_prints_the_answer(tmp_path, tiny_moe, server
     assert answer["winner"] in (results / "report.md").read_text()
     searches = pd.read_parquet(results / "tables" / "searches.parquet")
     configs = pd.read_parquet(results / "tables" / "configs.parquet")
-    assert sorted(searches["s_ubatch"]) == [512, 2048] and (configs["s_fit"] == "on").sum() == 1
+    if gpus()["present"]:
+        assert sorted(searches["s_ubatch"]) == [512, 2048] and (configs["s_fit"] == "on").sum() == 1
+    else:  # every weight is in host memory anyway: no n_cpu_moe search, no --fit on, the two ubatch values
+        assert searches.empty and sorted(configs["s_ubatch"]) == [512, 2048] and "on" not in set(configs["s_fit"])
     assert (results / "report.html").exists()
     records = {p: p.stat().st_mtime_ns for p in results.rglob("measure.json")}
     second = tune()  # the same question again: Snakemake finds nothing to do
     assert second.returncode == 0 and "Nothing to be done" in second.stderr
     assert {p: p.stat().st_mtime_ns for p in results.rglob("measure.json")} == records
     assert second.stdout.splitlines()[1] == lines[1]
+
+
+@pytest.mark.parametrize("asked", [["--vram", "8GiB"], ["--gpu", "5"]])
+def test_a_card_asked_of_a_machine_without_one_is_refused_at_once(tmp_path, tiny_moe, asked):
+    """--vram and --gpu without an NVIDIA GPU ran for minutes and ended in "no configuration survived" (#27)."""
+    if gpus()["present"]:
+        pytest.skip("this machine has a GPU")
+    started = time.monotonic()
+    proc = subprocess.run(
+        [sys.executable, "-m", "crashline", "tune", str(tiny_moe), "--ctx", "4096", "--prompt", "1024", *asked]
+        + ["--out", str(tmp_path / "t")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 2 and f"{asked[0]}: this machine has no NVIDIA GPU" in proc.stderr, proc.stderr
+    assert time.monotonic() - started < 30 and not (tmp_path / "t" / "tune.yaml").exists()

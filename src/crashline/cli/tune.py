@@ -83,9 +83,12 @@ def model_source(model: str) -> tuple[str, str]:
     return name, source
 
 
-def config(model: str, ctx: int, prompt: int, vram_mib: int | None, margin_mib: int | None, out: Path) -> dict:
+def config(
+    model: str, ctx: int, prompt: int, vram_mib: int | None, margin_mib: int | None, out: Path, on_gpu: bool = True
+) -> dict:
     """The config ``tune`` runs: a search of n_cpu_moe per ubatch and --fit on, at ``ctx``; a short workload
-    and one of ``prompt`` tokens (the objective); the budget."""
+    and one of ``prompt`` tokens (the objective); the budget. Without a GPU (``on_gpu`` False) every weight is in
+    host memory whatever n_cpu_moe and --fit say: only the ubatch values are measured."""
     if prompt + GEN_TOKENS > ctx:
         raise ConfigError(f"--prompt {prompt} plus {GEN_TOKENS} generated tokens does not fit --ctx {ctx}")
     name, source = model_source(model)
@@ -101,7 +104,9 @@ def config(model: str, ctx: int, prompt: int, vram_mib: int | None, margin_mib: 
             # the search clamps the range to the model's layers
             {"grid": {"ubatch": list(UBATCHES)}, "search": {"n_cpu_moe": [0, 1000]}},
             {"settings": {"ubatch": UBATCHES[-1], "fit": "on"}},
-        ],
+        ]
+        if on_gpu
+        else [{"grid": {"ubatch": list(UBATCHES)}}],
         "workloads": [SHORT, long] if prompt > SHORT["prompt_tokens"] else [long],
         "repetitions": 3,
         "budget": budget,
@@ -109,6 +114,27 @@ def config(model: str, ctx: int, prompt: int, vram_mib: int | None, margin_mib: 
     }
     config_mod.validate(raw, config_mod.load_schema())  # a bad combination is named before anything runs
     return raw
+
+
+def _check_gpu(vram: str | None, gpu: str | None) -> bool:
+    """Whether this machine has an NVIDIA GPU to tune for. ``--vram`` (a card size emulated on a real card) and
+    ``--gpu`` without one, or ``--gpu`` naming none of its GPUs, are refused at once, before anything runs."""
+    from ..core.host import gpus
+
+    found = gpus()
+    devices = found.get("devices") or []
+    if not found["present"]:
+        asked = [f for f, v in (("--vram", vram), ("--gpu", gpu)) if v is not None]
+        if asked:
+            raise ConfigError(
+                f"{' and '.join(asked)}: this machine has no NVIDIA GPU crashline can use ({found['reason']}); "
+                "a VRAM budget is emulated on a real card. Leave them out to tune for this machine's CPU"
+            )
+        return False
+    if gpu is not None and gpu.isdigit() and int(gpu) >= len(devices):
+        listed = ", ".join(f"{i}: {d['name']}" for i, d in enumerate(devices))
+        raise ConfigError(f"--gpu {gpu}: this machine has {len(devices)} GPU(s) ({listed}); give one of their numbers")
+    return True
 
 
 def workflow_dir() -> Path:
@@ -222,7 +248,8 @@ def tune(
     out = Path(out).resolve()
     vram_mib = parse_size_mib(vram, "--vram") if vram else None
     margin_mib = parse_size_mib(margin, "--margin", minimum=0) if margin else None
-    raw = config(model, ctx, prompt, vram_mib, margin_mib, out)
+    on_gpu = _check_gpu(vram, gpu)
+    raw = config(model, ctx, prompt, vram_mib, margin_mib, out, on_gpu)
     root = workflow_dir()
     try:
         with exclusive(out / ".tune.lock", f"crashline tune in {out}"):
