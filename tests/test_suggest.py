@@ -290,6 +290,13 @@ def test_bad_model_calibration_and_settings_are_named(tmp_path):
         suggest.suggest({**QWEN, "head_dim": None}, 24576, 8192)
     with pytest.raises(suggest.SuggestError, match="calibration '/nowhere.json': no such file"):
         suggest.suggest(QWEN, 24576, 8192, calibration="/nowhere.json")
+    # a folder and a GGUF where a file and a search.json belong (#26: "no such file", a UnicodeDecodeError)
+    with pytest.raises(suggest.SuggestError, match=f"model '{tmp_path}': a folder; give the GGUF file in it"):
+        suggest.suggest(str(tmp_path), 24576, 8192)
+    gguf = tmp_path / "m.gguf"
+    gguf.write_bytes(b"GGUF\x03\x00\x00\x00\xff\xfe" + bytes(range(256)))
+    with pytest.raises(suggest.SuggestError, match="not a record: not text .* give the search.json a search wrote"):
+        suggest.suggest(QWEN, 24576, 8192, calibration=str(gguf))
     table_row = {k: v for k, v in SEARCH.items() if k not in ("compute_mib", "rest_mib")}
     with pytest.raises(suggest.SuggestError, match="has no compute_mib or rest_mib: give the search.json"):
         suggest.calibration_from(table_row)

@@ -136,6 +136,8 @@ def _read(path: Path) -> dict:
         record = read_json(path)
     except json.JSONDecodeError as exc:
         raise RecordError(f"{path}: not a record: not JSON ({exc})") from exc
+    except UnicodeDecodeError:
+        raise RecordError(f"{path}: not a record: not text (a binary file, a GGUF model say)") from None
     if not isinstance(record, dict):
         raise RecordError(f"{path}: not a record: JSON {type(record).__name__}, not an object")
     return record

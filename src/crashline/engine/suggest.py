@@ -156,8 +156,12 @@ def calibration_from(source: Any) -> Calibration:
 
         path = Path(source)
         if not path.is_file():
-            raise SuggestError(f"calibration {str(path)!r}: no such file (give a search.json a search wrote)")
-        source, label = records.load(path, "search"), str(path)
+            what = "a folder" if path.is_dir() else "no such file"
+            raise SuggestError(f"calibration {str(path)!r}: {what} (give a search.json a search wrote)")
+        try:
+            source, label = records.load(path, "search"), str(path)
+        except records.RecordError as exc:
+            raise SuggestError(f"calibration {exc}; give the search.json a search wrote") from None
     elif hasattr(source, "to_dict") and not isinstance(source, Mapping):
         source = source.to_dict()  # a pandas row
     if not isinstance(source, Mapping):
@@ -193,6 +197,11 @@ def load_model(model: Any) -> dict:
         manifest = dict(model)
     else:
         path = Path(model)
+        if path.is_dir():
+            raise SuggestError(
+                f"model {str(path)!r}: a folder; give the GGUF file in it (the first shard of a split model) or a "
+                "manifest.json"
+            )
         if not path.is_file():
             raise SuggestError(f"model {str(path)!r}: no such file (give a GGUF file or a manifest.json)")
         if path.suffix == ".json":
