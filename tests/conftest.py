@@ -16,6 +16,17 @@ REPO = Path(__file__).resolve().parents[1]
 FIXTURES = Path(__file__).parent / "fixtures"
 
 
+# A test that asks for one of these needs a real llama-server, built once into the cache (7 to 10 minutes on
+# 2 cores the first time): it is marked ``server``, so that ``-m "not server"`` runs without building llama.cpp.
+SERVER_FIXTURES = {"server_provenance", "server_binary"}
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if SERVER_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.server)
+
+
 def cache_dir() -> Path:
     return Path(os.environ.get("CRASHLINE_CACHE", Path.home() / ".cache" / "crashline"))
 
