@@ -145,11 +145,12 @@ def records_from(paths: list[Path]) -> list[Path]:
     """measure.json paths as they are; a search.json stands for the records of its own probes (not
     for older records left in its folder by a search under other workloads or another budget)."""
     from ..core import records
+    from ..core.paths import SearchFolder
 
     out = []
     for p in map(Path, paths):
         if p.name == "search.json":
-            out += [p.parent / "records" / cid / "measure.json" for cid in records.load(p, "search")["records"]]
+            out += [SearchFolder.of(p).probe_record(cid) for cid in records.load(p, "search")["records"]]
         else:
             out.append(p)
     return out
@@ -159,12 +160,13 @@ def needle_records_from(paths: list[Path]) -> list[Path]:
     """needle.json paths as they are; a search's recall.json stands for the needle records of the candidates it
     tested."""
     from ..core import records
+    from ..core.paths import SearchFolder
 
     out = []
     for p in map(Path, paths):
         if p.name == "recall.json":
             tested = records.load(p, "search_needle")["records"]
-            out += [p.parent / "needle" / cid / "needle.json" for cid in tested]
+            out += [SearchFolder.of(p).candidate(cid) / "needle.json" for cid in tested]
         else:
             out.append(p)
     return out

@@ -44,7 +44,11 @@ class Layout:
 
     def search_recall(self, model: str, gid: str) -> Path:
         """A search's recall check: which candidates were tested (their needle.json in ``needle/ID/``)."""
-        return self.root / "search" / model / gid / "recall.json"
+        return SearchFolder(self.root / "search" / model / gid).recall()
+
+    def probe_telemetry(self, model: str, cid: str) -> list[Path]:
+        """The time series of configuration ``cid`` wherever a search of ``model`` measured it as a probe."""
+        return sorted((self.root / "search" / model).glob(f"*/{PROBES}/{cid}/telemetry.parquet"))
 
     def configs_table(self) -> Path:
         return self.root / "tables" / "configs.parquet"
@@ -74,6 +78,47 @@ class Layout:
     def figures(self) -> Path:
         """The report's figures as SVG files, which report.md links as ``figures/NAME.svg``."""
         return self.root / "figures"
+
+
+PROBES = "records"
+
+
+class SearchFolder:
+    """One search's folder (``search/MODEL/GID/``, ``Layout.search``'s parent), the one owner of what is in it: its
+    summary, its probes' records (``records/ID/`` for a first start, ``records/ID/start-K/`` for a later one), its
+    recall check and the needle records of the candidates it tested, and the probes an earlier search left there
+    (set aside in ``superseded/``)."""
+
+    def __init__(self, folder: str | Path):
+        self.folder = Path(folder)
+
+    @classmethod
+    def of(cls, path: str | Path) -> SearchFolder:
+        """The search folder of a file in it: its search.json or recall.json."""
+        return cls(Path(path).parent)
+
+    def summary(self) -> Path:
+        return self.folder / "search.json"
+
+    def recall(self) -> Path:
+        return self.folder / "recall.json"
+
+    def probes(self) -> Path:
+        return self.folder / PROBES
+
+    def probe(self, record_id: str) -> Path:
+        """The folder of one probe's server start: measure.json, server.log and telemetry.parquet."""
+        return self.probes() / record_id
+
+    def probe_record(self, record_id: str) -> Path:
+        return self.probe(record_id) / "measure.json"
+
+    def candidate(self, config_id: str) -> Path:
+        """The folder of one recall candidate: needle.json and needle-server.log."""
+        return self.folder / "needle" / config_id
+
+    def superseded(self, record_id: str = "") -> Path:
+        return self.folder / "superseded" / record_id
 
 
 TABLE_SUFFIXES = (".parquet", ".csv", ".json")

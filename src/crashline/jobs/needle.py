@@ -60,6 +60,7 @@ from ..config.needle import (
     wording,
 )
 from ..config.plan import DEFAULT_METRIC
+from ..core.paths import SearchFolder
 from ..engine.server import ServerProcess
 from ..core.supervision import exit_with_workflow
 from ..engine.workloads import Client, RequestFailed, prose_text
@@ -604,7 +605,7 @@ def search_candidates(summary_path: Path, objective: dict, margin_mib: int) -> l
     for rel in summary["records"]:
         if "/" in rel:  # a finalist's later start: the same configuration
             continue
-        rec = records.load(summary_path.parent / "records" / rel / "measure.json", "measure")
+        rec = records.load(SearchFolder.of(summary_path).probe_record(rel), "measure")
         headroom = (rec.get("memory") or {}).get("headroom_mib")
         if rec["outcome"] != "ok" or (headroom is not None and headroom < margin_mib):
             continue
@@ -634,7 +635,7 @@ def run_search_needle(
     (no needle recalled even at the shortest length: ``uninformative`` says so)."""
     tested, passed, uninformative = [], None, None
     for item in search_candidates(Path(summary_path), objective, margin_mib):
-        folder = out_path.parent / "needle" / item["id"]
+        folder = SearchFolder.of(out_path).candidate(item["id"])
         record = run_needle(
             model_name=model_name,
             item=item,

@@ -37,6 +37,7 @@ from ..engine import planner
 from ..core import progress, records
 from ..core import settings as settings_mod
 from .measure import job_key, measure, outcome_text
+from ..core.paths import SearchFolder
 from ..core.records import Outcome
 from ..engine.workloads import summarize
 
@@ -124,24 +125,25 @@ def run_search(
 
 
 def set_aside(out_dir: Path, listed: list[str]) -> list[str]:
-    """Move the probe records under ``out_dir/records`` that this search does not list (measured by an earlier
-    search under other workloads, another budget or another model file) to ``out_dir/superseded``, each with its
-    server log and telemetry: whoever reads or merges the folder finds only this search's records there, and
-    nothing is deleted. Returns what was moved."""
+    """Move the probe records of the search folder ``out_dir`` that this search does not list (measured by an
+    earlier search under other workloads, another budget or another model file) to its ``superseded`` folder, each
+    with its server log and telemetry: whoever reads or merges the folder finds only this search's records there,
+    and nothing is deleted. Returns what was moved."""
     moved = []
-    root = out_dir / "records"
+    folder = SearchFolder(out_dir)
+    root = folder.probes()
     for record in sorted(root.rglob("measure.json")) if root.is_dir() else []:
         rel = record.parent.relative_to(root).as_posix()
         if rel in listed:
             continue
-        dest = out_dir / "superseded" / rel
+        dest = folder.superseded(rel)
         dest.mkdir(parents=True, exist_ok=True)
         for f in record.parent.iterdir():
             if f.is_file():
                 f.replace(dest / f.name)
         moved.append(rel)
     if moved:
-        progress.say(f"set aside {len(moved)} probe record(s) of an earlier search in {out_dir / 'superseded'}")
+        progress.say(f"set aside {len(moved)} probe record(s) of an earlier search in {folder.superseded()}")
     return moved
 
 
@@ -203,7 +205,7 @@ class _Search:
     def _measure(self, n: int, record_id: str) -> dict:
         """One server start of n_cpu_moe ``n``, recorded under ``records/RECORD_ID/`` (reused when this search
         measured it before under the same job key: workloads, budget, limits, build)."""
-        folder = self.out_dir / "records" / record_id
+        folder = SearchFolder(self.out_dir).probe(record_id)
         record_path = folder / "measure.json"
         earlier = records.load(record_path, "measure") if record_path.exists() else {}
         if earlier.get("job_key") == job_key(self.config, self.provenance, self.fetch_record):
@@ -324,7 +326,7 @@ class _Search:
             "values": values,
         }
         set_aside(self.out_dir, summary["records"])
-        return records.write(self.out_dir / "search.json", "search", summary)
+        return records.write(SearchFolder(self.out_dir).summary(), "search", summary)
 
     def fastest(self, lowest: int, hi: int) -> dict:
         """Steps 5 and 6: the climb above the lowest value with the margin, then the finalists' interleaved starts."""

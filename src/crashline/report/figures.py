@@ -774,7 +774,7 @@ def telemetry_path(results_dir: str | Path, model: str, config_id: str) -> Path 
     path = Layout(results_dir).telemetry(model, config_id)
     if path.exists():
         return path
-    probes = sorted(Path(results_dir).glob(f"search/{model}/*/records/{config_id}/telemetry.parquet"))
+    probes = Layout(results_dir).probe_telemetry(model, config_id)
     return probes[0] if probes else None
 
 

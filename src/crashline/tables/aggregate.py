@@ -23,6 +23,7 @@ import pyarrow as pa
 
 from ..core import columns as cols
 from ..core import host as host_mod
+from ..core.paths import SearchFolder
 from ..core import records
 from ..core import settings as settings_mod
 from . import files as tablefiles
@@ -249,7 +250,7 @@ def start_groups(search_paths: list[Path]) -> list[list[Path]]:
     for path in map(Path, search_paths):
         for final in records.load(path, "search").get("finalists") or []:
             if len(final["records"]) > 1:
-                groups.append([path.parent / "records" / rid / "measure.json" for rid in final["records"]])
+                groups.append([SearchFolder.of(path).probe_record(rid) for rid in final["records"]])
     return groups
 
 
