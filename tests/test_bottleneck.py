@@ -265,3 +265,18 @@ def test_a_cpu_only_log_agrees_with_no_gpu():
     on_cpu = bound(moe(0), cpu_log, gpu_gbs=None)
     assert on_cpu["placement_from"] == "settings and log" and on_cpu["gpu_bytes"] == 0
     assert on_cpu["bound_tps"] == bound(moe(0), None, gpu_gbs=None)["bound_tps"]
+
+
+def test_disk_reads_are_the_servers_own_not_the_machines():
+    """Another program reading the disk is not the server waiting on storage (#27: "waiting on storage" for a
+    2 MiB model in RAM, from the whole machine's reads); the machine's count stands in only where the server's
+    is unknown, and the row says whose it is."""
+    busy_disk = {"disk_read_bytes_per_s": 200 << 20, "server_cpu_cores": 1.0}
+    quiet = bottleneck.table({**busy_disk, "server_read_bytes_per_s": 0.0}, 50.0, 2, gpu=False)
+    (row,) = [r for r in quiet["rows"] if r["suspect"].startswith("disk reads")]
+    assert row["suspect"] == "disk reads (the server's)" and row["verdict"] == "none"
+    assert "storage" not in quiet["verdict"]
+    reading = bottleneck.table({**busy_disk, "server_read_bytes_per_s": float(64 << 20)}, 50.0, 2, gpu=False)
+    assert reading["verdict"] == "waiting on storage: the model is being read from disk during decode"
+    unknown = bottleneck.table(busy_disk, 50.0, 2, gpu=False)
+    assert any(r["suspect"] == "disk reads (the whole machine's)" for r in unknown["rows"])

@@ -115,9 +115,13 @@ def table(decode: dict | None, decode_tps: float | None, n_threads: int | None, 
         verdict="paging" if paging else "none",
         per_token=f"{majflt / tps:.2f} faults/token" if tps else None,
     )
-    disk = (decode.get("disk_read_bytes_per_s") or 0) / (1 << 20)
+    # The server's own reads (/proc/PID/io: what it made the kernel fetch from storage, its model's page faults
+    # included); the whole machine's only where the server's are unknown, and named so: another program's
+    # reads are not the server waiting on storage.
+    own = decode.get("server_read_bytes_per_s")
+    disk = ((own if own is not None else decode.get("disk_read_bytes_per_s")) or 0) / (1 << 20)
     add(
-        "disk reads",
+        "disk reads (the server's)" if own is not None else "disk reads (the whole machine's)",
         disk,
         "MiB/s",
         None,
