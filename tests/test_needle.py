@@ -414,3 +414,8 @@ def test_a_model_that_fails_the_baseline_refuses_no_configuration_for_recall():
     assert "does not recall a needle even at 2,048 tokens (on `a`, `b`)" in NT.uninformative(cannot)["m"]
     can = _trials([("a", 2048, True), ("a", 8192, False), ("b", 2048, False), ("b", 8192, False)])
     assert NT.uninformative(can) == {} and set(NT.recall_failures(can)) == {("m", "a"), ("m", "b")}
+    # a model recall does not apply to has no trials, and no trial columns in its table
+    import pandas as pd
+
+    untried = pd.DataFrame({"model": ["t"], "config_id": ["x"], "applicable": [False], "failed_required": ["[]"]})
+    assert NT.uninformative(untried) == {} and NT.recall_failures(untried) == {}

@@ -166,7 +166,7 @@ def uninformative(frame: pd.DataFrame | None) -> dict[str, str]:
     configuration tried passed, in any configuration. A failure even there is the model's (random weights, a model
     too small for the task), not a configuration's, which would recall short needles and lose long ones."""
     out: dict[str, str] = {}
-    if frame is None or frame.empty:
+    if frame is None or frame.empty or "length_target" not in frame:  # no trial ran (a model recall does not apply to)
         return out
     trials = frame[frame["length_target"].notna() & frame["applicable"].fillna(False).astype(bool)]
     for model, rows in trials.groupby("model", sort=False):
