@@ -606,3 +606,16 @@ def test_a_results_dir_under_home_is_expanded_as_a_shell_would():
     raw = {k: cfg[k] for k in ("models", "configurations", "workloads")}
     expanded = C.validate({**raw, "results_dir": "~/crashline-results-x"}, C.load_schema())
     assert expanded["results_dir"] == str(Path.home() / "crashline-results-x") and "~" not in expanded["results_dir"]
+
+
+@pytest.mark.parametrize(
+    "given, expected",
+    [
+        # "crashed at load" with nothing pointing at the thread count (#26)
+        ({"threads": 100000}, "config key defaults.threads = 100000: expected an integer from 1 to 4096"),
+        # llama.cpp reads "a,b" as zeros and splits nothing (#26)
+        ({"tensor_split": "a,b", "gpus": 2}, "tensor_split = 'a,b': expected a share per GPU as numbers, e.g. 3,1"),
+    ],
+)
+def test_settings_that_pass_their_type_but_cannot_run_are_named(given, expected):
+    assert expected in error_of(setting("defaults", **given))

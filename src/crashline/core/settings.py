@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterable
 
 MAX_INT = 2**31 - 1  # llama.cpp reads an integer flag as a C int
 MAX_CTX = 2**24  # 16M tokens: above every model's training context (the longest are 10M)
+MAX_THREADS = 4096  # more than any machine has; llama.cpp crashed at load at 100000 with nothing naming the count
 
 
 class SettingsError(ValueError):
@@ -70,8 +71,17 @@ SETTINGS: dict[str, Setting] = {
             None,
             "generation threads (default: llama.cpp's choice, read back from the log)",
             minimum=1,
+            maximum=MAX_THREADS,
         ),
-        Setting("threads_batch", "-tb", "int", None, "prompt-processing threads (default: as threads)", minimum=1),
+        Setting(
+            "threads_batch",
+            "-tb",
+            "int",
+            None,
+            "prompt-processing threads (default: as threads)",
+            minimum=1,
+            maximum=MAX_THREADS,
+        ),
         Setting(
             "split_mode",
             "-sm",
@@ -273,6 +283,7 @@ def resolve(settings: dict[str, Any]) -> dict[str, Any]:
                 "set fit: on or remove it"
             )
             raise SettingsError(f"setting {reason}", reason)
+    _check_split(resolved)
     _check_gpus(resolved)
     if resolved["draft_model"] and resolved["spec_type"] is None:
         resolved["spec_type"] = "draft-simple"
@@ -293,6 +304,17 @@ def gpu_count(resolved: dict[str, Any]) -> int:
     """The GPUs a configuration's server gets: ``gpus``, else one per tensor_split share, else 1."""
     gpus = resolved.get("gpus")
     return int(gpus) if isinstance(gpus, (int, float)) and gpus == gpus and gpus else _shares(resolved)
+
+
+SPLIT_RE = re.compile(r"^\d+(\.\d+)?([,/]\d+(\.\d+)?)*$")
+
+
+def _check_split(resolved: dict[str, Any]) -> None:
+    """tensor_split is numbers, one share per GPU: llama.cpp reads 'a,b' as zeros and splits nothing."""
+    split = resolved.get("tensor_split")
+    if split is not None and not SPLIT_RE.match(split):
+        reason = f"tensor_split = {split!r}: expected a share per GPU as numbers, e.g. 3,1 or 0.6/0.4"
+        raise SettingsError(f"setting {reason}", reason)
 
 
 def _check_gpus(resolved: dict[str, Any]) -> None:
