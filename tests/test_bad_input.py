@@ -146,7 +146,7 @@ BAD = {
     ),
     "threads negative": (
         setting("defaults", threads=-1),
-        "config key defaults.threads = -1: expected an integer of at least 1",
+        "config key defaults.threads = -1: expected an integer from 1 to 4096",
     ),
     "n_cpu_moe negative": (
         setting("defaults", n_cpu_moe=-1),
