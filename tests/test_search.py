@@ -275,3 +275,19 @@ def test_calibration_counts_only_the_cards_buffers():
     compute, rest = calibration(read_json(FIXTURES / "h200-records" / "ncmoe29.json"), 2048)
     assert compute(2048) == 476.05
     assert rest == pytest.approx(10830 - 6691.09 - 3072 - 476.05)
+
+
+def test_a_range_beyond_the_models_layers_is_refused_naming_them(tmp_path):
+    """n_cpu_moe [10, 20] on a 4-layer model printed '10..4', nan, and recommended 4, outside the range (#26)."""
+    from crashline.config.file import ConfigError
+
+    with pytest.raises(ConfigError, match=r"the model has 4 layers.*give a range within 0\.\.4"):
+        run_search(
+            model_name="tiny",
+            group={"id": "g", "given": {}, "range": [10, 20], "margin_mib": 1024},
+            config={"budget": {}},
+            fetch_record={},
+            manifest={"layers": 4},
+            provenance={},
+            out_dir=tmp_path,
+        )

@@ -32,6 +32,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..config import plan as config_mod
+from ..config.file import ConfigError
 from ..engine import logparse
 from ..engine import planner
 from ..core import progress, records
@@ -165,6 +166,12 @@ class _Search:
         self.margin = group["margin_mib"]
         self.climb, self.starts = group.get("climb", 0), group.get("starts", 1)
         lo, hi = group["range"]
+        if lo > manifest["layers"]:
+            raise ConfigError(
+                f"search n_cpu_moe [{lo}, {hi}] of {model_name}: the model has {manifest['layers']} layers, so every "
+                f"value from {manifest['layers']} up keeps all experts on the CPU; give a range within "
+                f"0..{manifest['layers']}"
+            )
         self.range = (lo, min(hi, manifest["layers"]))
         self.measured: dict[int, str] = {}  # n_cpu_moe -> the probe's configuration id
         self.starts_of: dict[int, list[dict]] = {}  # n_cpu_moe -> the record of each server start, the first first
