@@ -11,6 +11,7 @@ Hugging Face cache when it holds the repository, else from the Hub's file list).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -153,19 +154,15 @@ def _profile(root: Path) -> dict:
     return yaml.safe_load((root / "profiles" / "default" / "config.yaml").read_text()) or {}
 
 
-class Stopped(BaseException):
-    """SIGTERM reached ``tune``: its jobs were asked to stop (a BaseException, so that Snakemake passes it on)."""
-
-
 class TuneStopped(RuntimeError):
     """``tune`` was stopped before it finished; the message says how to resume."""
 
     exit_code = 128 + signal.SIGTERM
 
 
-def _stop_jobs(signum, frame) -> None:
-    """SIGTERM to ``tune``: every job it runs gets SIGTERM too and stops at its next safe point (its server stopped;
-    a search keeps the probes it finished, which a rerun reuses), instead of Snakemake finishing them first."""
+def _stop_jobs() -> None:
+    """Every job ``tune`` runs gets SIGTERM and stops at its next safe point (its server stopped; a search keeps the
+    probes it finished, which a rerun reuses)."""
     import psutil
 
     for child in psutil.Process().children(recursive=True):
@@ -174,7 +171,40 @@ def _stop_jobs(signum, frame) -> None:
                 child.terminate()
         except psutil.Error:
             pass
-    raise Stopped(signum)
+
+
+@contextlib.contextmanager
+def _stop_on_sigterm():
+    """While the workflow runs, SIGTERM stops its jobs instead of letting them finish. Snakemake's scheduler installs
+    a SIGTERM handler of its own when it starts (exit once the running jobs are done: a whole search, 7 more server
+    starts); the handler it installs runs after this one stopped the jobs. Before the scheduler runs, SIGTERM ends
+    ``tune`` at once. Yields the list the signals are noted in."""
+    stopped: list[int] = []
+    real = signal.signal
+
+    def early(signum, frame):
+        stopped.append(signum)
+        _stop_jobs()
+        raise SystemExit(128 + signum)
+
+    def install(sig, handler):
+        if sig == signal.SIGTERM and callable(handler):
+
+            def both(signum, frame):
+                stopped.append(signum)
+                _stop_jobs()
+                handler(signum, frame)
+
+            return real(sig, both)
+        return real(sig, handler)
+
+    previous = real(signal.SIGTERM, early)
+    signal.signal = install
+    try:
+        yield stopped
+    finally:
+        signal.signal = real
+        real(signal.SIGTERM, previous)
 
 
 def run_workflow(config_path: Path, workdir: Path, root: Path) -> bool:
@@ -260,16 +290,19 @@ def tune(
                 # before any job starts, in the order nvidia-smi numbers GPUs: every server sees that GPU only
                 os.environ.update(CUDA_DEVICE_ORDER="PCI_BUS_ID", CUDA_VISIBLE_DEVICES=str(gpu))
             os.environ[WORKFLOW_PID] = str(os.getpid())  # its jobs end when it is gone, however it ends
-            previous = signal.signal(signal.SIGTERM, _stop_jobs)
-            try:
-                run_workflow(path, out, root)
-            except Stopped:
-                raise TuneStopped(
-                    f"crashline tune stopped (SIGTERM): its jobs stopped at their next safe point; run the same "
-                    f"command again to resume in {out}"
-                ) from None
-            finally:
-                signal.signal(signal.SIGTERM, previous)
+            stopped_text = (
+                f"crashline tune stopped (SIGTERM): its jobs stopped at their next safe point; run the same command "
+                f"again to resume in {out}"
+            )
+            with _stop_on_sigterm() as stopped:
+                try:
+                    run_workflow(path, out, root)
+                except (Exception, SystemExit):
+                    if stopped:
+                        raise TuneStopped(stopped_text) from None
+                    raise
+            if stopped:
+                raise TuneStopped(stopped_text)
     except Busy as exc:
         raise ConfigError(f"--out {out}: another crashline tune runs there ({exc}); wait for it or pick another --out")
     return [f"config: {path}", *answer(config_mod.validate(raw, config_mod.load_schema()))]
