@@ -309,14 +309,16 @@ def test_generation_cut_short_by_the_context_is_truncated(context_filled):
     assert (rec["outcome"], rec["failure"], rec["phase"]) == ("truncated", "truncated", "fill")
     short, fill = rec["workloads"]
     assert short["outcome"] == "ok" and fill["outcome"] == "truncated" and fill["message"] == rec["message"]
-    (request,) = fill["runs"][0]["requests"]
+    # the untimed warm-up at the workload's depth is the run that met the full context: no timed run followed
+    assert fill["runs"] == [] and len(fill["warmup_runs"]) == 1
+    (request,) = fill["warmup_runs"][0]["requests"]
     assert request["prompt_n"] == 480 and 0 < request["predicted_n"] < 64 and request["truncated"]
     assert fill["decode_tps"] is None and fill["prefill_tps"] is None  # a cut run gives no speeds
     assert rec["placement"]["n_ctx_slot"] == 512
 
 
 def test_truncated_message_says_what_was_cut(context_filled):
-    (request,) = context_filled["workloads"][1]["runs"][0]["requests"]
+    (request,) = context_filled["workloads"][1]["warmup_runs"][0]["requests"]
     assert context_filled["message"] == f"server generated {request['predicted_n']} tokens, 64 were asked"
 
 
