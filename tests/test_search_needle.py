@@ -71,7 +71,7 @@ def test_every_search_winner_is_recall_checked_before_it_is_recommended(searched
     assert len(random_weights["records"]) == 1 and random_weights["recalled"] is None
     md = (searched / "report.md").read_text()
     assert "Configuration id `" + winner + "`" in md
-    assert "Climb from n_cpu_moe 0, the lowest with the margin, decode t/s at short: 1 " in md
+    assert "Climb from n_cpu_moe 0, the lowest with the margin, e2e t/s at short: 1 " in md
     assert "Finalists, started again interleaved: " in md and " 2 starts, medians " in md
 
 
