@@ -112,7 +112,9 @@ def slurm_cluster(tmp_path_factory):
                 os.kill(int(munged.read_text().strip()), signal.SIGTERM)
 
 
-PLUGIN = "snakemake-executor-plugin-slurm==2.8.0"  # as pyproject.toml's extra `slurm`
+# As pyproject.toml's extra `slurm`. The job-step plugin is pinned too: 0.6.1 drops every SLURM_* variable but the
+# job's identity before its srun, SLURM_CONF included, so srun in the job no longer finds this test cluster's config.
+PLUGINS = ["snakemake-executor-plugin-slurm==2.8.0", "snakemake-executor-plugin-slurm-jobstep==0.6.0"]
 
 
 @pytest.fixture(scope="module")
@@ -121,9 +123,9 @@ def slurm_python(tmp_path_factory) -> str:
     venv = tmp_path_factory.mktemp("venv")
     subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], check=True)
     python = str(venv / "bin" / "python")
-    got = subprocess.run([python, "-m", "pip", "install", "-q", PLUGIN], capture_output=True, text=True)
+    got = subprocess.run([python, "-m", "pip", "install", "-q", *PLUGINS], capture_output=True, text=True)
     if got.returncode != 0:
-        pytest.skip(f"{PLUGIN} could not be installed: {got.stderr.strip()[-300:]}")
+        pytest.skip(f"{' '.join(PLUGINS)} could not be installed: {got.stderr.strip()[-300:]}")
     return python
 
 
