@@ -75,6 +75,20 @@ def test_every_search_winner_is_recall_checked_before_it_is_recommended(searched
     assert "Finalists, started again interleaved: " in md and " 2 starts, medians " in md
 
 
+def recall_check(summary_path, objective: dict, out):
+    """The search's recall check of gemma's search (run_needle replaced by the test), its record written to ``out``."""
+    return needle_job.run_search_needle(
+        model_name="gemma",
+        summary_path=summary_path,
+        objective=objective,
+        margin_mib=1024,
+        config={"budget": {}},
+        fetch_record={},
+        provenance={},
+        out_path=out,
+    )
+
+
 @pytest.mark.e2e
 def test_a_winner_that_fails_recall_is_replaced_by_the_next_fastest(searched, tmp_path, monkeypatch):
     """The candidates of the real search, the first made to fail: the job checks the next one, in order of speed."""
@@ -98,16 +112,7 @@ def test_a_winner_that_fails_recall_is_replaced_by_the_next_fastest(searched, tm
 
     monkeypatch.setattr(needle_job, "run_needle", fake_needle)
     out = tmp_path / "recall.json"
-    rec = needle_job.run_search_needle(
-        model_name="gemma",
-        summary_path=summary_path,
-        objective=objective,
-        margin_mib=1024,
-        config={"budget": {}},
-        fetch_record={},
-        provenance={},
-        out_path=out,
-    )
+    rec = recall_check(summary_path, objective, out)
     assert calls == [c["id"] for c in candidates[:2]] and rec["recalled"] == candidates[1]["id"]
     assert records.load(out, "search_needle")["records"] == calls
 
@@ -127,15 +132,6 @@ def test_a_winner_that_recalls_nothing_even_at_the_shortest_length_ends_the_chec
         return {"applicable": True, "outcome": "ok", "failed_required": [512, 2048], "trials": trials}
 
     monkeypatch.setattr(needle_job, "run_needle", recalls_nothing)
-    rec = needle_job.run_search_needle(
-        model_name="gemma",
-        summary_path=summary_path,
-        objective=objective,
-        margin_mib=1024,
-        config={"budget": {}},
-        fetch_record={},
-        provenance={},
-        out_path=tmp_path / "recall.json",
-    )
+    rec = recall_check(summary_path, objective, tmp_path / "recall.json")
     assert len(calls) == 1 and rec["recalled"] is None
     assert rec["uninformative"] == f"{calls[0]} recalled no needle even at 512 tokens, the shortest length"
