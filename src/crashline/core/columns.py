@@ -130,6 +130,9 @@ CONFIGS: dict[str, pa.DataType] = {
     "vram_limit_is": TEXT,  # "budget" (emulated) or "card"
     "headroom_mib": FLOAT,
     "peak_pct_of_limit": FLOAT,
+    "host_ram_mib": INT,  # budget.host_ram_mib: the memory cgroup the server ran in
+    "host_peak_mib": FLOAT,  # that cgroup's peak (page cache it charged included), else the peak RSS
+    "host_headroom_mib": FLOAT,
     "log_tail": TEXT,
     "n_ctx": INT,
     "n_threads": INT,

@@ -38,6 +38,7 @@ class Outcome(enum.StrEnum):
     OK = "ok"
     LOAD_FAILED = "load_failed"  # the server never listened (a model, argument or memory problem at load)
     OOM = "oom"  # out of memory after load
+    OOM_HOST = "oom_host"  # the kernel's OOM killer ended the server at the host-memory budget (budget.host_ram_mib)
     CRASHED = "crashed"  # the server died after load
     TIMEOUT = "timeout"  # no answer (or no readiness) in time
     CONTEXT_EXCEEDED = "context_exceeded"  # the server refused a prompt longer than its context

@@ -15,6 +15,7 @@ import signal
 from pathlib import Path
 
 from ..core.records import Outcome
+from .hostmem import OOM_MARK
 
 TAIL_LINES = 40
 
@@ -73,6 +74,7 @@ OOM_RE = re.compile(
     r"CUDA error: out of memory|cudaMalloc failed: out of memory|_alloc_buffer: allocating .* failed"
     r"|ErrorOutOfDeviceMemory|insufficient memory|failed to allocate \S+ buffer"
 )
+HOST_OOM_RE = re.compile(re.escape(OOM_MARK))  # hostmem's line: the OOM killer ended it at the host budget
 MODEL_FILE_RE = re.compile(r"gguf_init_from_\w+|failed to load model|error loading model")
 CRASH_RE = re.compile(r"GGML_ASSERT|Segmentation fault|terminate called|CUDA error|Aborted|core dumped")
 GENERIC_ERROR_RE = re.compile(r"\b(?:error|failed)\b", re.IGNORECASE)
@@ -304,6 +306,9 @@ def _before(*indices: int | None) -> int | None:
 
 def _recognised_failure(lines: list[str], ms: dict, phase_hint: str | None) -> dict | None:
     """A failure recognised from the log text alone, or None."""
+    i = _first(HOST_OOM_RE, lines)
+    if i is not None:  # first: killed by the kernel, llama.cpp printed nothing of it
+        return _result(Outcome.OOM_HOST, "oom_host", _phase_at(i, ms, phase_hint), _strip(lines[i]))
     load_end = _before(ms["warmup"], ms["listening"])
     checks = (
         (KV_FAIL_RE, "kv_cache", load_end),

@@ -1,7 +1,8 @@
 """A real llama-server process: started without a shell on a free loopback port, logged to a file,
 stopped with SIGINT (so it prints its memory breakdown), and its process group killed if it hangs.
 If crashline itself dies without stopping it (SIGKILL, a crash), the kernel sends the server SIGTERM
-(Linux's parent-death signal), so no server is left holding the GPU.
+(Linux's parent-death signal), so no server is left holding the GPU. With a host-memory budget the server runs in
+a memory cgroup of its own (``hostmem``), which it creates at its first start and removes once it has stopped.
 
 Every server answers only requests that carry its own random key (``--api-key-file``, a 0600 file removed
 once the server has read it; a key on the command line would show in /proc to every local user): another
@@ -23,6 +24,8 @@ from pathlib import Path
 
 import psutil
 import requests
+
+from .hostmem import MemoryCgroup
 
 HOST = "127.0.0.1"
 PR_SET_PDEATHSIG = 1
@@ -54,8 +57,12 @@ def free_port() -> int:
 class ServerProcess:
     """One llama-server. Use as a context manager so that it is always stopped."""
 
-    def __init__(self, command: list[str], log_path: Path, env: dict | None = None):
+    def __init__(self, command: list[str], log_path: Path, env: dict | None = None, host_ram_mib: int | None = None):
         self.base_command = list(command)
+        self.host_ram_mib = host_ram_mib
+        self.cgroup: MemoryCgroup | None = None
+        self.host_peak_mib: float | None = None  # the cgroup's peak, once stopped under a host budget
+        self._exit_noted = False
         self.log_path = Path(log_path)
         self.given_env = env  # None: this process's environment when the server starts (a GPU lease's, say)
         self.port: int | None = None
@@ -97,6 +104,9 @@ class ServerProcess:
         self._remove_key()
         self._write_key()
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        if self.host_ram_mib and self.cgroup is None:
+            self.cgroup = MemoryCgroup(self.host_ram_mib).create()  # HostBudgetError where none can be made
+        self._exit_noted = False
         with open(self.log_path, "ab" if append else "wb") as log:  # a retry keeps the earlier attempt's lines
             self.proc = subprocess.Popen(
                 self.command,
@@ -105,12 +115,26 @@ class ServerProcess:
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
                 env=server_env(self.given_env or os.environ),
-                preexec_fn=_die_with_parent,
+                preexec_fn=self._in_child,
             )
         self.started_at = time.monotonic()
 
+    def _in_child(self) -> None:
+        _die_with_parent()
+        if self.cgroup:
+            self.cgroup.join()
+
+    def _note_exit(self) -> None:
+        """Once the process has ended under a host budget: the OOM killer's line in its log, if it ended it."""
+        if self.cgroup and not self._exit_noted and self.proc is not None and self.proc.poll() is not None:
+            self._exit_noted = True
+            self.cgroup.note_exit(self.log_path)
+
     def alive(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
+        if self.proc is not None and self.proc.poll() is None:
+            return True
+        self._note_exit()
+        return False
 
     def _listening(self) -> bool:
         """Whether our own process (not some other program) holds the port."""
@@ -160,6 +184,7 @@ class ServerProcess:
         """SIGINT, wait; then SIGKILL the whole process group. Returns the exit status."""
         self._remove_key()
         if self.proc is None:
+            self._remove_cgroup()
             return None
         if self.proc.poll() is None:
             with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -175,9 +200,19 @@ class ServerProcess:
             os.killpg(self.proc.pid, signal.SIGKILL)
         if self.returncode is None:
             self.returncode = self.proc.returncode
+        self._note_exit()
+        self._remove_cgroup()
         return self.returncode
 
+    def _remove_cgroup(self) -> None:
+        if self.cgroup:
+            peaks = [p for p in (self.host_peak_mib, self.cgroup.peak_mib()) if p is not None]
+            self.host_peak_mib = max(peaks, default=None)  # over every start (the restart case starts it again)
+            self.cgroup.remove()
+            self.cgroup = None
+
     def log_text(self) -> str:
+        self._note_exit()
         try:
             return self.log_path.read_text(errors="replace")
         except FileNotFoundError:

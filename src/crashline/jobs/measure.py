@@ -130,10 +130,13 @@ def model_summary(name: str, fetch_record: dict, manifest: dict) -> dict:
     }
 
 
-def memory_summary(sampled: dict, budget_mib: int | None, host_info: dict) -> dict:
+def memory_summary(
+    sampled: dict, budget_mib: int | None, host_info: dict, host_ram_mib: int | None = None, host_peak_mib=None
+) -> dict:
     """Peaks per phase plus headroom against the budget (or the whole card when none is set). With several GPUs
     each has its own limit: ``per_gpu`` holds each one's peak and headroom, and the headroom and share of the
-    limit are those of the GPU with the least room (where that configuration's crash line is)."""
+    limit are those of the GPU with the least room (where that configuration's crash line is). Under a host-memory
+    budget, its peak (the cgroup's, page cache it charged included; else the sampled RSS) and headroom beside."""
     devices = host_info["gpu"].get("devices", [])
     limits = gpu_limits_mib(budget_mib, host_info)
     limit = sum(limits) if limits else None
@@ -165,6 +168,20 @@ def memory_summary(sampled: dict, budget_mib: int | None, host_info: dict) -> di
         "headroom_pct": round(headroom / room_of * 100, 2) if headroom is not None else None,
         "peak_pct_of_limit": round(used / room_of * 100, 2) if headroom is not None else None,
         **({"per_gpu": per_gpu, "tightest_gpu": per_gpu.index(tightest)} if per_gpu else {}),
+        **host_memory(sampled, host_ram_mib, host_peak_mib),
+    }
+
+
+def host_memory(sampled: dict, host_ram_mib: int | None, host_peak_mib: float | None) -> dict:
+    """The host-memory budget's figures: its limit, the peak under it and the headroom (none without a budget)."""
+    if not host_ram_mib:
+        return {}
+    peak = host_peak_mib if host_peak_mib is not None else sampled.get("peak_rss_mib")
+    return {
+        "host_ram_limit_mib": host_ram_mib,
+        "host_peak_mib": peak,
+        "host_peak_is": "cgroup" if host_peak_mib is not None else "rss",
+        "host_headroom_mib": round(host_ram_mib - peak, 1) if peak is not None else None,
     }
 
 
@@ -559,7 +576,7 @@ def _measure(
         "cpu_memory_bandwidth_gbs": host.memory_bandwidth_from(provenance),
         "started_at": _now(),
     }
-    server = ServerProcess(command, log_path)
+    server = ServerProcess(command, log_path, host_ram_mib=config["budget"].get("host_ram_mib"))
     workloads: list[dict] = []
     talks: list[dict] = []
     failure = None
@@ -609,7 +626,13 @@ def _measure(
         }
     finally:
         server.stop(5)
-    record["memory"] = memory_summary(sampler.result(), budget_mib, record["host"]) if sampler else None
+    record["memory"] = (
+        memory_summary(
+            sampler.result(), budget_mib, record["host"], config["budget"].get("host_ram_mib"), server.host_peak_mib
+        )
+        if sampler
+        else None
+    )
     talks = [conv.with_memory(t, (record["memory"] or {}).get("per_phase") or {}) for t in talks]
     frame = sampler.frame() if sampler else pd.DataFrame()
     if sampler:

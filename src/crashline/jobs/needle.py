@@ -462,7 +462,7 @@ def _run_needle(model_name, item, config, fetch_record, provenance, record_path,
     )
     require_unchanged(model_name, fetch_record)
     command, _ = server_command(provenance, fetch_record["files"][0]["path"], item, draft_path)
-    server = ServerProcess(command, log_path)
+    server = ServerProcess(command, log_path, host_ram_mib=(config.get("budget") or {}).get("host_ram_mib"))
     exit_with_workflow()
     try:
         _serve(

@@ -80,6 +80,9 @@ def _config_row(rec: dict) -> dict:
         "vram_limit_is": memory.get("vram_limit_is"),
         "headroom_mib": memory.get("headroom_mib"),
         "peak_pct_of_limit": memory.get("peak_pct_of_limit"),
+        "host_ram_mib": budget.get("host_ram_mib"),
+        "host_peak_mib": memory.get("host_peak_mib"),
+        "host_headroom_mib": memory.get("host_headroom_mib"),
         "log_tail": rec.get("log_tail"),
         "n_ctx": placement.get("n_ctx"),
         "n_threads": placement.get("n_threads"),
@@ -181,10 +184,10 @@ def _pool_memory(memories: list[dict | None]) -> dict | None:
     if not found:
         return None
     out = dict(found[0])
-    for key, pick in (("peak_rss_mib", max), ("peak_gpu_mib", max), ("peak_pct_of_limit", max)):
+    for key in ("peak_rss_mib", "peak_gpu_mib", "peak_pct_of_limit", "host_peak_mib"):
         values = [m[key] for m in found if m.get(key) is not None]
-        out[key] = pick(values) if values else None
-    for key in ("headroom_mib", "headroom_pct"):
+        out[key] = max(values) if values else None
+    for key in ("headroom_mib", "headroom_pct", "host_headroom_mib"):
         values = [m[key] for m in found if m.get(key) is not None]
         out[key] = min(values) if values else None
     each = [m["peak_gpus_mib"] for m in found if m.get("peak_gpus_mib")]

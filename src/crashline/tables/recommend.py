@@ -90,9 +90,21 @@ def _natural(text: str) -> list:
     return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", text)]
 
 
+TIGHT = (("headroom_mib", "VRAM"), ("host_headroom_mib", "host memory"))  # each budget's headroom column
+
+
+def _tight(row, margin_mib: int) -> list[str]:
+    """The budgets (VRAM, host memory) a survivor's headroom to is below the margin, as "N MiB VRAM headroom"."""
+    out = []
+    for column, what in TIGHT:
+        headroom = row.get(column)
+        if headroom is not None and not pd.isna(headroom) and headroom < margin_mib:
+            out.append(f"{headroom:.0f} MiB {what} headroom")
+    return out
+
+
 def _too_tight(row, margin_mib: int) -> bool:
-    headroom = row.get("headroom_mib")
-    return headroom is not None and not pd.isna(headroom) and headroom < margin_mib
+    return bool(_tight(row, margin_mib))
 
 
 def _cold(row) -> bool:
@@ -255,7 +267,7 @@ def recommend(
                         "label": label,
                         "failed": True,
                         "risky": True,  # not eligible, yet it survived: no failure colour
-                        "reason": f"risky: survived with {row['headroom_mib']:.0f} MiB VRAM headroom, "
+                        "reason": f"risky: survived with {' and '.join(_tight(row, margin_mib))}, "
                         f"less than the {margin_mib} MiB margin",
                     }
                 )
