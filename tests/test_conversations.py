@@ -151,3 +151,44 @@ def test_a_soak_keeps_starting_conversations_of_varied_depth_until_its_time(tmp_
     assert talk["ran_s"] >= soak_s - 0.5
     if by_set[0][-1]["t_s"] < soak_s - 0.5:
         assert talk["soak_sets"] >= 1 and talk["rss_mib_per_hour"] is not None
+
+
+@pytest.mark.parametrize("swa_full", [None, True])
+def test_gemma_s_sliding_window_layers_make_context_checkpoints_each_turn(
+    tmp_path, gemma_fetch, server_provenance, swa_full
+):
+    """gemma-3 has sliding-window layers: llama.cpp makes context checkpoints as each turn's prompt is evaluated,
+    and the record counts them per turn from the server's log, with their size and the RSS after the turn. With
+    --swa-full (the whole KV kept for those layers) it makes none."""
+    settings = {"ctx": 4096, **({"swa_full": swa_full} if swa_full else {})}
+    rec = measure_talk(
+        tmp_path,
+        gemma_fetch,
+        server_provenance,
+        settings,
+        {"turn_tokens": 512, "reply_tokens": 16, "depth_tokens": 2200, "restart": False},
+    )
+    assert rec["outcome"] == Outcome.OK, rec["message"]
+    assert ("--swa-full" in rec["command"]) == bool(swa_full)
+    (talk,) = rec["conversations"]
+    turns = talk["turns"]
+    assert len(turns) == 4 and all(t["rss_mib"] > 0 for t in turns)
+    made = [t["checkpoints_created"] for t in turns]
+    log = (tmp_path / "server.log").read_text()
+    # the short workload before it makes some too (counted in no turn)
+    assert log.count("created context checkpoint") >= sum(made) == talk["checkpoints_created"]
+    if swa_full:
+        assert sum(made) == 0 and talk["checkpoints_held"] == 0
+        return
+    assert all(n >= 1 for n in made), made  # every turn's new 512 tokens made at least one
+    held = [t["checkpoints_held"] for t in turns]
+    assert held == sorted(held) and held[-1] == sum(made) == talk["checkpoints_held"]  # none erased under 32
+    assert all(t["checkpoint_mib"] > 0 for t in turns) and talk["checkpoint_mib"] == max(
+        t["checkpoint_mib"] for t in turns
+    )
+    tables = {name: tmp_path / f"{name}.parquet" for name in ("configs", "measurements", "conversations")}
+    aggregate.write(
+        [tmp_path / "measure.json"], tables["configs"], tables["measurements"], [], None, tables["conversations"]
+    )
+    (row,) = pq.read_table(tables["conversations"]).to_pylist()
+    assert row["checkpoints_created"] == sum(made) and [t["checkpoints_created"] for t in row["turn_rows"]] == made

@@ -197,7 +197,9 @@ def test_the_row_builders_make_exactly_the_registry_s_columns():
     assert set(aggregate._workload_columns(rec["workloads"][0], {})) == set(cols.WORKLOAD)
     added = ("fit_target", "fit_ctx", "cache_ram", "ctx_checkpoints", "checkpoint_min_step", "cache_reuse", "spec_type")
     added += ("split_mode", "tensor_split", "main_gpu", "gpus")
-    newer = {cols.setting(name) for name in (*added, "cache_idle_slots")}  # settings newer than the fixtures
+    newer = {
+        cols.setting(name) for name in (*added, "cache_idle_slots", "swa_full")
+    }  # settings newer than the fixtures
     assert set(aggregate._search_row(records.load(SEARCH, "search"))) | newer == set(cols.SEARCHES)
     assert set(cols.settings_columns()) == {cols.setting(name) for name in rec["settings"]} | {"s_page_cache"} | newer
 

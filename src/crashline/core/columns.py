@@ -174,6 +174,9 @@ MEASUREMENTS: dict[str, pa.DataType] = {**CONFIGS, **WORKLOAD}
 
 # Each turn of a conversation workload: which of the conversations at once, its number (or "restart"), the
 # history sent, what the server reused of it (cache_n) and evaluated (prompt_n), speeds, its phase's peaks.
+# A conversation turn's context checkpoints (jobs.conversations.checkpoints), and the totals of a workload's turns
+CHECKPOINT_KEYS = ("checkpoints_created", "checkpoints_restored", "checkpoints_erased", "checkpoints_held")
+
 TURN_ROWS = pa.list_(
     pa.struct(
         [
@@ -190,6 +193,11 @@ TURN_ROWS = pa.list_(
             ("predicted_n", INT),
             ("gpu_mib", FLOAT),
             ("rss_mib", FLOAT),
+            ("checkpoints_created", INT),  # context checkpoints its slot made in the turn (sliding-window models)
+            ("checkpoints_restored", INT),
+            ("checkpoints_erased", INT),
+            ("checkpoints_held", INT),  # how many its slot held after the turn (of --ctx-checkpoints)
+            ("checkpoint_mib", FLOAT),  # the size of the last one made
             ("outcome", TEXT),
         ]
     )
@@ -215,6 +223,11 @@ CONVERSATION: dict[str, pa.DataType] = {
     "gpu_mib_per_1k": FLOAT,  # peak VRAM growth per 1,000 tokens of history (least squares over the turns)
     "rss_mib_per_1k": FLOAT,
     "rss_mib_per_hour": FLOAT,  # host RSS growth per hour of the workload (least squares over its turns' peaks)
+    "checkpoints_created": INT,  # context checkpoints made over every turn (none for models without SWA layers)
+    "checkpoints_restored": INT,
+    "checkpoints_erased": INT,
+    "checkpoints_held": INT,  # the most a slot held after a turn
+    "checkpoint_mib": FLOAT,  # the largest one made
     "restart_ttft_s": FLOAT,
     "restart_prefill_tps": FLOAT,
     "restart_gpu_mib": FLOAT,

@@ -132,6 +132,13 @@ SETTINGS: dict[str, Setting] = {
             "ctx_checkpoints", "--ctx-checkpoints", "int", None, "context checkpoints per slot (llama.cpp's default 32)"
         ),
         Setting(
+            "swa_full",
+            "--swa-full",
+            "bool",
+            None,
+            "a full-size KV cache for sliding-window layers (--swa-full): more memory, no context checkpoints",
+        ),
+        Setting(
             "checkpoint_min_step",
             "--checkpoint-min-step",
             "int",
@@ -434,6 +441,8 @@ def _flags(name: str, value: Any) -> list[str]:
         return []
     if name in _BOOL_FLAGS:
         return [_BOOL_FLAGS[name][0] if value else _BOOL_FLAGS[name][1]]
+    if setting.kind == "bool":  # a flag without a negative form: off is llama.cpp's default
+        return [setting.flag] if value else []
     return [setting.flag]
 
 
@@ -468,7 +477,7 @@ def server_args(resolved: dict[str, Any], draft_path: Callable[[str], str] | Non
     for name in SETTINGS:
         value = resolved.get(name)
         flags = _flags(name, value)
-        if not flags or name in _BOOL_FLAGS:
+        if not flags or SETTINGS[name].kind == "bool":
             args += flags
         elif name == "draft_model":
             args += [*flags, draft_path(value) if draft_path else value]

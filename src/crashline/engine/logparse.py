@@ -248,6 +248,33 @@ def parse_errors(lines: list[str]) -> list[str]:
     return errors
 
 
+# llama-server's context checkpoints (sliding-window and hybrid models): made while a prompt is evaluated, restored
+# when a later prompt shares less than the slot holds, erased when old or invalidated (tools/server/server-context).
+CHECKPOINT_RE = re.compile(
+    r"id\s+(?P<slot>\d+) \| task -?\d+ \| (?P<action>created|restored|erased invalidated|erasing old|erasing) "
+    r"context checkpoint(?: (?P<held>\d+) of (?P<most>\d+))?.*?size = (?P<mib>[\d.]+) MiB"
+)
+
+
+def checkpoint_events(text: str) -> list[dict]:
+    """Each context checkpoint line in ``text``: its slot, what happened (created, restored, erased), the size, and
+    for a new one how many its slot holds with it and the most it may hold (--ctx-checkpoints)."""
+    out = []
+    for line in text.splitlines():
+        m = CHECKPOINT_RE.search(line)
+        if m:
+            out.append(
+                {
+                    "slot": int(m["slot"]),
+                    "action": m["action"].split()[0].replace("erasing", "erased"),
+                    "mib": float(m["mib"]),
+                    "held": int(m["held"]) if m["held"] else None,
+                    "most": int(m["most"]) if m["most"] else None,
+                }
+            )
+    return out
+
+
 def parse_log(text: str) -> dict:
     """Placement facts from a llama-server log; JSON-serialisable, fields not printed are None."""
     lines = text.splitlines()

@@ -211,6 +211,18 @@ class ServerProcess:
             self.cgroup.remove()
             self.cgroup = None
 
+    def log_since(self, offset: int) -> tuple[str, int]:
+        """The whole lines the log gained after byte ``offset``, and the offset after them (a line still being
+        written waits for the next call)."""
+        try:
+            with open(self.log_path, "rb") as f:
+                f.seek(offset)
+                data = f.read()
+        except FileNotFoundError:
+            return "", offset
+        whole = data[: data.rfind(b"\n") + 1]
+        return whole.decode(errors="replace"), offset + len(whole)
+
     def log_text(self) -> str:
         self._note_exit()
         try:

@@ -196,6 +196,7 @@ def stream_request(
         "draft_n": t.get("draft_n"),  # with a draft model: tokens it drafted, and how many the model accepted
         "draft_n_accepted": t.get("draft_n_accepted"),
         "truncated": final.get("truncated"),
+        "id_slot": final.get("id_slot"),  # the slot that served it (whose lines in the log are its own)
         "ttft_s": round(first - started, 4) if first is not None else None,
         "end_s": time.monotonic() - started,
         "t_start": started,  # time.monotonic(), the clock the telemetry sampler uses

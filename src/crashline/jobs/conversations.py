@@ -20,6 +20,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
+from ..core.columns import CHECKPOINT_KEYS
 from ..core.records import Outcome
 from ..engine.workloads import Client, PromptSource
 
@@ -96,6 +97,20 @@ class Conversation:
         return None
 
 
+def checkpoints(events: list[dict], slot: int | None) -> dict:
+    """A turn's context checkpoints (``logparse.checkpoint_events`` of its round, of its own slot where known):
+    how many its slot made, restored and erased, how many it held after the turn, and the size of the last made."""
+    mine = [e for e in events if slot is None or e["slot"] == slot]
+    made = [e for e in mine if e["action"] == "created"]
+    return {
+        "checkpoints_created": len(made),
+        "checkpoints_restored": sum(e["action"] == "restored" for e in mine),
+        "checkpoints_erased": sum(e["action"] == "erased" for e in mine),
+        "checkpoints_held": made[-1]["held"] if made else None,
+        "checkpoint_mib": made[-1]["mib"] if made else None,
+    }
+
+
 def check_answer(prompt: list[int], reply_tokens: int, answer: dict) -> tuple[str, str] | None:
     """(outcome, message) when a turn's answer does not count: the prompt not evaluated whole (reused plus
     evaluated tokens short of what was sent), or the reply cut (the slot's context filled)."""
@@ -159,9 +174,25 @@ def summary(spec: dict, conversations: list[Conversation]) -> dict:
         ),
         "reused_median": round(statistics.median(reused), 4) if reused else None,
         "soak_sets": max(c.soak for c in conversations),
+        **checkpoint_totals(turns),
         "ran_s": max((t["t_s"] for t in turns), default=0.0),
         "restart_turn": next((t for t in turns if t["turn"] == "restart"), None),
         "turns": turns,
+    }
+
+
+def checkpoint_totals(turns: list[dict]) -> dict:
+    """Over every turn: context checkpoints made, restored and erased, the most a slot held, the largest one.
+    None where no turn counted them (a record of a build before the counts)."""
+    counted = [t for t in turns if t.get("checkpoints_created") is not None]
+    if not counted:
+        return dict.fromkeys((*CHECKPOINT_KEYS, "checkpoint_mib"))
+    held = [t["checkpoints_held"] for t in counted if t["checkpoints_held"] is not None]
+    size = [t["checkpoint_mib"] for t in counted if t["checkpoint_mib"] is not None]
+    return {
+        **{k: sum(t[k] for t in counted) for k in CHECKPOINT_KEYS[:3]},
+        "checkpoints_held": max(held, default=0),
+        "checkpoint_mib": max(size, default=None),
     }
 
 

@@ -445,7 +445,10 @@ def _rounds(server, sampler, prompts, spec: dict, group: list, turns, server_cfg
             return None
         where = conv.phase(spec, turn, live[0].soak)
         sampler.phase(where)
-        for c, prompt, answer in conv.send_round(Client.of(server, timeout_s), live, prompts, turn):
+        offset = server.log_path.stat().st_size if server.log_path.exists() else 0
+        answered = conv.send_round(Client.of(server, timeout_s), live, prompts, turn)
+        events = logparse.checkpoint_events(server.log_since(offset)[0])
+        for c, prompt, answer in answered:
             if isinstance(answer, Exception):
                 failure, outcome, message = request_failure(server, answer, where, timeout_s)
                 c.fail(where, turn, prompt, outcome, message)
@@ -454,6 +457,7 @@ def _rounds(server, sampler, prompts, spec: dict, group: list, turns, server_cfg
                     return failure
                 continue
             problem = c.add(where, turn, prompt, answer)
+            c.turns[-1].update(conv.checkpoints(events, answer.get("id_slot") if len(live) > 1 else None))
             progress.say(_turn_text(where, c.index % len(group), len(group), c.turns[-1], problem))
     return None
 
@@ -465,6 +469,8 @@ def _turn_text(where: str, index: int, n: int, turn: dict, problem: str | None) 
         f"{where}{who}: history {turn['history_tokens']:,} tokens, {turn['cache_n'] or 0:,} from the cache; "
         f"prefill {_rate([turn['prefill_tps']])}, decode {_rate([turn['decode_tps']])}"
     )
+    if turn.get("checkpoints_created"):
+        text += f"; {turn['checkpoints_created']} context checkpoint(s) made ({turn['checkpoint_mib']:,.1f} MiB each)"
     return f"{text}; {problem}" if problem else text
 
 

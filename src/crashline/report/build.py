@@ -440,12 +440,24 @@ def conversation_rows(conversations: pd.DataFrame, model: str, differs: dict[str
                 "rss_per_hour": ""
                 if missing(r["rss_mib_per_hour"]) or not r["soak_s"]
                 else f"{r['rss_mib_per_hour']:,.0f}",
+                "checkpoints": _checkpoints_text(r),
                 "restart": "not asked"
                 if not r["restart"]
                 else ("" if missing(restart) else f"{restart:.2f} s, {r['restart_prefill_tps']:,.0f} t/s"),
             }
         )
     return out
+
+
+def _checkpoints_text(row: dict) -> str:
+    """ "7, 7, 7.5" (made, most a slot held, the largest's MiB); "none" where the server made none; "" where the
+    record predates the counts."""
+    made = row.get("checkpoints_created")
+    if missing(made):
+        return ""
+    if not made:
+        return "none"
+    return f"{made:,.0f}, {row['checkpoints_held']:,.0f}, {row['checkpoint_mib']:,.1f}"
 
 
 def validity_rows(record: dict, model: str) -> dict:

@@ -518,6 +518,7 @@ def conversations(rows: list[dict]) -> list:
         "VRAM MiB per 1K tokens",
         "RSS MiB per 1K tokens",
         "RSS MiB per hour (soak)",
+        "context checkpoints: made, most held, MiB each",
         "restart: TTFT s, prefill t/s",
     ]
     table = [
@@ -532,6 +533,7 @@ def conversations(rows: list[dict]) -> list:
             r["gpu_per_1k"],
             r["rss_per_1k"],
             r["rss_per_hour"],
+            r["checkpoints"],
             r["restart"],
         ]
         for r in rows

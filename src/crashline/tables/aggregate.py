@@ -151,6 +151,7 @@ def _conversation_columns(talk: dict) -> dict:
         "conversation_message": talk.get("message"),
         **{k: talk.get(k) for k in ("failed_at", "turns_planned", "turns_done", "depth_reached", "reused_median")},
         **{k: talk.get(k) for k in ("gpu_mib_per_1k", "rss_mib_per_1k", "rss_mib_per_hour")},
+        **{k: talk.get(k) for k in (*cols.CHECKPOINT_KEYS, "checkpoint_mib")},
         "restart_ttft_s": restart.get("ttft_s"),
         "restart_prefill_tps": restart.get("prefill_tps"),
         "restart_gpu_mib": restart.get("gpu_mib"),
