@@ -54,8 +54,7 @@ rule validity:
         validity=json.dumps(
             {
                 "validity": CFG["validity"],
-                "objective": CFG["objective"],
-                "margin_mib": CFG["budget"]["margin_mib"],
+                **crashline_recommend.decision_inputs(CFG),
                 "request_timeout_s": CFG["server"]["request_timeout_s"],
             },
             sort_keys=True,
@@ -88,10 +87,7 @@ rule report:
     conda:
         "../envs/crashline.yaml"
     params:
-        # what the report decides with besides its inputs: the objective and the margin (one decision: recommend.decide)
-        decision=json.dumps(
-            {"objective": CFG["objective"], "margin_mib": CFG["budget"]["margin_mib"]},
-            sort_keys=True,
-        ),
+        # what the report decides with besides its inputs (one decision: recommend.decide)
+        decision=json.dumps(crashline_recommend.decision_inputs(CFG), sort_keys=True),
     script:
         "../scripts/job.py"

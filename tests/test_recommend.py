@@ -277,3 +277,26 @@ def test_a_tie_is_called_a_tie_and_broken_by_headroom(tables):
     assert lost["speed"] > r["winner_speed"]  # the faster median lost the tie: speed could not tell them apart
     (decode,) = recommend(configs, measurements, "decode_tps", "depth-16k", margin_mib=1024)
     assert decode["tie"] is None and decode["winner"] == n31["config_id"]  # on decode 31 is clearly faster
+
+
+def test_a_winner_whose_soak_reaches_a_limit_within_must_survive_h_is_not_recommended(tables):
+    """The H200 winner given a soak whose RSS grows with the host prompt cache to the host budget in 2 h: not
+    recommended under must_survive_h 24 (the next one is), with the --cache-ram that keeps the margin; at 1 h it
+    is recommended again. Without the must_survive_h argument nothing changes."""
+    configs, measurements = tables
+    (before,) = recommend(configs, measurements, "decode_tps", "depth-16k", margin_mib=1024)
+    leaky = configs.copy()
+    at = leaky["config_id"] == before["winner"]
+    leaky.loc[at, ["soak_hours_to_limit", "soak_limit_first", "soak_limit_mib"]] = [2.0, "host", 32768.0]
+    leaky.loc[at, ["soak_rss_mib_per_request", "soak_cache_mib_per_request"]] = [21.0, 20.5]
+    leaky.loc[at, ["soak_rss_mib_last", "soak_cache_mib_last"]] = [20000.0, 12000.0]
+    (after,) = recommend(leaky, measurements, "decode_tps", "depth-16k", margin_mib=1024, must_survive_h=24)
+    assert after["winner"] not in (None, before["winner"])
+    (lost,) = [o for o in after["others"] if o["config_id"] == before["winner"]]
+    assert lost["failed"] and lost["reason"].startswith("would not last: RSS +21.0 MiB a request")
+    assert "2.0 h at the soak's rate, less than soak.must_survive_h (24 h)" in lost["reason"]
+    assert "--cache-ram 23744 (cache_ram: 23744)" in lost["reason"]  # 32768 - (20000 - 12000) - 1024
+    (lenient,) = recommend(leaky, measurements, "decode_tps", "depth-16k", margin_mib=1024, must_survive_h=1)
+    assert lenient["winner"] == before["winner"]
+    (silent,) = recommend(leaky, measurements, "decode_tps", "depth-16k", margin_mib=1024)
+    assert silent["winner"] == before["winner"]

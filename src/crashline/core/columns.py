@@ -130,6 +130,18 @@ CONFIGS: dict[str, pa.DataType] = {
     "vram_limit_is": TEXT,  # "budget" (emulated) or "card"
     "headroom_mib": FLOAT,
     "peak_pct_of_limit": FLOAT,
+    "soak_requests": INT,  # the unique-prompt soak (jobs.soak): requests done ...
+    "soak_ran_s": FLOAT,
+    "soak_outcome": TEXT,
+    "soak_said": TEXT,  # its growth and projection in words (jobs.soak.text)
+    "soak_hours_to_limit": FLOAT,  # ... hours until the first limit at its rate (empty: nothing grows toward one)
+    "soak_limit_first": TEXT,  # "host" (the host budget, else the machine's RAM) or "vram"
+    "soak_limit_mib": FLOAT,
+    **{
+        f"soak_{name}_mib_{what}": FLOAT
+        for name in ("rss", "gpu", "cache")  # RSS, VRAM, llama.cpp's host prompt cache: growth per request
+        for what in ("per_request", "per_request_low", "per_request_high", "last")
+    },
     "host_ram_mib": INT,  # budget.host_ram_mib: the memory cgroup the server ran in
     "host_peak_mib": FLOAT,  # that cgroup's peak (page cache it charged included), else the peak RSS
     "host_headroom_mib": FLOAT,

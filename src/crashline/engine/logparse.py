@@ -256,6 +256,21 @@ CHECKPOINT_RE = re.compile(
 )
 
 
+CACHE_STATE_RE = re.compile(
+    r"cache state: (?P<entries>\d+) prompts, (?P<mib>[\d.]+) MiB \(limits: (?P<limit>[\d.]+) MiB"
+)
+
+
+def prompt_cache_state(text: str) -> dict | None:
+    """llama-server's last word on its host prompt cache (--cache-ram) in ``text``: entries, MiB and its limit."""
+    found = None
+    for found in CACHE_STATE_RE.finditer(text):
+        pass
+    if found is None:
+        return None
+    return {"entries": int(found["entries"]), "mib": float(found["mib"]), "limit_mib": float(found["limit"])}
+
+
 def checkpoint_events(text: str) -> list[dict]:
     """Each context checkpoint line in ``text``: its slot, what happened (created, restored, erased), the size, and
     for a new one how many its slot holds with it and the most it may hold (--ctx-checkpoints)."""

@@ -225,6 +225,13 @@ class Sampler:
         self.current = name
         self._find_processes()
 
+    def now(self) -> dict:
+        """A sample taken now: the server's RSS and (with a GPU) its VRAM in MiB; None where it is gone."""
+        count = len(self.rows)
+        self._sample()
+        row = self.rows[-1] if len(self.rows) > count else {}
+        return {"rss_mib": row.get("server_rss_mib"), "gpu_mib": row.get("gpu_mib")}
+
     def follow(self, pid: int) -> None:
         """Sample this process (the server just started) from now on."""
         with self._lock:

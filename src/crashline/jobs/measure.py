@@ -17,6 +17,7 @@ import requests
 
 from ..engine import bottleneck, logparse
 from . import conversations as conv
+from . import soak as soak_mod
 from ..core import host, progress, records
 from ..models import pagecache
 from ..engine.ballast import Ballast, BudgetError
@@ -352,11 +353,11 @@ def run_workloads(
     settings: dict,
     limit_mib: float | None = None,
     clock: Stopwatch | None = None,
-) -> tuple[list[dict], list[dict], dict | None]:
-    """Every workload R times, then every conversation. Returns per-workload results, per-conversation results
-    and the server-level failure, if any. Each repetition and turn says its speeds (and VRAM against
-    ``limit_mib``) on the console; ``clock`` gets the untimed warm-up request apart, and the workloads (prompts
-    sized on the way) and conversations as the rest."""
+) -> tuple[list[dict], list[dict], dict | None, dict | None]:
+    """Every workload R times, then every conversation, then the soak. Returns per-workload results,
+    per-conversation results, the soak's result (None without one) and the server-level failure, if any. Each
+    repetition and turn says its speeds (and VRAM against ``limit_mib``) on the console; ``clock`` gets the untimed
+    warm-up request apart, and the workloads (prompts sized on the way), conversations and soak as the rest."""
     clock = clock or Stopwatch()
     workloads, request_timeout_s = config["workloads"], config["server"]["request_timeout_s"]
     client = Client.of(server, request_timeout_s)
@@ -389,7 +390,22 @@ def run_workloads(
             talks.append(result)
     finally:
         clock.lap("conversations")
-    return results, talks, failure
+    soaked = None
+    try:
+        if failure is None and (config.get("soak") or {}).get("requests"):
+            soaked, failure = soak_mod.run(
+                server,
+                sampler,
+                prompts,
+                config["soak"],
+                soak_mod.limits(config["budget"].get("host_ram_mib"), limit_mib),
+                request_timeout_s,
+                lambda exc: request_failure(server, exc, soak_mod.PHASE, request_timeout_s),
+            )
+            progress.say(f"soak of {soaked['requests_done']:,} unique prompts: {soaked['said']}")
+    finally:
+        clock.lap("soak")
+    return results, talks, soaked, failure
 
 
 def request_failure(server: ServerProcess, exc: Exception, phase: str, request_timeout_s: float):
@@ -585,6 +601,7 @@ def _measure(
     server = ServerProcess(command, log_path, host_ram_mib=config["budget"].get("host_ram_mib"))
     workloads: list[dict] = []
     talks: list[dict] = []
+    soaked = None
     failure = None
     sampler = None
     budget_mib = config["budget"].get("vram_budget_mib")
@@ -608,7 +625,7 @@ def _measure(
                     if state == "ready":
                         record["load_s"] = round(server.ready_after_s, 2)
                         say_loaded(server, None)
-                        workloads, talks, failure = run_workloads(
+                        workloads, talks, soaked, failure = run_workloads(
                             server, sampler, config, resolved, vram_limit_mib(budget_mib, record["host"]), clock
                         )
                     else:
@@ -653,7 +670,7 @@ def _measure(
     record["settings_used"] = settings_used(resolved, record["placement"])
     if failure is None:
         failure = logparse.classify(log, server.returncode, phase_hint="stop")
-        bad = next((w for w in [*workloads, *talks] if w["outcome"] != Outcome.OK), None)
+        bad = next((w for w in [*workloads, *talks, *([soaked] if soaked else [])] if w["outcome"] != Outcome.OK), None)
         if failure["outcome"] == Outcome.OK and bad:
             failure = {
                 "outcome": bad["outcome"],
@@ -670,6 +687,7 @@ def _measure(
         log_tail=record["placement"].get("tail") if failure["outcome"] != Outcome.OK else None,
         workloads=workloads,
         conversations=talks,
+        soak=soaked,
         finished_at=_now(),
     )
     clock.lap("analysis")

@@ -28,6 +28,11 @@ def _budget(config: dict) -> dict:
     return {k: v for k, v in config["budget"].items() if k != "margin_mib"}
 
 
+def _soak(config: dict) -> dict:
+    """The soak as a server runs it: must_survive_h only decides what is recommended, so its edit measures nothing."""
+    return {k: v for k, v in config["soak"].items() if k != "must_survive_h"}
+
+
 def measure_spec(config: dict, model: str, cid: str) -> dict:
     """What a measurement reads: the configuration, the workloads and how they are run."""
     return {
@@ -100,6 +105,7 @@ def _measurement_config(config: dict) -> dict:
         "server": _server(config),
         "workloads": config["workloads"],
         **({"conversations": config["conversations"]} if config["conversations"] else {}),
+        **({"soak": _soak(config)} if config["soak"]["requests"] else {}),
         "repetitions": config["repetitions"],
         "warmup_requests": config["warmup_requests"],
         "budget": _budget(config),

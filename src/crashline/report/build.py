@@ -449,6 +449,36 @@ def conversation_rows(conversations: pd.DataFrame, model: str, differs: dict[str
     return out
 
 
+def soak_rows(configs: pd.DataFrame, differs: dict[str, str]) -> list[dict]:
+    """The unique-prompt soak of each configuration of one model that ran one, as the report says it."""
+    if "soak_requests" not in configs:
+        return []
+
+    def per_request(r: dict, name: str) -> str:
+        slope = r[f"soak_{name}_mib_per_request"]
+        if missing(slope):
+            return ""
+        low, high = r[f"soak_{name}_mib_per_request_low"], r[f"soak_{name}_mib_per_request_high"]
+        return f"{slope:+.2f} ({low:+.2f} to {high:+.2f})"
+
+    out = []
+    for r in configs[configs["soak_requests"].notna()].to_dict("records"):
+        survived = r["soak_outcome"] == Outcome.OK
+        out.append(
+            {
+                "config_id": r["config_id"],
+                "differs": differs.get(r["config_id"], ""),
+                "ran": f"{r['soak_requests']:,.0f} requests in {r['soak_ran_s']:,.0f} s",
+                "survived": survived,
+                "rss": per_request(r, "rss"),
+                "gpu": per_request(r, "gpu"),
+                "cache": per_request(r, "cache"),
+                "said": r["soak_said"] if survived else f"{r['soak_outcome']}: {r['soak_said']}",
+            }
+        )
+    return out
+
+
 def _checkpoints_text(row: dict) -> str:
     """ "7, 7, 7.5" (made, most a slot held, the largest's MiB); "none" where the server made none; "" where the
     record predates the counts."""
@@ -563,6 +593,7 @@ def _per_model(
         "tradeoff": tradeoff,
         "cold_warm": cold_warm(c, m),
         "conversations": conversation_rows(talks, model, differs),
+        "soaks": soak_rows(c, differs),
         "searches": [],
     }
 

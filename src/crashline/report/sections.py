@@ -168,6 +168,7 @@ def model_section(m: dict, ctx: dict) -> Section:
         *limits(m["limits"], ctx),
         *cold_warm(m["cold_warm"]),
         *conversations(m["conversations"]),
+        *soaks(m.get("soaks") or []),
         *validity(m.get("validity")),
         *failures(m["failures"]),
     ]
@@ -546,6 +547,43 @@ def conversations(rows: list[dict]) -> list:
         ]
     )
     return [lead, *compacted(header, table, frozenset({0, 1, 3}), frozenset({4, 5, 6, 7, 8, 9}))]
+
+
+def soaks(rows: list[dict]) -> list:
+    """Each configuration's unique-prompt soak: what ran, the growth per request with its 95% interval, and when
+    it reaches a limit at that rate."""
+    if not rows:
+        return []
+    header = [
+        "config",
+        "settings that differ",
+        "soak",
+        "RSS MiB per request (95%)",
+        "VRAM MiB per request (95%)",
+        "prompt cache MiB per request (95%)",
+        "what it means",
+    ]
+    table = [
+        [
+            Code(r["config_id"]),
+            r["differs"],
+            r["ran"],
+            r["rss"],
+            r["gpu"],
+            r["cache"],
+            Cell(r["said"], None if r["survived"] else "fail"),
+        ]
+        for r in rows
+    ]
+    lead = Para(
+        [
+            Strong("Soak of unique prompts"),
+            " (different prompts one after another, the prompt cache on, as agents and chat clients send them; "
+            "growth fitted by least squares, and projected to the host budget, else the machine's RAM, and to the "
+            "VRAM limit; a configuration that would reach one sooner than soak.must_survive_h is not recommended):",
+        ]
+    )
+    return [lead, Table(header, table)]
 
 
 def validity(v: dict | None) -> list:

@@ -34,6 +34,33 @@ def _settings_columns(resolved: dict) -> dict:
     return {cols.setting(k): (" ".join(v) if isinstance(v, list) else v) for k, v in resolved.items()}
 
 
+def _soak_columns(result: dict | None) -> dict:
+    """The unique-prompt soak's columns (jobs.soak): what ran, the growth per request with its 95% interval, and
+    the hours until the first limit at that rate; empty without a soak."""
+    result = result or {}
+    growth = result.get("growth") or {}
+    out = {
+        "soak_requests": result.get("requests_done"),
+        "soak_ran_s": result.get("ran_s"),
+        "soak_outcome": result.get("outcome"),
+        "soak_said": result.get("said"),
+        "soak_hours_to_limit": result.get("hours_to_limit"),
+        "soak_limit_first": result.get("limit_reached_first"),
+        "soak_limit_mib": ((result.get("projection") or {}).get(result.get("limit_reached_first")) or {}).get(
+            "limit_mib"
+        ),
+    }
+    for key, name in (("rss_mib", "rss"), ("gpu_mib", "gpu"), ("cache_mib", "cache")):
+        fitted = (growth.get(key) or {}).get("per_request") or {}
+        out |= {
+            f"soak_{name}_mib_per_request": fitted.get("slope"),
+            f"soak_{name}_mib_per_request_low": fitted.get("low"),
+            f"soak_{name}_mib_per_request_high": fitted.get("high"),
+            f"soak_{name}_mib_last": (growth.get(key) or {}).get("last"),
+        }
+    return out
+
+
 def _config_row(rec: dict) -> dict:
     placement = rec.get("placement") or {}
     memory = rec.get("memory") or {}
@@ -80,6 +107,7 @@ def _config_row(rec: dict) -> dict:
         "vram_limit_is": memory.get("vram_limit_is"),
         "headroom_mib": memory.get("headroom_mib"),
         "peak_pct_of_limit": memory.get("peak_pct_of_limit"),
+        **_soak_columns(rec.get("soak")),
         "host_ram_mib": budget.get("host_ram_mib"),
         "host_peak_mib": memory.get("host_peak_mib"),
         "host_headroom_mib": memory.get("host_headroom_mib"),
@@ -226,7 +254,8 @@ def pool_starts(recs: list[dict]) -> dict:
     """Server starts of one configuration as one record (a search's finalists): the first start's record with
     ``starts``; the outcome of the first start that failed, if one did; the peaks over every start
     (``_pool_memory``); per workload, the statistics over every request of every start (``_pool_workload``); per
-    conversation workload, the first start's, or the first that failed."""
+    conversation workload, the first start's, or the first that failed; the soak of the start that would reach a
+    limit soonest."""
     if len(recs) == 1:
         return recs[0]
     out = {**recs[0], "starts": len(recs)}
@@ -245,6 +274,8 @@ def pool_starts(recs: list[dict]) -> dict:
     out["conversations"] = [
         next((t[i] for t in talks if i < len(t) and t[i]["outcome"] != "ok"), first) for i, first in enumerate(talks[0])
     ]
+    soaks = [r["soak"] for r in recs if r.get("soak")]  # the start that would reach a limit soonest
+    out["soak"] = min(soaks, key=lambda s: s.get("hours_to_limit") or float("inf"), default=None)
     return out
 
 

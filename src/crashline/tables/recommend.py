@@ -103,6 +103,34 @@ def _tight(row, margin_mib: int) -> list[str]:
     return out
 
 
+def _short_lived(row, must_survive_h: float | None, margin_mib: int = 0) -> str | None:
+    """Why a survivor's soak says it would not last ``must_survive_h`` hours at the soak's rate (None if it would,
+    or ran no soak): what grew, the limit and when, and the --cache-ram that leaves the margin where the host
+    prompt cache is what grew."""
+    hours = row.get("soak_hours_to_limit")
+    if must_survive_h is None or hours is None or pd.isna(hours) or hours >= must_survive_h:
+        return None
+    first = row["soak_limit_first"]
+    what = {"host": "RSS", "vram": "VRAM"}[first]
+    slope = row[f"soak_{'rss' if first == 'host' else 'gpu'}_mib_per_request"]
+    text = (
+        f"would not last: {what} {slope:+.1f} MiB a request under unique prompts reaches the "
+        f"{'host' if first == 'host' else 'VRAM'} limit of {row['soak_limit_mib']:,.0f} MiB after about {hours:,.1f} h "
+        f"at the soak's rate, less than soak.must_survive_h ({must_survive_h:g} h)"
+    )
+    cache = row.get("soak_cache_mib_per_request")
+    if first == "host" and cache is not None and not pd.isna(cache) and cache >= 0.5 * slope:
+        rest = row["soak_rss_mib_last"] - row["soak_cache_mib_last"]
+        room = int(row["soak_limit_mib"] - rest - margin_mib)
+        text += (
+            f"; the host prompt cache grew {cache:+.1f} MiB a request: --cache-ram {max(0, room)} (cache_ram: "
+            f"{max(0, room)}) keeps it within the limit less the margin"
+            if room > 0
+            else "; the host prompt cache grew with it and no --cache-ram leaves the margin: turn it off (cache_ram: 0)"
+        )
+    return text
+
+
 def _too_tight(row, margin_mib: int) -> bool:
     return bool(_tight(row, margin_mib))
 
@@ -181,6 +209,16 @@ def missed_limits(row, min_decode_tps: float | None, max_ttft_s: float | None) -
     return missed
 
 
+def decision_inputs(config: dict) -> dict:
+    """What the one decision reads from the config besides the tables: the objective, the margin and the hours a
+    soak must last. The report and llama-bench rules pass it as params, so an edit of any reruns them alone."""
+    return {
+        "objective": config["objective"],
+        "margin_mib": config["budget"]["margin_mib"],
+        "must_survive_h": config["soak"]["must_survive_h"],
+    }
+
+
 def decide(configs: pd.DataFrame, measurements: pd.DataFrame, config: dict, needle: pd.DataFrame | None = None):
     """The recommendation per (model, environment) from the tables and the config (its objective and margin) and
     the needle table's recall failures: the one decision behind the report, recommendation.json, ``tune``'s answer
@@ -193,6 +231,7 @@ def decide(configs: pd.DataFrame, measurements: pd.DataFrame, config: dict, need
         measurements,
         margin_mib=config["budget"]["margin_mib"],
         recall_failures=recall_failures(needle),
+        must_survive_h=config["soak"]["must_survive_h"],
         **resolve_objective(config),
     )
 
@@ -208,6 +247,7 @@ def recommend(
     concurrency: int | None = None,
     min_decode_tps: float | None = None,
     max_ttft_s: float | None = None,
+    must_survive_h: float | None = None,
 ) -> list[dict]:
     """One entry per (model, environment): the winner and the verdict on every other configuration.
 
@@ -218,7 +258,8 @@ def recommend(
     Only configurations whose ``workload`` ran ``concurrency`` requests at once are ranked (None: the load
     every row of the workload ran, else 1). ``min_decode_tps`` and ``max_ttft_s`` are limits on the medians
     at that workload: a configuration that misses one is not ranked, with a reason naming it.
-    ``config.resolve_objective(config)`` gives these arguments from a config's ``objective:`` block."""
+    ``config.resolve_objective(config)`` gives these arguments from a config's ``objective:`` block. A survivor
+    whose unique-prompt soak projects a limit within ``must_survive_h`` hours is not eligible either."""
     recall_failures = recall_failures or {}
     out = []
     if configs.empty:
@@ -233,6 +274,7 @@ def recommend(
             (group["outcome"] == Outcome.OK)
             & ~group.apply(_too_tight, axis=1, margin_mib=margin_mib)
             & ~group["config_id"].map(lambda c: (model, c) in recall_failures)
+            & ~group.apply(lambda row: bool(_short_lived(row, must_survive_h)), axis=1)
         ]
         warm = survivors[[not _cold(row) for _, row in survivors.iterrows()]]
         rank_cold = warm.empty  # only cold runs survived: rank them among themselves
@@ -269,6 +311,15 @@ def recommend(
                         "risky": True,  # not eligible, yet it survived: no failure colour
                         "reason": f"risky: survived with {' and '.join(_tight(row, margin_mib))}, "
                         f"less than the {margin_mib} MiB margin",
+                    }
+                )
+            elif row["outcome"] == Outcome.OK and _short_lived(row, must_survive_h):
+                verdicts.append(
+                    {
+                        "config_id": cid,
+                        "label": label,
+                        "failed": True,
+                        "reason": _short_lived(row, must_survive_h, margin_mib),
                     }
                 )
             elif row["outcome"] != Outcome.OK:
