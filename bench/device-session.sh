@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# One GPU lease, several calls (bench/device.md): each call runs one step and packs what it has under $OUT.
+#   bash bench/device-session.sh build           # wheels, llama-server with CUDA (about 280 s)
+#   bash bench/device-session.sh soak ID...      # fetch/inspect/provision once, then measure each configuration id
+#   bash bench/device-session.sh sampler ARGS... # bench/sampler_overhead.py on the synthetic 30B-A3B, ARGS after --
+# The results stay under /tmp/res between calls; every call packs them into $OUT/results.tgz.
+set -euo pipefail
+export CRASHLINE_CACHE=/tmp/clc PYTHONPATH=$PWD/src
+CONFIG=/tmp/draft-soak.yaml
+step=$1; shift
+case $step in
+build)
+  python -m pip install -q --no-index --no-deps --find-links .whl gguf jsonschema jsonschema-specifications \
+    referencing rpds-py attrs typing_extensions tqdm 2>&1 | tail -2
+  mkdir -p /tmp/llama && tar xzf .dev/llama-src-min.tar.gz -C /tmp/llama
+  cmake -S /tmp/llama -B /tmp/llama/build -G Ninja -DCMAKE_BUILD_TYPE=Release -DGGML_CUDA=ON \
+    -DCMAKE_CUDA_ARCHITECTURES=90 -DLLAMA_OPENSSL=OFF -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_BUILD_TESTS=OFF \
+    -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_CURL=OFF > /tmp/build.log 2>&1
+  cmake --build /tmp/llama/build --target llama-server -j16 >> /tmp/build.log 2>&1
+  tail -3 /tmp/build.log
+  mkdir -p /tmp/res && cp /tmp/build.log /tmp/res/
+  ;;
+soak)
+  sed -e "s#RESULTS#/tmp/res/results#" -e "s#SERVER#/tmp/llama/build/bin/llama-server#" \
+    bench/configs/h200-draft-soak.yaml > $CONFIG
+  if [ ! -e /tmp/res/results/server/provenance.json ]; then
+    for m in qwen3-30b-a3b draft; do
+      python -m crashline fetch --model $m --config $CONFIG
+      python -m crashline inspect --fetch-record /tmp/res/results/models/$m/fetch.json \
+        --out /tmp/res/results/models/$m/manifest.json
+    done
+    python -m crashline provision --config $CONFIG
+  fi
+  for id in "$@"; do python -m crashline measure --model qwen3-30b-a3b --id $id --config $CONFIG; done
+  python -m crashline aggregate --config $CONFIG || true
+  ;;
+sampler)
+  model=$(find /tmp/clc -name 'qwen3-30b-a3b*.gguf' | head -1)
+  LLAMA_SERVER=/tmp/llama/build/bin/llama-server python bench/sampler_overhead.py --model "$model" "$@" \
+    > /tmp/res/sampler-console.txt 2>&1 || true
+  tail -5 /tmp/res/sampler-console.txt
+  ;;
+esac
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > /tmp/res/gpu.txt 2>/dev/null || true
+tar czf $OUT/results.tgz -C /tmp/res .
