@@ -2,12 +2,14 @@
 # One GPU lease, several calls (bench/device.md): each call runs one step and packs what it has under $OUT.
 #   bash bench/device-session.sh build           # wheels, llama-server with CUDA (about 280 s)
 #   bash bench/device-session.sh soak ID...      # fetch/inspect/provision once, then measure each configuration id
+#   bash bench/device-session.sh all ID...       # build, then soak (one call)
 #   bash bench/device-session.sh sampler ARGS... # bench/sampler_overhead.py on the synthetic 30B-A3B, ARGS after --
 # The results stay under /tmp/res between calls; every call packs them into $OUT/results.tgz.
 set -euo pipefail
 export CRASHLINE_CACHE=/tmp/clc PYTHONPATH=$PWD/src
 CONFIG=/tmp/draft-soak.yaml
 step=$1; shift
+if [ "$step" = all ]; then bash "$0" build && bash "$0" soak "$@"; exit; fi
 case $step in
 build)
   python -m pip install -q --no-index --no-deps --find-links .whl gguf jsonschema jsonschema-specifications \
@@ -24,14 +26,14 @@ soak)
   sed -e "s#RESULTS#/tmp/res/results#" -e "s#SERVER#/tmp/llama/build/bin/llama-server#" \
     bench/configs/h200-draft-soak.yaml > $CONFIG
   if [ ! -e /tmp/res/results/server/provenance.json ]; then
-    for m in qwen3-30b-a3b draft; do
+    for m in tiny-moe draft; do
       python -m crashline fetch --model $m --config $CONFIG
       python -m crashline inspect --fetch-record /tmp/res/results/models/$m/fetch.json \
         --out /tmp/res/results/models/$m/manifest.json
     done
     python -m crashline provision --config $CONFIG
   fi
-  for id in "$@"; do python -m crashline measure --model qwen3-30b-a3b --id $id --config $CONFIG; done
+  for id in "$@"; do python -m crashline measure --model tiny-moe --id $id --config $CONFIG; done
   python -m crashline aggregate --config $CONFIG || true
   ;;
 sampler)
