@@ -244,6 +244,7 @@ def answer(cfg: dict) -> list[str]:
     the command, and where the report is."""
     from ..core.atomic import read_json
     from ..core.paths import Layout
+    from ..report.sections import cost_text
 
     layout = Layout(cfg["results_dir"])
     lines = []
@@ -257,7 +258,8 @@ def answer(cfg: dict) -> list[str]:
             + (f"; {a['memory']}" if a.get("memory") else ""),
             f"  {a['command']}",
         ]
-    return [*lines, f"report: {layout.report_md()} and {layout.report_html()}"]
+    said = next((cost_text(a["cost"]) for a in read_json(layout.recommendation()) if a.get("cost")), None)
+    return [*lines, *([f"cost: {said}"] if said else []), f"report: {layout.report_md()} and {layout.report_html()}"]
 
 
 def tune(

@@ -130,6 +130,9 @@ CONFIGS: dict[str, pa.DataType] = {
     "vram_limit_is": TEXT,  # "budget" (emulated) or "card"
     "headroom_mib": FLOAT,
     "peak_pct_of_limit": FLOAT,
+    "job_s": FLOAT,  # the measurement's whole time (time_budget_s total) ...
+    "serving_s": FLOAT,  # ... of which starting the server and serving requests
+    "server_starts": INT,  # its server's starts: 1, 2 with a conversation's restart case
     "soak_requests": INT,  # the unique-prompt soak (jobs.soak): requests done ...
     "soak_ran_s": FLOAT,
     "soak_outcome": TEXT,

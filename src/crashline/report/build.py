@@ -394,6 +394,7 @@ def answers(ctx: dict) -> list[dict]:
                 "metric": r["metric"],
                 "workload": r["workload"],
                 "winner": r["winner"],
+                "cost": ctx.get("cost"),
             }
             fits = [f for f in m["fit"] if f["ratio"] is not None or f["is_fit"]]
             if r["winner"]:
@@ -652,8 +653,39 @@ def context(
             for env, machine in machines(configs, model)
         ],
         "recall_uninformative": uninformative(needle),
+        "cost": cost(configs, needle, provenance),
         "suspect_columns": SUSPECT_COLUMNS,
         "objective_workload": workload,
+    }
+
+
+def cost(configs: pd.DataFrame, needle: pd.DataFrame | None, provenance: dict) -> dict | None:
+    """What the answer cost, from the jobs' own clocks: server starts, the measurements' time (searches' probes
+    included) and the part of it spent starting servers and serving requests, the recall checks' time, the GPU
+    minutes where jobs held one, and the llama-server build (once per machine)."""
+    if "job_s" not in configs or configs["job_s"].dropna().empty:
+        return None  # records written before the jobs' clocks were tabled
+    measured = configs.dropna(subset=["job_s"])
+    measure_s, serving_s = float(measured["job_s"].sum()), float(measured["serving_s"].sum())
+    recall = pd.DataFrame()
+    if needle is not None and not needle.empty and "job_s" in needle:
+        recall = needle.drop_duplicates(["model", "config_id", "environment"])
+    recall_s = float(recall["job_s"].dropna().sum()) if not recall.empty else 0.0
+    recall_starts = int(recall["applicable"].fillna(False).astype(bool).sum()) if not recall.empty else 0
+    on_gpu = measured[measured["gpu"] != "no GPU"]["job_s"].sum()
+    restarts = int(measured["server_starts"].sum()) - len(measured)
+    return {
+        "measurements": len(measured),
+        "server_starts": int(measured["server_starts"].sum()) + recall_starts,
+        "restarts": restarts,
+        "recall_starts": recall_starts,
+        "measure_s": round(measure_s, 1),
+        "serving_s": round(serving_s, 1),
+        "overhead_ratio": round(measure_s / serving_s, 3) if serving_s else None,
+        "recall_s": round(recall_s, 1),
+        "gpu_s": round(float(on_gpu), 1) if on_gpu else None,  # measurements only: recall jobs hold it too
+        "build_s": provenance.get("build_seconds"),
+        "built": str(provenance.get("obtained") or ""),
     }
 
 

@@ -95,6 +95,27 @@ def _server_line(server: dict) -> list:
     return line
 
 
+def cost_text(c: dict | None) -> str | None:
+    """The cost in one sentence, as the report's environment section and ``tune`` say it."""
+    if not c:
+        return None
+    text = (
+        f"{c['server_starts']:,} llama-server starts ({c['measurements']:,} measurements"
+        + (f", {c['restarts']:,} restart cases" if c["restarts"] else "")
+        + (f", {c['recall_starts']:,} recall checks" if c["recall_starts"] else "")
+        + f"); measurements {c['measure_s'] / 60:,.1f} min, of which {c['serving_s'] / 60:,.1f} starting servers and "
+        f"serving requests (job time / that: {c['overhead_ratio']:.2f}; the rest is crashline's setup, lock waits, "
+        "stopping, telemetry and analysis)"
+    )
+    if c["recall_s"]:
+        text += f"; recall checks {c['recall_s'] / 60:,.1f} min"
+    if c["gpu_s"]:
+        text += f"; a GPU held by measurements {c['gpu_s'] / 60:,.1f} min"
+    if c["build_s"]:
+        text += f"; the llama-server build took {c['build_s'] / 60:,.1f} min, once per machine ({c['built']})"
+    return text
+
+
 def environment(ctx: dict) -> Section:
     budget = ctx["budget"]
     vram = f"{budget['vram_budget_mib']} MiB (emulated)" if budget.get("vram_budget_mib") else None
@@ -126,6 +147,7 @@ def environment(ctx: dict) -> Section:
             f": {vram or 'none (the whole card, or no GPU)'}; margin {budget['margin_mib']} MiB",
         ],
         requests,
+        *([[Strong("What this answer cost"), ": ", said]] if (said := cost_text(ctx.get("cost"))) else []),
     ]
     return Section(
         "Environment", [Bullets(items), _workloads(ctx["workloads"]), _models(ctx["models"])], anchor="environment"

@@ -34,6 +34,21 @@ def _settings_columns(resolved: dict) -> dict:
     return {cols.setting(k): (" ".join(v) if isinstance(v, list) else v) for k, v in resolved.items()}
 
 
+SERVING_LAPS = ("server_start", "warmup_request", "workloads", "conversations", "soak")  # measure.py's clock
+
+
+def _time_columns(rec: dict) -> dict:
+    """What the job cost (its Stopwatch, time_budget_s): its whole time, and the part spent starting the server and
+    serving requests; the rest is crashline's (setup, lock waits, ballast, stopping, telemetry, analysis)."""
+    laps = rec.get("time_budget_s") or {}
+    return {
+        "job_s": laps.get("total"),
+        "serving_s": round(sum(laps.get(k, 0.0) for k in SERVING_LAPS), 3) if laps else None,
+        "server_starts": (rec.get("starts") or 1)
+        * (1 + sum(bool(t.get("restart_turn")) for t in rec.get("conversations") or [])),
+    }
+
+
 def _soak_columns(result: dict | None) -> dict:
     """The unique-prompt soak's columns (jobs.soak): what ran, the growth per request with its 95% interval, and
     the hours until the first limit at that rate; empty without a soak."""
@@ -108,6 +123,7 @@ def _config_row(rec: dict) -> dict:
         "headroom_mib": memory.get("headroom_mib"),
         "peak_pct_of_limit": memory.get("peak_pct_of_limit"),
         **_soak_columns(rec.get("soak")),
+        **_time_columns(rec),
         "host_ram_mib": budget.get("host_ram_mib"),
         "host_peak_mib": memory.get("host_peak_mib"),
         "host_headroom_mib": memory.get("host_headroom_mib"),
@@ -274,6 +290,8 @@ def pool_starts(recs: list[dict]) -> dict:
     out["conversations"] = [
         next((t[i] for t in talks if i < len(t) and t[i]["outcome"] != "ok"), first) for i, first in enumerate(talks[0])
     ]
+    laps = [r.get("time_budget_s") or {} for r in recs]  # what every start cost, together
+    out["time_budget_s"] = {k: round(sum(lap.get(k, 0.0) for lap in laps), 3) for k in set().union(*laps)}
     soaks = [r["soak"] for r in recs if r.get("soak")]  # the start that would reach a limit soonest
     out["soak"] = min(soaks, key=lambda s: s.get("hours_to_limit") or float("inf"), default=None)
     return out

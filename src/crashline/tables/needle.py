@@ -59,7 +59,17 @@ def _config_columns(rec: dict) -> dict:
         "message": rec.get("message"),
         "slot_ctx": rec.get("slot_ctx"),
         "started_at": rec.get("started_at"),
+        "job_s": _seconds_between(rec.get("started_at"), rec.get("finished_at")),
     }
+
+
+def _seconds_between(start: str | None, end: str | None) -> float | None:
+    """The seconds from one ISO time to another (a needle job's whole time), None where either is missing."""
+    from datetime import datetime
+
+    if not start or not end:
+        return None
+    return (datetime.fromisoformat(end) - datetime.fromisoformat(start)).total_seconds()
 
 
 def table(record_paths) -> pd.DataFrame:
