@@ -10,6 +10,7 @@ import pytest
 
 from crashline.engine import hostmem, logparse
 from crashline.engine.server import ServerProcess
+from crashline.report.build import memory_text
 from crashline.tables.aggregate import tables
 
 from test_measure import measure_gemma
@@ -102,3 +103,6 @@ def test_a_host_budget_ends_a_real_server_that_a_larger_one_lets_live(tmp_path, 
     configs, measurements = tables([tmp_path / "roomy" / "measure.json", tmp_path / "tight" / "measure.json"])
     by_id = configs.set_index("host_ram_mib")
     assert by_id.loc[4096, "host_headroom_mib"] > 0 and by_id.loc[budget, "outcome"] == "oom_host"
+    # the recommendation says the host peak beside VRAM's (none here: no GPU)
+    roomy_row = configs[configs["host_ram_mib"] == 4096].iloc[0].to_dict()
+    assert memory_text(roomy_row, None).endswith("MiB below the 4,096 MiB host budget")

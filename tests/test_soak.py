@@ -43,6 +43,8 @@ def test_the_summary_names_the_limit_reached_first_and_says_so():
     said = soak.text(result)
     assert said.startswith("RSS +2.0") and "the host budget (1,000 MiB) is reached after about" in said
     assert result["hours_to_limit"] == pytest.approx(result["projection"]["host"]["requests"] / 400, abs=0.01)
+    slow = soak.summary({"requests": 40}, _points(0.001, 0.0001), {"host_mib": 100000, "host_is": "machine"})
+    assert slow["hours_to_limit"] > soak.HOURS_A_YEAR and "not reached within a year" in soak.text(slow)
     flat = soak.summary({"requests": 40}, _points(0.0, 1.0), {"host_mib": 1000, "host_is": "machine"})
     assert flat["hours_to_limit"] is None and soak.text(flat).endswith("nothing grows toward a limit")
 

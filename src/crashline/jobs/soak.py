@@ -25,6 +25,7 @@ from ..engine.workloads import Client, PromptSource
 SEED = 100_000  # prompt offsets of the soak: index SEED + k for its k-th request, apart from workloads' and turns'
 PHASE = "soak"
 Z95 = 1.96
+HOURS_A_YEAR = 24 * 365
 
 
 def fit(xs: list[float], ys: list[float]) -> dict | None:
@@ -130,6 +131,8 @@ def text(result: dict) -> str:
         said += (
             f": {what} ({p['limit_mib']:,.0f} MiB) is reached after about {p['requests']:,} more requests "
             f"({p['hours']:,.1f} h at this rate)"
+            if p["hours"] < HOURS_A_YEAR
+            else f": {what} ({p['limit_mib']:,.0f} MiB) is not reached within a year at this rate"
         )
     else:
         said += ": nothing grows toward a limit"

@@ -349,7 +349,19 @@ def _results(c: pd.DataFrame, m: pd.DataFrame, winners: set) -> list[dict]:
 
 def memory_text(row: dict, peak) -> str | None:
     """A configuration's memory as the recommendation says it: its peak VRAM (``peak``, at the objective workload)
-    and its headroom under the limit; with several GPUs, each one's peak and the room left on the fullest."""
+    and its headroom under the limit; with several GPUs, each one's peak and the room left on the fullest; under a
+    host budget, the host peak and its headroom too."""
+    vram = _vram_text(row, peak)
+    host = None
+    if not missing(row.get("host_ram_mib")) and not missing(row.get("host_peak_mib")):
+        host = (
+            f"host memory peak {row['host_peak_mib']:,.0f} MiB, {row['host_headroom_mib']:,.0f} MiB below the "
+            f"{row['host_ram_mib']:,.0f} MiB host budget"
+        )
+    return "; ".join(t for t in (vram, host) if t) or None
+
+
+def _vram_text(row: dict, peak) -> str | None:
     if missing(peak) or missing(row.get("vram_limit_mib")):
         return None
     limit = "budget" if row.get("vram_limit_is") == "budget" else "card"
