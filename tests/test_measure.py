@@ -392,10 +392,12 @@ def test_fit_on_starts_aimed_at_the_margin_and_the_context(tmp_path, tiny_moe, s
 
 def test_every_record_says_where_its_time_went(tmp_path, tiny_moe, server_provenance):
     """#18: the job's wall time in laps (setup, waiting for the lock, ballast, server start to ready, the untimed
-    warm-up request, the workloads, stop, the telemetry written, the analysis) that add up to its total."""
+    warm-up request, the workloads, the conversations and the soak (none here), stop, the telemetry written, the
+    analysis) that add up to its total."""
     rec = run(tmp_path, tiny_moe, server_provenance, {}, [{"name": "w", "prompt_tokens": 64, "gen_tokens": 8}], reps=2)
     budget = rec["time_budget_s"]
-    laps = ("setup", "lock_wait", "ballast", "server_start", "warmup_request", "workloads", "conversations", "stop")
+    laps = ("setup", "lock_wait", "ballast", "server_start", "warmup_request", "workloads", "conversations", "soak")
+    laps += ("stop",)
     laps += ("telemetry",)
     assert list(budget) == [*laps, "analysis", "total"]
     assert sum(v for k, v in budget.items() if k != "total") == pytest.approx(budget["total"], abs=0.02)
