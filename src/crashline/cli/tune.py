@@ -248,7 +248,8 @@ def answer(cfg: dict) -> list[str]:
 
     layout = Layout(cfg["results_dir"])
     lines = []
-    for a in read_json(layout.recommendation()):
+    found = read_json(layout.recommendation())
+    for a in found:
         if not a["winner"]:
             lines.append(f"{a['machine']}: no recommendation: {a['why']}.")
             continue
@@ -258,7 +259,7 @@ def answer(cfg: dict) -> list[str]:
             + (f"; {a['memory']}" if a.get("memory") else ""),
             f"  {a['command']}",
         ]
-    said = next((cost_text(a["cost"]) for a in read_json(layout.recommendation()) if a.get("cost")), None)
+    said = next((cost_text(a["cost"]) for a in found if a.get("cost")), None)
     return [*lines, *([f"cost: {said}"] if said else []), f"report: {layout.report_md()} and {layout.report_html()}"]
 
 

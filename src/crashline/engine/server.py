@@ -211,6 +211,13 @@ class ServerProcess:
             self.cgroup.remove()
             self.cgroup = None
 
+    def log_size(self) -> int:
+        """Where the log ends now: the offset ``log_since`` reads on from."""
+        try:
+            return self.log_path.stat().st_size
+        except FileNotFoundError:
+            return 0
+
     def log_since(self, offset: int) -> tuple[str, int]:
         """The whole lines the log gained after byte ``offset``, and the offset after them (a line still being
         written waits for the next call)."""

@@ -461,7 +461,7 @@ def _rounds(server, sampler, prompts, spec: dict, group: list, turns, server_cfg
             return None
         where = conv.phase(spec, turn, live[0].soak)
         sampler.phase(where)
-        offset = server.log_path.stat().st_size if server.log_path.exists() else 0
+        offset = server.log_size()
         answered = conv.send_round(Client.of(server, timeout_s), live, prompts, turn)
         events = logparse.checkpoint_events(server.log_since(offset)[0])
         for c, prompt, answer in answered:

@@ -165,7 +165,7 @@ def run(server, sampler, prompts: PromptSource, spec: dict, limits: dict, timeou
     while sent < spec["requests"] and (not spec["duration_s"] or time.monotonic() - started < spec["duration_s"]):
         n = min(spec["at_once"], spec["requests"] - sent)
         batch = [prompts.prompt(spec["prompt_tokens"], SEED + sent + i) for i in range(n)]
-        offset = server.log_path.stat().st_size if server.log_path.exists() else 0
+        offset = server.log_size()
 
         def go(prompt):
             try:
