@@ -9,6 +9,7 @@ import hashlib
 import http.server
 import json
 import os
+import time
 import threading
 from pathlib import Path
 
@@ -396,6 +397,16 @@ def test_synthetic_source(tmp_path):
     assert other["fetched"] is True and other["sha256"] != record["sha256"]
     with pytest.raises(SourceError, match="'layers'"):
         fetch("synthetic:x", tmp_path, synthetic={"layers": 0}, cache_dir=tmp_path / "cache")
+
+
+def test_a_synthetic_file_larger_than_the_free_space_is_refused_before_writing(tmp_path):
+    """synthetic: {layers: 100000, n_embd: 65536} wrote until the disk was full (issue #26)."""
+    huge = {"layers": 100_000, "n_embd": 65536}
+    started = time.monotonic()
+    with pytest.raises(SourceError) as e:
+        fetch("synthetic:huge", tmp_path / "models", synthetic=huge, cache_dir=tmp_path / "cache")
+    assert "GiB file" in str(e.value) and "free" in str(e.value) and "'synthetic:huge'" in str(e.value)
+    assert not (tmp_path / "models").exists() and time.monotonic() - started < 30
 
 
 # ----------------------------------------------------------------------------- pypi:

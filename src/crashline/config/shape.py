@@ -1,5 +1,10 @@
 """The shape of a synthetic model, filled in and checked without numpy or gguf (``crashline.models.synthetic``
-writes the file; this light part is what a config check needs)."""
+writes the file; this light part is what a config check needs).
+
+Two architectures: ``qwen3moe`` (every layer attends to the whole context) and ``gpt-oss`` (every other layer
+attends to a sliding window of ``swa_window`` tokens, as gpt-oss, gemma and cohere models do). llama.cpp keeps a
+small KV cache for sliding-window layers and saves context checkpoints of it, so only the second shape shows
+what checkpoints cost."""
 
 from __future__ import annotations
 
@@ -19,7 +24,12 @@ DEFAULT_TINY: dict[str, Any] = {
     "vocab": 260,
     "ctx": 8192,
     "quant": "Q4_0",
+    "arch": "qwen3moe",
+    "swa_window": 0,
 }
+
+# The tiny shape with sliding-window attention: gpt-oss's layout (every other layer a 128-token window).
+TINY_SWA: dict[str, Any] = {**DEFAULT_TINY, "arch": "gpt-oss", "swa_window": 128}
 
 # The shape of Qwen3-30B-A3B (the model behind the CUDA log fixtures), every matrix Q4_0: 16.9 GB.
 QWEN3_30B_A3B: dict[str, Any] = {
@@ -35,11 +45,39 @@ QWEN3_30B_A3B: dict[str, Any] = {
     "vocab": 260,
     "ctx": 40960,
     "quant": "Q4_0",
+    "arch": "qwen3moe",
+    "swa_window": 0,
+}
+
+# The shape of gpt-oss-20b (24 layers, 32 experts / 4, a 128-token window on every other layer), every matrix
+# Q4_0 instead of MXFP4 and the vocabulary cut to the byte tokens: 11.3 GB.
+GPT_OSS_20B: dict[str, Any] = {
+    "layers": 24,
+    "n_embd": 2880,
+    "n_head": 64,
+    "n_head_kv": 8,
+    "head_dim": 64,
+    "n_expert": 32,
+    "n_expert_used": 4,
+    "expert_ffn": 2880,
+    "ffn": 2880,
+    "vocab": 260,
+    "ctx": 131072,
+    "quant": "Q4_0",
+    "arch": "gpt-oss",
+    "swa_window": 128,
 }
 
 # ``synthetic:NAME`` with one of these names starts from its shape (a ``synthetic:`` block overrides keys);
 # any other name starts from DEFAULT_TINY.
-PRESETS: dict[str, dict[str, Any]] = {"tiny-moe": DEFAULT_TINY, "qwen3-30b-a3b": QWEN3_30B_A3B}
+PRESETS: dict[str, dict[str, Any]] = {
+    "tiny-moe": DEFAULT_TINY,
+    "tiny-swa": TINY_SWA,
+    "qwen3-30b-a3b": QWEN3_30B_A3B,
+    "gpt-oss-20b": GPT_OSS_20B,
+}
+# What each architecture's llama.cpp loader needs of the window: none, or one of at least 1 token.
+ARCHS = {"qwen3moe": "swa_window must be 0", "gpt-oss": "swa_window must be at least 1"}
 
 SHAPE_KEYS = tuple(DEFAULT_TINY)
 MIN_VOCAB = 3 + 256  # <unk> <s> </s> and the byte tokens
@@ -74,12 +112,17 @@ def resolve_shape(shape: dict[str, Any] | None = None, name: str | None = None) 
     def bad(key: str, why: str) -> ValueError:
         return error(key, f"synthetic shape key {key!r} has bad value {resolved[key]!r}: {why}", why)
 
+    if resolved["arch"] not in ARCHS:
+        raise bad("arch", f"must be one of {', '.join(ARCHS)}")
     for key in SHAPE_KEYS:
-        if key == "quant":
+        if key in ("quant", "arch"):
             continue
         value = resolved[key]
-        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-            raise bad(key, "must be a positive integer")
+        low = 0 if key == "swa_window" else 1
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            raise bad(key, "must be a positive integer" if low else "must be a whole number, 0 or more")
+    if (resolved["swa_window"] > 0) != (resolved["arch"] == "gpt-oss"):
+        raise bad("swa_window", f"{ARCHS[resolved['arch']]} for arch {resolved['arch']!r}")
     if resolved["quant"] not in QUANT_BLOCKS:
         raise bad("quant", f"must be one of {', '.join(QUANT_BLOCKS)}")
     if resolved["n_expert_used"] > resolved["n_expert"]:

@@ -293,7 +293,7 @@ def bytes_per_token(manifest: dict, settings: dict, depth: int, gpu: bool, place
     ``gpu`` False: no GPU to stream from (its bandwidth unknown), so the settings put everything in RAM."""
     layers = manifest["layers"]
     active = manifest["n_expert_used"] / manifest["n_expert"] if manifest.get("n_expert") else 1.0
-    kv_bytes = planner.kv_mib(manifest, {**settings, "ctx": depth, "n_gpu_layers": None}) * MIB
+    kv_bytes = planner.kv_mib(manifest, {**settings, "ctx": depth, "n_gpu_layers": None}, read=True) * MIB
     kv_per_layer = kv_bytes / layers
     where = _settings_placement(manifest, settings, gpu)
     logged = logparse.accelerator_share(placement)

@@ -6,7 +6,9 @@ Prediction, as a person would do it on paper:
   weights on the GPU  = the non-expert tensors of every offloaded layer
                       + the expert FFNs of the layers at or above n_cpu_moe
                       + the output head
-  KV cache            = ctx × Σ layers (n_head_kv × head_dim × (bytes(K type) + bytes(V type)))
+  KV cache            = Σ offloaded layers cells × n_head_kv × head_dim × (bytes(K type) + bytes(V type)),
+                        cells = ctx, or for a sliding-window layer (unless swa_full) the window per slot
+                        plus one ubatch, padded to 256 cells, as llama.cpp's llama_kv_cache_iswa sizes it
   compute buffer      = measured per ubatch from a server's log (linear between two measurements)
   the rest            = CUDA context and small buffers: measured peak − the three above
 """
@@ -52,13 +54,37 @@ def weights_mib(manifest: dict, settings: dict) -> float:
     return total / MIB
 
 
-def kv_mib(manifest: dict, settings: dict) -> float:
+def swa_cells(manifest: dict, settings: dict, read: bool = False) -> int | None:
+    """The cells llama.cpp gives each sliding-window layer at ``settings`` (None: the model has none, or
+    ``swa_full`` keeps them whole), or that one token reads there (``read``: ``min(ctx, window)``).
+
+    Allocated, padded to 256: one buffer ``min(ctx, window × slots + ubatch)`` with a unified KV cache
+    (``kv_unified``, or one slot), else one ``min(ctx / slots, window + ubatch)`` per slot (llama-server's
+    default when ``-np`` is given)."""
+    window = manifest.get("sliding_window") or 0
+    if not window or not manifest.get("swa_layers") or settings.get("swa_full"):
+        return None
+    ctx = settings["ctx"]
+    if read:
+        return min(ctx, window)
+    slots, ubatch = int(settings.get("parallel") or 1), int(settings.get("ubatch") or 512)
+    if slots == 1 or settings.get("kv_unified"):
+        return -(-min(ctx, window * slots + ubatch) // 256) * 256
+    return slots * (-(-min(ctx // slots, window + ubatch) // 256) * 256)
+
+
+def kv_mib(manifest: dict, settings: dict, read: bool = False) -> float:
+    """The KV cache of the offloaded layers at ``settings`` (allocated; ``read``: what one token reads)."""
     heads = manifest["n_head_kv"]
     layers = gpu_layers(manifest, settings.get("n_gpu_layers"))
     per_layer_heads = heads if isinstance(heads, list) else [heads] * manifest["layers"]
-    width = sum(per_layer_heads[i] for i in layers) * manifest["head_dim"]
-    per_token = width * (CACHE_TYPE_BYTES[settings["cache_type_k"]] + CACHE_TYPE_BYTES[settings["cache_type_v"]])
-    return settings["ctx"] * per_token / MIB
+    swa = set(manifest.get("swa_layers") or ())
+    window = swa_cells(manifest, settings, read)
+    cells = sum(per_layer_heads[i] * (window if window is not None and i in swa else settings["ctx"]) for i in layers)
+    per_cell = manifest["head_dim"] * (
+        CACHE_TYPE_BYTES[settings["cache_type_k"]] + CACHE_TYPE_BYTES[settings["cache_type_v"]]
+    )
+    return cells * per_cell / MIB
 
 
 class ComputeModel:

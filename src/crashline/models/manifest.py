@@ -177,6 +177,48 @@ def _fields(reader: gguf.GGUFReader) -> dict[str, Any]:
     return out
 
 
+# The sliding-window layout llama.cpp 11434 gives each architecture that has one, where the GGUF does not
+# say (its ``load_swa_pattern(ml, n, dense_first)`` calls): every n-th layer attends to the whole context,
+# the last of each n (the first, where dense_first), the others to the window.
+SWA_PATTERNS: dict[str, tuple[int, bool]] = {
+    "gemma2": (2, False),
+    "gemma3": (6, False),
+    "gemma-embedding": (6, False),
+    "gpt-oss": (2, False),
+    "cohere2": (4, False),
+    "cohere2moe": (4, True),
+    "exaone-moe": (4, False),
+    "afmoe": (4, False),
+    "olmo2": (4, False),
+    "plamo3": (8, False),
+    "smallthinker": (4, True),
+    "laguna": (4, True),
+    "mellum": (4, False),
+    "muse-glimmer": (4, False),
+}
+
+
+def swa_layers(arch: str | None, layers: int, window: int, pattern: Any) -> list[int] | None:
+    """The layers that attend to a sliding window only, as llama.cpp decides: ``[]`` without a window, the
+    GGUF's own ``sliding_window_pattern`` (one bool per layer, or a period) where it has one, else the
+    architecture's layout; ``None`` where the model has a window but this table does not know its layout
+    (the planner then counts every layer at full size, an upper bound)."""
+    if window <= 0:
+        return []
+    if isinstance(pattern, list):
+        return [i for i, swa in enumerate(pattern[:layers]) if swa]
+    period, dense_first = SWA_PATTERNS.get(arch or "", (None, False))
+    if isinstance(pattern, int) and not isinstance(pattern, bool):
+        period = pattern
+    if period is None:
+        return None
+    if period == 0:
+        return list(range(layers))
+    if dense_first:
+        return [i for i in range(layers) if i % period != 0]
+    return [i for i in range(layers) if i % period < period - 1]
+
+
 def _per_layer(value: Any) -> list[int] | int | None:
     """Some architectures store per-layer arrays (e.g. head_count_kv); keep them as lists."""
     if isinstance(value, list):
@@ -223,8 +265,9 @@ def inspect_gguf(path: Path) -> dict[str, Any]:
     ``kv_bytes_per_token_f16`` is the size of one token's K and V cache at f16 over all layers:
     ``sum over layers of n_head_kv * (key_length + value_length) * 2 bytes``, which for uniform
     layers and key_length == value_length == head_dim is ``2 * layers * n_head_kv * head_dim * 2``.
-    It ignores sliding-window layers (which keep fewer cells) and architectures whose cache is not
-    plain K/V (MLA, recurrent), so read it as the upper bound of a full-attention model.
+    Sliding-window layers keep fewer cells: ``sliding_window`` and ``swa_layers`` say which (see
+    ``swa_layers``), and the planner counts them. It ignores architectures whose cache is not plain K/V
+    (MLA, recurrent), so read it as the upper bound there.
     """
     path = Path(path)
     first = _reader(path)
@@ -290,6 +333,7 @@ def inspect_gguf(path: Path) -> dict[str, Any]:
         file_type = max(tensor_types, key=tensor_types.get) if tensor_types else None
         file_type_from = "most common tensor type"
 
+    window = int(key("attention.sliding_window") or 0)
     kv_heads = n_head_kv if isinstance(n_head_kv, list) else [n_head_kv or 0] * layers
     kv_bytes_per_token = sum(h * ((key_length or 0) + (value_length or 0)) * 2 for h in kv_heads[:layers])
 
@@ -320,4 +364,6 @@ def inspect_gguf(path: Path) -> dict[str, Any]:
         "other_bytes": other_bytes,
         "tensor_types": dict(sorted(tensor_types.items(), key=lambda kv_: -kv_[1])),
         "kv_bytes_per_token_f16": kv_bytes_per_token,
+        "sliding_window": window or None,
+        "swa_layers": swa_layers(arch, layers, window, key("attention.sliding_window_pattern")),
     }

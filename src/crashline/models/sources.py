@@ -33,6 +33,7 @@ import contextlib
 import hashlib
 import os
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -437,10 +438,26 @@ def _fetch_synthetic(
     entry = _reuse(path, want, "config", extra)
     if entry is not None:
         return entry
+    _check_room(source, dest_dir, synth.nbytes(shape))
     dest_dir.mkdir(parents=True, exist_ok=True)
     with _scratch(path) as tmp:
         synth.write_moe_gguf(tmp, shape, seed=seed)
         return _commit(source, tmp, path, sha256_file(tmp), want, "config", extra=extra)
+
+
+def _check_room(source: str, dest_dir: Path, need: int) -> None:
+    """Refuse, before writing, a synthetic file larger than the free space where it goes (it would write until
+    the disk is full), keeping 1 GiB free for the records beside it."""
+    folder = dest_dir
+    while not folder.exists():
+        folder = folder.parent
+    free = shutil.disk_usage(folder).free
+    if need > free - (1 << 30):
+        raise SourceError(
+            f"model source {source!r}: its synthetic shape makes a {need / 2**30:,.1f} GiB file, but {folder} has "
+            f"{free / 2**30:,.1f} GiB free (1 GiB is kept free); make the shape smaller (synthetic: layers, "
+            "n_embd, n_expert, expert_ffn) or free space there"
+        )
 
 
 # --- https:// and http://

@@ -1,4 +1,4 @@
-"""Random-weight qwen3moe GGUF files of a declared shape.
+"""Random-weight MoE GGUF files of a declared shape: qwen3moe, or gpt-oss with sliding-window layers.
 
 The weights are random but well-behaved: quantised blocks carry a small fixed fp16 scale, so
 llama.cpp computes finite numbers and a benchmark measures the same work as on a real model of the
@@ -34,8 +34,6 @@ from ..config.shape import (  # noqa: F401 - importers read them from here
     resolve_shape,
 )
 
-ARCH = "qwen3moe"
-
 QUANTS = {
     "Q4_0": (gguf.GGMLQuantizationType.Q4_0, gguf.LlamaFileType.MOSTLY_Q4_0),
     "Q8_0": (gguf.GGMLQuantizationType.Q8_0, gguf.LlamaFileType.MOSTLY_Q8_0),
@@ -52,10 +50,12 @@ BUFFER_BLOCKS = 1 << 16  # random blocks per tensor type (Q8_0: 2.1 MiB)
 
 
 def tensor_plan(shape: dict[str, Any]) -> list[tuple[str, tuple[int, ...], gguf.GGMLQuantizationType]]:
-    """(name, numpy shape, type) of every tensor, as llama.cpp's qwen3moe loader expects them.
+    """(name, numpy shape, type) of every tensor, as llama.cpp's loader of ``shape["arch"]`` expects them.
 
     Numpy shapes are ggml's ``ne`` reversed: ``token_embd`` is ne ``{n_embd, n_vocab}``, numpy
-    ``(n_vocab, n_embd)``.
+    ``(n_vocab, n_embd)``. gpt-oss (llama.cpp's ``openai-moe.cpp``) has no Q/K norms, a norm after
+    attention instead of before the FFN, one attention sink per head and a bias on the attention output,
+    the router and every expert matrix; biases and sinks stay F32.
     """
     q = QUANTS[shape["quant"]][0]
     f32 = gguf.GGMLQuantizationType.F32
@@ -66,23 +66,46 @@ def tensor_plan(shape: dict[str, Any]) -> list[tuple[str, tuple[int, ...], gguf.
         ("output_norm.weight", (E,), f32),
         ("output.weight", (V, E), q),
     ]
+    oss = shape["arch"] == "gpt-oss"
     for i in range(shape["layers"]):
         b = f"blk.{i}."
-        plan += [
+        attention = [
             (b + "attn_norm.weight", (E,), f32),
             (b + "attn_q.weight", (H * D, E), q),
             (b + "attn_k.weight", (KV * D, E), q),
             (b + "attn_v.weight", (KV * D, E), q),
             (b + "attn_output.weight", (E, H * D), q),
-            (b + "attn_q_norm.weight", (D,), f32),
-            (b + "attn_k_norm.weight", (D,), f32),
-            (b + "ffn_norm.weight", (E,), f32),
+        ]
+        experts = [
             (b + "ffn_gate_inp.weight", (X, E), f32),  # the router stays F32, as llama-quantize keeps it
             (b + "ffn_gate_exps.weight", (X, F, E), q),
             (b + "ffn_down_exps.weight", (X, E, F), q),
             (b + "ffn_up_exps.weight", (X, F, E), q),
         ]
+        if oss:
+            plan += attention + [
+                (b + "attn_output.bias", (E,), f32),
+                (b + "attn_sinks.weight", (H,), f32),
+                (b + "post_attention_norm.weight", (E,), f32),
+                *experts,
+                (b + "ffn_gate_inp.bias", (X,), f32),
+                (b + "ffn_gate_exps.bias", (X, F), f32),
+                (b + "ffn_down_exps.bias", (X, E), f32),
+                (b + "ffn_up_exps.bias", (X, F), f32),
+            ]
+        else:
+            plan += attention + [
+                (b + "attn_q_norm.weight", (D,), f32),
+                (b + "attn_k_norm.weight", (D,), f32),
+                (b + "ffn_norm.weight", (E,), f32),
+                *experts,
+            ]
     return plan
+
+
+def nbytes(shape: dict[str, Any]) -> int:
+    """The tensor bytes a file of ``shape`` holds (its size less the header and padding)."""
+    return sum(tensor_nbytes(numpy_shape, qtype) for _, numpy_shape, qtype in tensor_plan(resolve_shape(shape)))
 
 
 def tensor_nbytes(numpy_shape: tuple[int, ...], qtype: gguf.GGMLQuantizationType) -> int:
@@ -115,7 +138,9 @@ def _chunks(data: bytes, nbytes: int, block_bytes: int, rng: np.random.Generator
 
 
 def _add_metadata(writer: gguf.GGUFWriter, shape: dict[str, Any]) -> None:
-    writer.add_name(f"synthetic qwen3moe {shape['layers']}L {shape['n_expert']}x{shape['expert_ffn']} {shape['quant']}")
+    writer.add_name(
+        f"synthetic {shape['arch']} {shape['layers']}L {shape['n_expert']}x{shape['expert_ffn']} {shape['quant']}"
+    )
     writer.add_block_count(shape["layers"])
     writer.add_context_length(shape["ctx"])
     writer.add_embedding_length(shape["n_embd"])
@@ -129,6 +154,8 @@ def _add_metadata(writer: gguf.GGUFWriter, shape: dict[str, Any]) -> None:
     writer.add_expert_count(shape["n_expert"])
     writer.add_expert_used_count(shape["n_expert_used"])
     writer.add_expert_feed_forward_length(shape["expert_ffn"])
+    if shape["swa_window"]:
+        writer.add_sliding_window(shape["swa_window"])
     writer.add_file_type(int(QUANTS[shape["quant"]][1]))
     if shape["quant"] in ("Q4_0", "Q8_0"):
         writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
@@ -153,7 +180,7 @@ def _add_metadata(writer: gguf.GGUFWriter, shape: dict[str, Any]) -> None:
 
 
 def write_moe_gguf(path: Path, shape: dict[str, Any], seed: int = 0) -> dict[str, Any]:
-    """Write a random-weight qwen3moe GGUF of ``shape`` to ``path`` (atomically).
+    """Write a random-weight GGUF of ``shape`` (its ``arch``) to ``path`` (atomically).
 
     Same shape and seed give the same bytes. Returns the resolved shape plus ``bytes`` (file size)
     and ``tensors`` (tensor count).
@@ -162,7 +189,7 @@ def write_moe_gguf(path: Path, shape: dict[str, Any], seed: int = 0) -> dict[str
     plan = tensor_plan(shape)
     rng = np.random.default_rng(seed)
     with atomic_path(path) as tmp:
-        writer = gguf.GGUFWriter(tmp, ARCH, use_temp_file=False)
+        writer = gguf.GGUFWriter(tmp, shape["arch"], use_temp_file=False)
         _add_metadata(writer, shape)
         for name, numpy_shape, qtype in plan:
             # The dtype argument is ignored when raw_dtype is given and is not uint8: the shape
