@@ -1,15 +1,18 @@
 #!/usr/bin/env bash
 # One GPU lease, several calls (bench/device.md): each call runs one step and packs what it has under $OUT.
-#   bash bench/device-session.sh build           # wheels, llama-server with CUDA (about 280 s)
-#   bash bench/device-session.sh soak ID...      # fetch/inspect/provision once, then measure each configuration id
-#   bash bench/device-session.sh all ID...       # build, then soak (one call)
-#   bash bench/device-session.sh sampler ARGS... # bench/sampler_overhead.py on the synthetic 30B-A3B, ARGS after --
+#   bash bench/device-session.sh build                       # wheels, llama-server with CUDA (about 300 s)
+#   bash bench/device-session.sh measure CONFIG MODEL ID...  # fetch/inspect the config's models and provision once,
+#                                                            # then measure each configuration id of MODEL, aggregate
+#   bash bench/device-session.sh soak ID...                  # measure with bench/configs/h200-draft-soak.yaml
+#   bash bench/device-session.sh all ID...                   # build, then soak (one call)
+#   bash bench/device-session.sh sampler ARGS...             # bench/sampler_overhead.py on the synthetic 30B-A3B
+#                                                            # (written first), ARGS after --
 # The results stay under /tmp/res between calls; every call packs them into $OUT/results.tgz.
 set -euo pipefail
-export CRASHLINE_CACHE=/tmp/clc PYTHONPATH=$PWD/src
-CONFIG=/tmp/draft-soak.yaml
+export CRASHLINE_CACHE=/tmp/clc PYTHONPATH=$PWD/src PYTHONUNBUFFERED=1
 step=$1; shift
 if [ "$step" = all ]; then bash "$0" build && bash "$0" soak "$@"; exit; fi
+if [ "$step" = soak ]; then bash "$0" measure bench/configs/h200-draft-soak.yaml tiny-moe "$@"; exit; fi
 case $step in
 build)
   python -m pip install -q --no-index --no-deps --find-links .whl gguf jsonschema jsonschema-specifications \
@@ -22,22 +25,27 @@ build)
   tail -3 /tmp/build.log
   mkdir -p /tmp/res && cp /tmp/build.log /tmp/res/
   ;;
-soak)
-  sed -e "s#RESULTS#/tmp/res/results#" -e "s#SERVER#/tmp/llama/build/bin/llama-server#" \
-    bench/configs/h200-draft-soak.yaml > $CONFIG
-  if [ ! -e /tmp/res/results/server/provenance.json ]; then
-    for m in tiny-moe draft; do
-      python -m crashline fetch --model $m --config $CONFIG
-      python -m crashline inspect --fetch-record /tmp/res/results/models/$m/fetch.json \
-        --out /tmp/res/results/models/$m/manifest.json
+measure)
+  config=$1 model=$2; shift 2
+  name=$(basename "$config" .yaml)
+  out=/tmp/res/$name
+  sed -e "s#RESULTS#$out/results#" -e "s#SERVER#/tmp/llama/build/bin/llama-server#" "$config" > /tmp/$name.yaml
+  if [ ! -e $out/results/server/provenance.json ]; then
+    for m in $(python -c "import sys, yaml; print(*yaml.safe_load(open(sys.argv[1]))['models'])" /tmp/$name.yaml); do
+      python -m crashline fetch --model $m --config /tmp/$name.yaml
+      python -m crashline inspect --fetch-record $out/results/models/$m/fetch.json \
+        --out $out/results/models/$m/manifest.json
     done
-    python -m crashline provision --config $CONFIG
+    python -m crashline provision --config /tmp/$name.yaml
   fi
-  for id in "$@"; do python -m crashline measure --model tiny-moe --id $id --config $CONFIG; done
-  python -m crashline aggregate --config $CONFIG || true
+  for id in "$@"; do python -m crashline measure --model $model --id $id --config /tmp/$name.yaml; done
+  python -m crashline aggregate --config /tmp/$name.yaml || true
   ;;
 sampler)
-  model=$(find /tmp/clc -name 'qwen3-30b-a3b*.gguf' | head -1)
+  model=/tmp/clc/models/qwen3-30b-a3b.gguf
+  [ -e $model ] || python -c "
+import sys; from pathlib import Path; from crashline.models import synthetic as s
+s.write_moe_gguf(Path(sys.argv[1]), s.resolve_shape({}, 'qwen3-30b-a3b'))" $model
   LLAMA_SERVER=/tmp/llama/build/bin/llama-server python bench/sampler_overhead.py --model "$model" "$@" \
     > /tmp/res/sampler-console.txt 2>&1 || true
   tail -5 /tmp/res/sampler-console.txt

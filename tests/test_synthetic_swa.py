@@ -125,14 +125,16 @@ def test_the_planner_s_kv_cache_is_what_llama_server_allocates(tmp_path, tiny_sw
 
 @pytest.mark.server
 def test_the_synthetic_window_makes_context_checkpoints(tmp_path, tiny_swa, server_provenance):
-    """As on gemma: each turn's prompt, evaluated past the window, makes context checkpoints the record counts."""
+    """As on gemma: each turn's prompt, evaluated past the window, makes context checkpoints the record counts.
+    Replies of 32 tokens of this random model hold byte tokens that end inside a UTF-8 character, which
+    llama-server never streams alone: the turn's reply is counted by the server, not by the ids streamed."""
     config = {
         "models": {"tiny": {"source": f"file:{tiny_swa}"}},
         "defaults": {"threads": 2},
         "configurations": [{"settings": {"ctx": 4096}}],
         "workloads": [{"name": "short", "prompt_tokens": 64, "gen_tokens": 4}],
         "conversations": [
-            {"name": "chat", "turn_tokens": 512, "reply_tokens": 8, "depth_tokens": 2100, "restart": False}
+            {"name": "chat", "turn_tokens": 512, "reply_tokens": 32, "depth_tokens": 2200, "restart": False}
         ],
         "repetitions": 1,
     }

@@ -113,11 +113,15 @@ def checkpoints(events: list[dict], slot: int | None) -> dict:
 
 def check_answer(prompt: list[int], reply_tokens: int, answer: dict) -> tuple[str, str] | None:
     """(outcome, message) when a turn's answer does not count: the prompt not evaluated whole (reused plus
-    evaluated tokens short of what was sent), or the reply cut (the slot's context filled)."""
+    evaluated tokens short of what was sent), or the reply cut (the slot's context filled).
+
+    The reply's length is the server's count (``predicted_n``): a streamed token whose text ends inside a UTF-8
+    character is never sent as a chunk of its own (llama-server holds its text back and sends the next token's
+    id alone), so the streamed ids can be fewer than the tokens generated, as with a random-weight model."""
     seen = (answer["cache_n"] or 0) + (answer["prompt_n"] or 0)
     if seen != len(prompt):
         return Outcome.TRUNCATED, f"the server took {seen} of the {len(prompt)} history tokens sent"
-    got = len(answer["tokens"])
+    got = answer["predicted_n"] if answer.get("predicted_n") is not None else len(answer["tokens"])
     if got != reply_tokens or answer["truncated"]:
         return (
             Outcome.CONTEXT_EXCEEDED,
