@@ -14,6 +14,7 @@ from crashline.core.atomic import write_json  # noqa: E402
 from crashline.core.paths import (
     Layout,
     merged_records as crashline_merged_records,
+    recheck_tables as crashline_recheck_tables,
 )  # noqa: E402
 from crashline.core.paths import table_files as crashline_table_files  # noqa: E402
 

@@ -75,6 +75,8 @@ rule report:
         claims=CFG["claims"],
         # what-if predictions from each search's calibration read the model's manifest
         manifests=[LAYOUT.manifest(model) for model in CFG["models"]],
+        # the earlier run this one is set beside (recheck.against): its tables
+        recheck=crashline_recheck_tables(CFG),
     output:
         recommendation=LAYOUT.recommendation(),
         md=report(LAYOUT.report_md(), category="Report"),

@@ -515,7 +515,7 @@ def test_tune_stopped_mid_run_leaves_no_job_and_the_same_command_resumes(tmp_pat
     written = (out / "tune.yaml").stat().st_mtime_ns
     second = _tune(tmp_path, tiny_moe, out)
     said, _ = second.communicate(timeout=120)
-    assert second.returncode == 2 and "another crashline tune runs there" in said, said[-2000:]
+    assert second.returncode == 2 and "another crashline run is going on there" in said, said[-2000:]
     assert (out / "tune.yaml").stat().st_mtime_ns == written  # refused before it wrote anything
     os.kill(first.pid, how)
     text, _ = first.communicate(timeout=300)

@@ -251,6 +251,19 @@ def cmd_tune(args) -> int:
     return 0
 
 
+def cmd_recheck(args) -> int:
+    from .recheck import recheck
+    from .tune import TuneStopped
+
+    try:
+        lines = recheck(args.results, args.binary, args.out)
+    except TuneStopped as exc:
+        print(exc, file=sys.stderr)
+        return exc.exit_code
+    print("\n".join(lines))
+    return 0
+
+
 def cmd_publish(args) -> int:
     from ..publish import run
 
@@ -398,6 +411,16 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--margin", help="VRAM headroom to keep (default 1024 MiB)")
     s.add_argument("--gpu", help="the GPU to use (its CUDA index, in nvidia-smi's order)")
     s.add_argument("--out", default="tune", help="folder for the config and the results (default ./tune)")
+    s = verb(
+        "recheck",
+        cmd_recheck,
+        "measure an earlier run's recommended configurations again on another llama-server build and say what "
+        "it changed (survived then / now, speed ratio, peak memory, the first request after /health)",
+        config=False,
+    )
+    s.add_argument("results", help="the earlier run's results folder (its results_dir)")
+    s.add_argument("--binary", required=True, help="the other llama-server build to run them on")
+    s.add_argument("--out", default="recheck", help="folder for this run's config and results (default ./recheck)")
     s = verb(
         "publish",
         cmd_publish,

@@ -263,38 +263,25 @@ def answer(cfg: dict) -> list[str]:
     return [*lines, *([f"cost: {said}"] if said else []), f"report: {layout.report_md()} and {layout.report_html()}"]
 
 
-def tune(
-    model: str,
-    ctx: int,
-    prompt: int,
-    vram: str | None = None,
-    margin: str | None = None,
-    gpu: str | None = None,
-    out: str | Path = "tune",
-) -> list[str]:
-    """Write the config, run the workflow, return the answer's lines. One ``tune`` at a time in a folder: a second
-    is refused before it writes anything. SIGTERM stops the jobs at their next safe point (TuneStopped); the same
-    command again resumes, as it does after ``kill -9``."""
+def run_folder(raw: dict, out: Path, verb: str, gpu: str | None = None) -> Path:
+    """Write ``raw`` to ``out``/VERB.yaml and run the workflow there; the one way ``tune`` and ``recheck`` run. One run
+    at a time in a folder: a second is refused before it writes anything. SIGTERM stops the jobs at their next safe
+    point (TuneStopped); the same command again resumes, as it does after ``kill -9``. Returns the config's path."""
     from ..core.locks import Busy, exclusive
     from ..core.supervision import WORKFLOW_PID
 
-    out = Path(out).resolve()
-    vram_mib = parse_size_mib(vram, "--vram") if vram else None
-    margin_mib = parse_size_mib(margin, "--margin", minimum=0) if margin else None
-    on_gpu = _check_gpu(vram, gpu)
-    raw = config(model, ctx, prompt, vram_mib, margin_mib, out, on_gpu)
     root = workflow_dir()
     try:
-        with exclusive(out / ".tune.lock", f"crashline tune in {out}"):
-            path = out / "tune.yaml"
+        with exclusive(out / ".tune.lock", f"crashline {verb} in {out}"):
+            path = out / f"{verb}.yaml"
             with atomic_path(path) as tmp:
-                tmp.write_text("# written by crashline tune\n" + yaml.safe_dump(raw, sort_keys=False))
+                tmp.write_text(f"# written by crashline {verb}\n" + yaml.safe_dump(raw, sort_keys=False))
             if gpu is not None:
                 # before any job starts, in the order nvidia-smi numbers GPUs: every server sees that GPU only
                 os.environ.update(CUDA_DEVICE_ORDER="PCI_BUS_ID", CUDA_VISIBLE_DEVICES=str(gpu))
             os.environ[WORKFLOW_PID] = str(os.getpid())  # its jobs end when it is gone, however it ends
             stopped_text = (
-                f"crashline tune stopped (SIGTERM): its jobs stopped at their next safe point; run the same command "
+                f"crashline {verb} stopped (SIGTERM): its jobs stopped at their next safe point; run the same command "
                 f"again to resume in {out}"
             )
             with _stop_on_sigterm() as stopped:
@@ -307,5 +294,26 @@ def tune(
             if stopped:
                 raise TuneStopped(stopped_text)
     except Busy as exc:
-        raise ConfigError(f"--out {out}: another crashline tune runs there ({exc}); wait for it or pick another --out")
+        raise ConfigError(
+            f"--out {out}: another crashline run is going on there ({exc}); wait for it or pick another --out"
+        )
+    return path
+
+
+def tune(
+    model: str,
+    ctx: int,
+    prompt: int,
+    vram: str | None = None,
+    margin: str | None = None,
+    gpu: str | None = None,
+    out: str | Path = "tune",
+) -> list[str]:
+    """Write the config, run the workflow (``run_folder``), return the answer's lines."""
+    out = Path(out).resolve()
+    vram_mib = parse_size_mib(vram, "--vram") if vram else None
+    margin_mib = parse_size_mib(margin, "--margin", minimum=0) if margin else None
+    on_gpu = _check_gpu(vram, gpu)
+    raw = config(model, ctx, prompt, vram_mib, margin_mib, out, on_gpu)
+    path = run_folder(raw, out, "tune", gpu)
     return [f"config: {path}", *answer(config_mod.validate(raw, config_mod.load_schema()))]

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from . import claims as claims_load
 from ..core import settings as settings_mod
+from ..core.paths import Layout
 from .file import (  # noqa: F401 - the config's own names: callers read them from here
     DATA,
     SCHEMA_NAME,
@@ -189,6 +190,16 @@ def _check_places(config: dict) -> None:
             )
         if Path(folder).resolve() == Path(config["results_dir"]).resolve():
             raise ConfigError(f"config key merge_results.{i} = {folder!r} is this run's own results_dir")
+    against = config.get("recheck", {}).get("against")
+    if against is not None:
+        tables = Layout(against)
+        if not (tables.configs_table().is_file() and tables.measurements_table().is_file()):
+            raise ConfigError(
+                f"config key recheck.against = {against!r}: no crashline tables there ({tables.measurements_table()} "
+                "is missing); give the results folder of an earlier run whose report was made"
+            )
+        if Path(against).resolve() == Path(config["results_dir"]).resolve():
+            raise ConfigError(f"config key recheck.against = {against!r} is this run's own results_dir; give another")
     binary = config["server"].get("binary")
     why = _server_binary_problem(binary) if binary else None
     if why:

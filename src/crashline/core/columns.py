@@ -132,6 +132,7 @@ CONFIGS: dict[str, pa.DataType] = {
     "peak_pct_of_limit": FLOAT,
     "job_s": FLOAT,  # the measurement's whole time (time_budget_s total) ...
     "serving_s": FLOAT,  # ... of which starting the server and serving requests
+    "first_request_s": FLOAT,  # the first request after /health (untimed warm-up); null: it never answered
     "server_starts": INT,  # its server's starts: 1, 2 with a conversation's restart case
     "soak_requests": INT,  # the unique-prompt soak (jobs.soak): requests done ...
     "soak_ran_s": FLOAT,

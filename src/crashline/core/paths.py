@@ -46,6 +46,13 @@ class Layout:
         """A search's recall check: which candidates were tested (their needle.json in ``needle/ID/``)."""
         return SearchFolder(self.root / "search" / model / gid).recall()
 
+    def measure_records(self, model: str, cid: str) -> list[Path]:
+        """Every record of configuration ``cid``: its own measurement, then each search probe's first start."""
+        own = self.record(model, cid)
+        return ([own] if own.exists() else []) + sorted(
+            (self.root / "search" / model).glob(f"*/{PROBES}/{cid}/measure.json")
+        )
+
     def probe_telemetry(self, model: str, cid: str) -> list[Path]:
         """The time series of configuration ``cid`` wherever a search of ``model`` measured it as a probe."""
         return sorted((self.root / "search" / model).glob(f"*/{PROBES}/{cid}/telemetry.parquet"))
@@ -139,3 +146,9 @@ def merged_records(folders: list[str], models, kind: str) -> list[Path]:
         for model in models
         for path in sorted((Path(folder) / "records" / model).glob(f"*/{kind}.json"))
     ]
+
+
+def recheck_tables(config: dict) -> list[Path]:
+    """The tables of the earlier run a run is set beside (``recheck.against``), which its report reads; none without."""
+    against = config["recheck"].get("against")
+    return [Layout(against).configs_table(), Layout(against).measurements_table()] if against else []

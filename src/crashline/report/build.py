@@ -22,8 +22,9 @@ from . import figures as figures_mod
 from .doc import Figure, Stat
 from .compact import distinguishing, runs, split_common, wrapped
 from ..tables.recommend import decide, failure_reason
+from ..tables import recheck as recheck_mod
 from ..core.records import Outcome
-from ..core.paths import Layout
+from ..core.paths import Layout, recheck_tables
 from ..core.thresholds import missing, shared, too_wide
 
 N_CPU_MOE = setting("n_cpu_moe")
@@ -671,6 +672,24 @@ def context(
     }
 
 
+def rechecked(config: dict, configs: pd.DataFrame, measurements: pd.DataFrame) -> dict | None:
+    """This run beside the earlier one ``recheck.against`` names (its tables), at the objective; None without one."""
+    against = config["recheck"].get("against")
+    if not against:
+        return None
+    then_configs, then_measurements = recheck_tables(config)
+    objective = resolve_objective(config)
+    rows = recheck_mod.compare(
+        pd.read_parquet(then_configs),
+        pd.read_parquet(then_measurements),
+        configs,
+        measurements,
+        objective["metric"],
+        objective["workload"],
+    )
+    return {"against": str(against), "rows": rows, "headline": recheck_mod.headline(rows)}
+
+
 def cost(configs: pd.DataFrame, needle: pd.DataFrame | None, provenance: dict) -> dict | None:
     """What the answer cost, from the jobs' own clocks: server starts, the measurements' time (searches' probes
     included) and the part of it spent starting servers and serving requests, the recall checks' time, the GPU
@@ -871,6 +890,7 @@ def render(
     talks = _table(conversations_path)
     checked = read_json(validity_path) if validity_path and Path(validity_path).exists() else {}
     ctx = context(configs, measurements, read_json(provenance_path), config, needle_table, talks)
+    ctx["recheck"] = rechecked(config, configs, measurements)
     search_table = _table(searches_path)
     winners: dict[str, list[str]] = {}  # a model measured on several machines: every section's winners
     for m in ctx["per_model"]:

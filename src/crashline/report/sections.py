@@ -26,6 +26,7 @@ def document(ctx: dict, needle_grid: list[dict], corrections: Section | None) ->
     """The whole report."""
     blocks = [
         *top(ctx["nothing_survived"]),
+        *recheck(ctx.get("recheck")),
         *(Para([Strong(f"{model}: "), why, "."], "warn") for model, why in ctx["recall_uninformative"].items()),
         *intro(ctx),
         environment(ctx),
@@ -56,6 +57,61 @@ def top(lost: dict) -> list:
         if m["failures"]:
             blocks.append(Bullets([_failed(f) for f in m["failures"]]))
     return blocks
+
+
+def recheck(found: dict | None) -> list:
+    """The earlier run set beside this one (``recheck.against``): the headline first (which configurations the new
+    build broke or slowed), then per configuration then and now."""
+    if not found or not found["rows"]:
+        return []
+    rows = found["rows"]
+    regressed = any(r["verdict"] in ("fails now", "slower") for r in rows)
+
+    def first(value) -> str:
+        return "no answer" if value is None else f"{value:.2f} s"
+
+    def speed(value) -> str:
+        return "–" if value is None else f"{value:,.1f}"
+
+    def change(value) -> str:
+        return "–" if value is None else f"{value:+,.0f}"
+
+    table = [
+        [
+            Code(r["config_id"]),
+            Code(r["server_args"] or ""),
+            r["failed_then"] or "survived",
+            Cell(r["failed_now"] or "survived", "fail" if r["failed_now"] else None),
+            f"{first(r['first_request_s_then'])} → {first(r['first_request_s_now'])}",
+            f"{speed(r['median_then'])} → {speed(r['median_now'])}",
+            "–" if r["ratio"] is None else f"{r['ratio']:.2f}x",
+            change(r["peak_gpu_mib_change"]),
+            change(r["peak_rss_mib_change"]),
+            Cell(r["verdict"], "fail" if r["verdict"] in ("fails now", "slower") else None),
+        ]
+        for r in rows
+    ]
+    metric, workload = rows[0]["metric"], rows[0]["workload"]
+    header = [
+        "config",
+        "llama-server settings",
+        "earlier run",
+        "this run",
+        "first request after /health",
+        f"{metric} at {workload}, then → now",
+        "now / then",
+        "peak VRAM MiB change",
+        "peak RSS MiB change",
+        "verdict",
+    ]
+    lead = [
+        Strong("Recheck"),
+        " against ",
+        Code(found["against"]),
+        ": each configuration measured in both runs, the earlier build's figures beside this one's (tied: their "
+        "ranges overlap, as the recommendation judges noise).",
+    ]
+    return [Para(Strong(found["headline"]), "fail" if regressed else "ok"), Para(lead), Table(header, table)]
 
 
 def _failed(f: dict) -> list:

@@ -44,6 +44,7 @@ def _time_columns(rec: dict) -> dict:
     return {
         "job_s": laps.get("total"),
         "serving_s": round(sum(laps.get(k, 0.0) for k in SERVING_LAPS), 3) if laps else None,
+        "first_request_s": laps.get("warmup_request"),  # lapped only once it answered
         "server_starts": (rec.get("starts") or 1)
         * (1 + sum(bool(t.get("restart_turn")) for t in rec.get("conversations") or [])),
     }

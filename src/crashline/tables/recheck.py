@@ -1,0 +1,115 @@
+"""An earlier run against this one, configuration by configuration (``recheck.against``): usually the same
+configurations on another llama-server build. Per configuration measured in both: did it survive then and now
+(and where it failed), the first request after ``/health``, the objective's speed now over then (tied when their
+ranges overlap, as the recommendation judges noise), and the change in peak VRAM and host memory. Pure: tables
+in, rows out."""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from ..core import columns as cols
+from ..core.records import Outcome
+from .recommend import overlap, spread_of
+
+
+def _build(row) -> str:
+    sha = row.get("server_sha256")
+    return f"{row.get('server_version') or 'unknown build'}" + (f" ({sha[:12]})" if isinstance(sha, str) else "")
+
+
+def _failure(row) -> str | None:
+    if row["outcome"] == Outcome.OK:
+        return None
+    return f"{row['outcome']}" + (f" at {row['phase']}" if isinstance(row.get("phase"), str) else "")
+
+
+def _number(value) -> float | None:
+    return None if value is None or value != value else float(value)
+
+
+def _difference(now, then) -> float | None:
+    now, then = _number(now), _number(then)
+    return None if now is None or then is None else round(now - then, 1)
+
+
+def compare(
+    before_configs: pd.DataFrame,
+    before_measurements: pd.DataFrame,
+    configs: pd.DataFrame,
+    measurements: pd.DataFrame,
+    metric: str,
+    workload: str,
+) -> list[dict]:
+    """One row per configuration of this run that the earlier run measured too (same model and id), in this run's
+    order; the objective's ``metric`` at ``workload`` decides slower, tied or faster."""
+    rows = []
+    then_by_key = {(r["model"], r["config_id"]): r for r in before_configs.to_dict("records")}
+    speeds_then = {
+        (r["model"], r["config_id"]): r
+        for r in before_measurements[before_measurements["workload"] == workload].to_dict("records")
+    }
+    speeds_now = {
+        (r["model"], r["config_id"]): r for r in measurements[measurements["workload"] == workload].to_dict("records")
+    }
+    median = cols.stat(metric, "median")
+    for now in configs.to_dict("records"):
+        key = (now["model"], now["config_id"])
+        then = then_by_key.get(key)
+        if then is None:
+            continue
+        failed_then, failed_now = _failure(then), _failure(now)
+        a, b = speeds_then.get(key), speeds_now.get(key)
+        ok_speeds = a is not None and b is not None and _number(a.get(median)) and _number(b.get(median))
+        ratio = round(float(b[median]) / float(a[median]), 3) if ok_speeds else None
+        if failed_now and failed_then:
+            verdict = "fails in both"
+        elif failed_now:
+            verdict = "fails now"
+        elif failed_then:
+            verdict = "survives now"
+        elif ratio is None:
+            verdict = "tied"  # nothing to compare at the objective's workload
+        elif overlap(spread_of(a, metric), spread_of(b, metric)):
+            verdict = "tied"
+        else:
+            verdict = "slower" if ratio < 1 else "faster"
+        rows.append(
+            {
+                "model": now["model"],
+                "config_id": now["config_id"],
+                "server_args": now.get("server_args"),
+                "build_then": _build(then),
+                "build_now": _build(now),
+                "failed_then": failed_then,
+                "failed_now": failed_now,
+                "first_request_s_then": _number(then.get("first_request_s")),
+                "first_request_s_now": _number(now.get("first_request_s")),
+                "metric": metric,
+                "workload": workload,
+                "median_then": _number(a.get(median)) if a is not None else None,
+                "median_now": _number(b.get(median)) if b is not None else None,
+                "ratio": ratio,
+                "peak_gpu_mib_change": _difference(now.get("peak_gpu_mib"), then.get("peak_gpu_mib")),
+                "peak_rss_mib_change": _difference(now.get("peak_rss_mib"), then.get("peak_rss_mib")),
+                "verdict": verdict,
+            }
+        )
+    return rows
+
+
+def headline(rows: list[dict]) -> str | None:
+    """What the new build did, in one sentence: which configurations it broke or slowed, or that it kept them."""
+    if not rows:
+        return None
+    builds = sorted({r["build_now"] for r in rows})
+    earlier = sorted({r["build_then"] for r in rows})
+    broke = [r for r in rows if r["verdict"] == "fails now"]
+    slowed = [r for r in rows if r["verdict"] == "slower"]
+    said = f"Against the earlier run ({', '.join(earlier)}), this build ({', '.join(builds)})"
+    if broke or slowed:
+        parts = [f"{r['model']} {r['config_id']} now fails ({r['failed_now']})" for r in broke]
+        parts += [f"{r['model']} {r['config_id']} is slower ({r['ratio']:.2f}x the {r['metric']})" for r in slowed]
+        return f"{said} regressed: {'; '.join(parts)}."
+    kept = sum(r["verdict"] in ("tied", "faster", "survives now") for r in rows)
+    return f"{said} kept all {kept} configuration(s) measured in both: none fails or is slower beyond the noise."
