@@ -619,3 +619,34 @@ def test_a_results_dir_under_home_is_expanded_as_a_shell_would():
 )
 def test_settings_that_pass_their_type_but_cannot_run_are_named(given, expected):
     assert expected in error_of(setting("defaults", **given))
+
+
+def test_a_prompt_longer_than_every_context_is_refused_before_anything_runs():
+    """prompt_tokens 400000000 passed the schema and every job built the token list until the OOM killer came."""
+    cfg = base()
+    cfg["configurations"] = [{"settings": {"ctx": 1024}}, {"settings": {"ctx": 4096}}]
+    cfg["workloads"] = [{"name": "huge", "prompt_tokens": 5000, "gen_tokens": 8}]
+    with pytest.raises(C.ConfigError, match=r"workloads.0.prompt_tokens = 5000: .* \(the largest is ctx 4096"):
+        C.validate(cfg, SCHEMA)
+    cfg["workloads"][0]["prompt_tokens"] = 400_000_000
+    with pytest.raises(C.ConfigError, match="prompt_tokens = 400000000: .* maximum of 10000000"):
+        C.validate(cfg, SCHEMA)
+
+
+@pytest.mark.parametrize(
+    "key,value,limit",
+    [
+        (("repetitions",), 10**12, "maximum of 1000"),
+        (("budget", "margin_mib"), 10**12, "maximum of 1048576"),
+        (("soak", "duration_s"), 10**12, "maximum of 604800"),
+        (("telemetry", "interval_s"), 5.0e-05, "minimum of 0.01"),  # was accepted and written back as a string
+    ],
+)
+def test_sizes_that_would_exhaust_the_machine_are_refused(key, value, limit):
+    cfg = base()
+    target = cfg
+    for k in key[:-1]:
+        target = target.setdefault(k, {})
+    target[key[-1]] = value
+    with pytest.raises(C.ConfigError, match=f"config key {'.'.join(key)} = .*{limit}"):
+        C.validate(cfg, SCHEMA)

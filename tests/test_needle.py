@@ -419,3 +419,14 @@ def test_a_model_that_fails_the_baseline_refuses_no_configuration_for_recall():
 
     untried = pd.DataFrame({"model": ["t"], "config_id": ["x"], "applicable": [False], "failed_required": ["[]"]})
     assert NT.uninformative(untried) == {} and NT.recall_failures(untried) == {}
+
+
+def test_default_lengths_leave_out_what_the_context_cannot_hold():
+    """At -c 2048 crashline's default 2048-token needle left no room for the answer, so every configuration of
+    any model failed recall there (issue #26); the user's own lengths stay as given (a misfit is a measurement)."""
+    defaults = NP.needle_settings({})
+    at_2k = NP.fitted(defaults, 2048)
+    assert at_2k["lengths"] == [0.9] and at_2k["required"] == [0.9]
+    assert NP.fitted(defaults, 4096)["lengths"] == [2048, 0.9]
+    given = NP.needle_settings({"needle": {"lengths": [2048, 0.5]}})
+    assert NP.fitted(given, 1024) == given and NP.fitted(defaults, None) == defaults

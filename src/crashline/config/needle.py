@@ -92,6 +92,21 @@ def resolve_length(spec, slot_ctx: int, answer_tokens: int) -> int:
     return int(spec)
 
 
+def fitted(ns: dict, slot_ctx: int | None) -> dict:
+    """The needle settings for one configuration: crashline's default lengths (not the user's) leave out a token
+    length that the configuration's context per slot cannot hold with the answer, so that at ``-c 2048`` the
+    default 2048 is no recall failure of every configuration; the fraction of the context still runs. Lengths the
+    user gave stay as given: one that does not fit is that configuration's measured failure."""
+    if slot_ctx is None or ns["lengths"] != DEFAULTS["lengths"]:
+        return ns
+    keep = [
+        s
+        for s in ns["lengths"]
+        if is_fraction(s) or resolve_length(s, slot_ctx, ns["gen_tokens"]) < slot_ctx - ns["gen_tokens"]
+    ]
+    return {**ns, "lengths": keep, "required": [r for r in ns["required"] if any(same_length(r, s) for s in keep)]}
+
+
 # --------------------------------------------------------------------------- wording and values
 
 

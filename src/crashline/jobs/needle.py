@@ -51,6 +51,7 @@ from ..config.needle import (
     baseline_failed,
     build_prompt,
     is_fraction,
+    fitted,
     needle_settings,
     new_value,
     not_recalled,
@@ -448,11 +449,11 @@ def run_needle(
 
 def _run_needle(model_name, item, config, fetch_record, provenance, record_path, log_path, manifest, draft_path, rng):
     """The job of ``run_needle`` (which names its progress lines and says the verdict)."""
-    ns = needle_settings(config)
-    style = (config.get("models", {}).get(model_name) or {}).get("prompt_style") or "continuation"
-    record = _record_head(model_name, item, config, fetch_record, provenance, manifest, ns, style)
     resolved = item["settings"]
     run = _Run(slot_ctx=resolved["ctx"] // max(1, resolved["parallel"]) if resolved.get("ctx") else None)
+    ns = fitted(needle_settings(config), run.slot_ctx)
+    style = (config.get("models", {}).get(model_name) or {}).get("prompt_style") or "continuation"
+    record = _record_head(model_name, item, config, fetch_record, provenance, manifest, ns, style)
     if is_synthetic(config, model_name, fetch_record):
         progress.say(f"needle recall not applicable, no llama-server started: {NOT_APPLICABLE_REASON}")
         return _not_applicable(record, run.slot_ctx, model_name, record_path, log_path)
