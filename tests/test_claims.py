@@ -362,3 +362,23 @@ def test_changes_between_rows_and_untrustworthy_numbers(mixed, real_tables):
         "⚠ Repeat these before trusting them: the range is wider than 10% of the median for ub 512, decode (13%); "
         "np 4, 4 users, aggregate (12%). Other processes used up to 1.2 CPU cores during 2 of the 6 measurements"
     ) in md
+
+
+def test_a_claims_workload_is_never_the_objective_unless_named(tmp_path):
+    """A claims row at 100K tokens became every configuration's objective (the longest workload), so the user's own
+    runs were judged at a depth they never asked about, and the report recommended nothing (issue #26)."""
+
+    def long_rows(c):
+        c["workload"] = {"prompt_tokens": 100_000, "gen_tokens": 16}
+
+    raw = {
+        "models": {"m": {"source": "file:/x.gguf"}},
+        "configurations": [{"grid": {"ubatch": [128, 512]}}, {"settings": {"parallel": 4, "ctx": 131072}}],
+        "workloads": [{"name": "short", "prompt_tokens": 128, "gen_tokens": 16}],
+        "claims": [str(write_claims(tmp_path, long_rows))],
+    }
+    cfg = C.validate(raw, SCHEMA)
+    assert any(w["prompt_tokens"] == 100_000 for w in cfg["workloads"])  # the rows' workload still runs
+    assert C.objective_workload(cfg) == "short"
+    named = C.validate({**raw, "objective": {"workload": K.workload_name(cfg["workloads"][-1])}}, SCHEMA)
+    assert C.objective_workload(named) == K.workload_name(cfg["workloads"][-1])
