@@ -17,6 +17,7 @@ from crashline.core.paths import (
     recheck_tables as crashline_recheck_tables,
 )  # noqa: E402
 from crashline.core.paths import table_files as crashline_table_files  # noqa: E402
+from crashline.tables.files import keys_of as crashline_keys_of  # noqa: E402
 
 from snakemake.utils import update_config  # noqa: E402
 
@@ -144,3 +145,46 @@ def all_needle_records(wildcards):
         + [LAYOUT.search_recall(g["model"], g["id"]) for g in SEARCHES]
         + crashline_merged_records(CFG["merge_results"], CFG["models"], "needle")
     )
+
+
+def dry_run() -> bool:
+    """Whether Snakemake was asked for a dry run (-n, -np, --dry-run): the executor that knows is not yet made when
+    this file is read."""
+    return any(
+        a in ("--dry-run", "--dryrun")
+        or (a.startswith("-") and not a.startswith("--") and "n" in a[1:])
+        for a in sys.argv[1:]
+    )
+
+
+def forget_tables_of_gone_records():
+    """A record deleted by hand is measured again. Snakemake does not rerun a job whose input is gone while its
+    outputs are up to date, so the table that still holds the configuration and the report's answer made from it
+    are removed (both are made from the records alone) and rebuilt; a dry run only says so. A record not yet made
+    is no record gone."""
+    for record_of, table in (
+        (LAYOUT.record, LAYOUT.configs_table()),
+        (LAYOUT.needle_record, LAYOUT.needle_table()),
+    ):
+        if not Path(table).exists():
+            continue
+        held = crashline_keys_of(table)
+        gone = [
+            str(record_of(*key))
+            for key in CONFIG_BY_KEY
+            if key in held and not record_of(*key).exists()
+        ]
+        if not gone:
+            continue
+        said = f"{len(gone)} record(s) gone since {table} was made ({', '.join(gone[:3])}{', …' if len(gone) > 3 else ''})"
+        if dry_run():
+            print(
+                f"crashline: {said}: the next run measures them again", file=sys.stderr
+            )
+            continue
+        print(f"crashline: {said}: measuring them again", file=sys.stderr)
+        for path in [*crashline_table_files(table), LAYOUT.recommendation()]:
+            Path(path).unlink(missing_ok=True)
+
+
+forget_tables_of_gone_records()

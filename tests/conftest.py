@@ -107,3 +107,46 @@ def console_messages(log: str) -> list[str]:
     """What the page wrote to its console, uncaught exceptions included, from Chromium's log (which gives
     every level as INFO: a report writes nothing there, so any line is a fault)."""
     return [line for line in log.splitlines() if ":CONSOLE" in line]
+
+
+SMALL_RUN_CONFIG = """\
+models:
+  tiny-moe: {source: "synthetic:tiny-moe"}
+defaults: {ctx: 4096, threads: 2}
+configurations:
+  - settings: {ubatch: 512}
+workloads:
+  - {name: short, prompt_tokens: 128, gen_tokens: 16}
+  - {name: long, prompt_tokens: 2000, gen_tokens: 16}
+repetitions: 1
+"""
+
+
+def snakemake_in(work: Path, *args: str, timeout: int = 1200) -> subprocess.CompletedProcess:
+    """``snakemake --cores 1 ARGS`` in a copy of the workflow, with this clone's package."""
+    import sys
+
+    env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
+    return subprocess.run(
+        [sys.executable, "-m", "snakemake", "--cores", "1", *args],
+        cwd=work,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+@pytest.fixture(scope="session")
+def small_run(tmp_path_factory, server_provenance) -> Path:
+    """A finished run of the workflow (one configuration of the synthetic MoE, a short and a 2000-token workload)
+    with the llama-server the suite uses: its folder, with the workflow, its config and results/. Copy it before
+    changing it."""
+    work = tmp_path_factory.mktemp("small-run")
+    for name in ("Snakefile", "rules", "scripts", "profiles", "envs"):
+        (shutil.copytree if (REPO / name).is_dir() else shutil.copy)(REPO / name, work / name)
+    (work / "config").mkdir()
+    (work / "config" / "config.yaml").write_text(SMALL_RUN_CONFIG)
+    done = snakemake_in(work, "report")
+    assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
+    return work

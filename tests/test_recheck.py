@@ -78,45 +78,12 @@ def test_a_folder_that_holds_no_finished_run_is_refused(tmp_path):
 
 # ----------------------------------------------------------------------------- the whole thing, real servers
 
-CONFIG = """\
-models:
-  tiny-moe: {source: "synthetic:tiny-moe"}
-defaults: {ctx: 4096, threads: 2}
-configurations:
-  - settings: {ubatch: 512}
-workloads:
-  - {name: short, prompt_tokens: 128, gen_tokens: 16}
-  - {name: long, prompt_tokens: 2000, gen_tokens: 16}
-repetitions: 1
-"""
-
 
 def crashline(*args, cwd) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
     return subprocess.run(
         [sys.executable, "-m", "crashline", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=1200
     )
-
-
-@pytest.fixture(scope="module")
-def earlier(tmp_path_factory, server_provenance):
-    """A finished run of the workflow on the synthetic MoE with the llama-server the suite uses."""
-    work = tmp_path_factory.mktemp("earlier")
-    for name in ("Snakefile", "rules", "scripts", "profiles", "envs"):
-        (shutil.copytree if (REPO / name).is_dir() else shutil.copy)(REPO / name, work / name)
-    (work / "config").mkdir()
-    (work / "config" / "config.yaml").write_text(CONFIG)
-    env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
-    done = subprocess.run(
-        [sys.executable, "-m", "snakemake", "--cores", "1", "report"],
-        cwd=work,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=1200,
-    )
-    assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
-    return work / "results"
 
 
 def wrapper(folder, real: str, *appended: str):
@@ -131,9 +98,10 @@ def wrapper(folder, real: str, *appended: str):
 
 @pytest.mark.e2e
 @pytest.mark.timeout(1800)
-def test_recheck_on_another_build_says_what_it_broke(tmp_path, earlier, server_provenance):
+def test_recheck_on_another_build_says_what_it_broke(tmp_path, small_run, server_provenance):
     """The same recommended configuration on a build whose context stops at 1024 tokens: the 2000-token workload
     that survived before fails now, and both the printed answer and the new report say so."""
+    earlier = small_run / "results"
     broken = wrapper(tmp_path / "broken", server_provenance["binary"], "-c", "1024")
     done = crashline("recheck", str(earlier), "--binary", str(broken), "--out", str(tmp_path / "re"), cwd=tmp_path)
     assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
@@ -149,7 +117,8 @@ def test_recheck_on_another_build_says_what_it_broke(tmp_path, earlier, server_p
 
 @pytest.mark.e2e
 @pytest.mark.timeout(1800)
-def test_recheck_on_an_equal_build_keeps_every_configuration(tmp_path, earlier, server_provenance):
+def test_recheck_on_an_equal_build_keeps_every_configuration(tmp_path, small_run, server_provenance):
+    earlier = small_run / "results"
     # a copy of the build folder (the binary and the shared libraries beside it): another path, the same bits
     folder = shutil.copytree(Path(server_provenance["binary"]).parent, tmp_path / "same", symlinks=True)
     same = Path(folder) / "llama-server"

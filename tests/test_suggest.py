@@ -346,3 +346,23 @@ def test_suggest_from_the_command_line():
         text=True,
     )
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "nothing.gguf" in bad.stderr
+
+
+def test_a_ubatch_past_the_context_is_labelled_as_llama_cpp_runs_it_and_a_margin_past_the_card_is_named():
+    """--ubatch 99999999 was predicted as clamped but labelled with the asked value; a margin larger than the card
+    ended in "does not fit" without naming the margin (issue #26)."""
+    result = suggest.suggest(QWEN, 12288, 4096, ubatches=[512, 99_999_999])
+    assert [r["ubatch"] for r in result["ubatches"]] == [512, 4096]
+    assert row(result, 4096)["asked_ubatch"] == 99_999_999 and row(result, 512)["asked_ubatch"] is None
+    said = suggest.text(result)
+    assert "asked -ub 99999999" in said and "  -ub 99999999:" not in said and "  -ub 4096:" in said
+    with pytest.raises(suggest.SuggestError, match="--margin 102,400 MiB is not less than the card's 8,192 MiB"):
+        suggest.suggest(QWEN, 8192, 4096, margin_mib=102_400)
+
+
+def test_tune_names_a_margin_past_the_card_before_anything_runs(tmp_path):
+    from crashline.cli.tune import config
+    from crashline.config.file import ConfigError
+
+    with pytest.raises(ConfigError, match="--margin 1,024 MiB is not less than --vram 1,000 MiB"):
+        config("synthetic:tiny-moe", 4096, 1024, 1000, None, tmp_path)

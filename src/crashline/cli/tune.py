@@ -22,7 +22,7 @@ import yaml
 from ..config import plan as config_mod
 from ..core.atomic import atomic_path
 from ..config.file import ConfigError
-from ..engine.suggest import parse_size_mib
+from ..engine.suggest import default_margin_mib, parse_size_mib
 
 SHORTHAND_RE = re.compile(r"^([A-Za-z0-9][\w.-]*)/([A-Za-z0-9][\w.-]*):([\w.-]+)$")
 SOURCE_KINDS = ("hf:", "pypi:", "https://", "http://", "file:", "synthetic:")
@@ -92,6 +92,12 @@ def config(
     host memory whatever n_cpu_moe and --fit say: only the ubatch values are measured."""
     if prompt + GEN_TOKENS > ctx:
         raise ConfigError(f"--prompt {prompt} plus {GEN_TOKENS} generated tokens does not fit --ctx {ctx}")
+    margin = default_margin_mib() if margin_mib is None else margin_mib
+    if vram_mib is not None and margin >= vram_mib:
+        raise ConfigError(
+            f"--margin {margin:,} MiB is not less than --vram {vram_mib:,} MiB, so nothing could fit with it; "
+            "give a smaller margin or a larger card"
+        )
     name, source = model_source(model)
     budget = {"vram_budget_mib": vram_mib}
     if margin_mib is not None:

@@ -422,10 +422,19 @@ def suggest(
         raise SuggestError(f"vram_mib {vram_mib!r} must be a positive number of MiB (parse_size_mib reads '24GiB')")
     if isinstance(margin, bool) or not isinstance(margin, (int, float)) or margin < 0:
         raise SuggestError(f"margin_mib {margin!r} must be a number of MiB, 0 or more")
+    if margin >= vram_mib:
+        raise SuggestError(
+            f"--margin {margin:,} MiB is not less than the card's {vram_mib:,} MiB, so nothing could fit with it; "
+            "give a margin smaller than the card (the default is 1024 MiB)"
+        )
     cells = allocated_ctx(ctx, parallel)
     layers = manifest["layers"]
     rows = []
+    # llama.cpp runs at most the context per micro-batch: a larger -ub is that (one row per ubatch it runs)
+    asked = {}
     for u in ubs:
+        asked.setdefault(min(u, cells), u)
+    for u, wanted in asked.items():
         preds, source = predictions(manifest, cells, u, cache_type_k, cache_type_v, cal)
         n = lowest_fitting(preds, vram_mib, margin)
         at = preds[layers if n is None else n]
@@ -442,6 +451,7 @@ def suggest(
         rows.append(
             {
                 "ubatch": u,
+                "asked_ubatch": None if wanted == u else wanted,
                 "n_cpu_moe": n,
                 "status": _status(n),
                 "predicted_mib": at["total_mib"],
@@ -589,6 +599,11 @@ def text(result: dict) -> str:
             lines.append(f"{head}everything on the GPU fits (--n-cpu-moe 0: {at})")
         else:
             lines.append(f"{head}--n-cpu-moe {row['n_cpu_moe']} ({at})")
+        if row.get("asked_ubatch"):
+            lines.append(
+                f"{' ' * width}asked -ub {row['asked_ubatch']}: a micro-batch holds at most the context "
+                f"({r['ctx_cells']:,} cells), so llama.cpp runs -ub {row['ubatch']}"
+            )
         how = row["compute_from"]
         note = "" if how == "estimated" or how.startswith("measured at") and "moved" not in how else f"; compute {how}"
         lines.append(f"{' ' * width}{row['arithmetic']}{note}")

@@ -44,3 +44,9 @@ def write(table: pa.Table, parquet_path: Path | str) -> None:
         writer.writerows([_cell(r[c]) for c in table.column_names] for r in rows)
     with atomic_path(json_path) as tmp:
         tmp.write_text(json.dumps(rows, indent=1, ensure_ascii=False, allow_nan=False) + "\n")
+
+
+def keys_of(parquet_path: Path | str) -> set[tuple[str, str]]:
+    """The (model, config_id) pairs a table holds, read from those two columns alone."""
+    t = pq.read_table(parquet_path, columns=["model", "config_id"])
+    return set(zip(t.column("model").to_pylist(), t.column("config_id").to_pylist()))
