@@ -58,7 +58,7 @@ def measure_gemma(folder: Path, gemma_fetch: dict, provenance: dict, config: dic
     return measure_one(folder, "gemma", gemma_fetch, provenance, config, draft_path)
 
 
-def run(tmp_path, model_path, provenance, settings, workloads, reps=2, request_timeout_s=300, fetch=None):
+def run(tmp_path, model_path, provenance, settings, workloads, reps=2, request_timeout_s=300, fetch=None, budget=None):
     cfg = C.validate(
         {
             "models": {"tiny": {"source": f"file:{model_path}"}},
@@ -67,6 +67,7 @@ def run(tmp_path, model_path, provenance, settings, workloads, reps=2, request_t
             "workloads": workloads,
             "repetitions": reps,
             "server": {"startup_timeout_s": 120, "request_timeout_s": request_timeout_s},
+            **({"budget": budget} if budget else {}),
         },
         SCHEMA,
     )

@@ -20,6 +20,7 @@ from crashline.config import plan as C
 from crashline.core.atomic import write_json
 
 from conftest import FIXTURES
+from crashline.core.host import gpus
 from test_measure import SCHEMA, run as measure_one
 
 WARMUP = "common_init_from_params: warming up the model with an empty run - please wait"
@@ -205,3 +206,22 @@ def test_configurations_that_failed_in_different_ways(tmp_path, tiny_moe, server
         assert f"<small>({row.config_id})</small> — {row.outcome} at {row.phase}: {row.message}" in html
     for text in (result["md"], result["html"]):
         assert "failed the same way" not in text and "binary or this machine" not in text
+
+
+@pytest.mark.skipif(gpus()["present"], reason="a VRAM budget is emulated on this machine's GPU")
+def test_a_budget_this_machine_cannot_emulate_is_named_as_the_cause(tmp_path, tiny_moe, servers):
+    """budget.vram_budget_mib without an NVIDIA GPU: every configuration is refused before its server starts, and
+    the report blamed "the llama-server binary or this machine" (issue #26); the cause is the config's budget."""
+    records = []
+    for i, settings in enumerate([{"n_cpu_moe": 0}, {"n_cpu_moe": 2}]):
+        out = tmp_path / f"job{i}"
+        out.mkdir()
+        measure_one(
+            out, tiny_moe, provenance(servers["exit1"]), settings, WORKLOADS, reps=1, budget={"vram_budget_mib": 8192}
+        )
+        records.append(out / "measure.json")
+    result = report_of(tmp_path, tiny_moe, records, servers["exit1"])
+    assert set(result["configs"]["outcome"]) == {"budget_refused"}
+    md, html = top(result)
+    assert "The cause is the config's budget (budget.vram_budget_mib or budget.host_ram_mib)" in md
+    assert "vram_budget_mib needs an NVIDIA GPU" in md and "binary or this machine" not in md + html

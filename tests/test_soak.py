@@ -49,6 +49,34 @@ def test_the_summary_names_the_limit_reached_first_and_says_so():
     assert flat["hours_to_limit"] is None and soak.text(flat).endswith("nothing grows toward a limit")
 
 
+def _cached(per_request: float, rest: float, n: int = 20) -> list[dict]:
+    """RSS that grows with the prompt cache (and ``rest`` MiB a request besides), as gemma's did."""
+    return [
+        {"requests": k, "t_s": 6.0 * k, "cache_mib": per_request * k, "rss_mib": 400 + (per_request + rest) * k}
+        for k in range(1, n + 1)
+    ]
+
+
+def test_growth_of_the_prompt_cache_levels_off_at_its_limit():
+    """gemma's RSS grew +27 MiB a request, all of it llama.cpp's prompt cache, which stops at --cache-ram (8192 MiB
+    by default): on a 24 GiB machine it levels off under the RAM, where a straight line said 1.6 h to the RAM."""
+    machine = soak.limits(None, None, None) | {"host_mib": 24105, "host_is": "machine"}
+    assert machine["cache_mib"] == soak.DEFAULT_CACHE_RAM_MIB
+    level = soak.summary({"requests": 20}, _cached(27.0, 0.0), machine)
+    assert level["hours_to_limit"] is None and level["projection"]["host"]["levels_at_mib"] == round(
+        400 + 27 * 20 + 8192 + 27 - 27 * 20
+    )
+    assert "stops at its limit (8,192 MiB, --cache-ram): RSS levels off at about" in level["said"]
+    # a budget below that level is reached while the cache fills, as a straight line says
+    tight = soak.summary({"requests": 20}, _cached(27.0, 0.0), {**machine, "host_mib": 4096, "host_is": "budget"})
+    assert tight["projection"]["host"]["requests"] == round((4096 - 940) / 27)
+    # what grows besides the cache goes on once it is full; with no limit the cache is a straight line
+    leaking = soak.summary({"requests": 20}, _cached(27.0, 1.0), machine)
+    assert leaking["hours_to_limit"] is not None and leaking["projection"]["host"]["requests"] > (8192 - 540) / 27
+    unlimited = soak.summary({"requests": 20}, _cached(27.0, 0.0), {**machine, "cache_mib": None})
+    assert unlimited["projection"]["host"]["requests"] == round((24105 - 940) / 27)
+
+
 @pytest.mark.server
 def test_a_real_soak_of_different_prompts_records_growth_per_request(tmp_path, gemma_fetch, server_provenance):
     config = {

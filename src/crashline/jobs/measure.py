@@ -398,7 +398,7 @@ def run_workloads(
                 sampler,
                 prompts,
                 config["soak"],
-                soak_mod.limits(config["budget"].get("host_ram_mib"), limit_mib),
+                soak_mod.limits(config["budget"].get("host_ram_mib"), limit_mib, settings.get("cache_ram")),
                 request_timeout_s,
                 lambda exc: request_failure(server, exc, soak_mod.PHASE, request_timeout_s),
             )

@@ -60,15 +60,41 @@ def growth(points: list[dict], key: str) -> dict | None:
     }
 
 
-def projection(grown: dict | None, limit_mib: float | None, requests_per_hour: float) -> dict | None:
-    """When growth that is real reaches ``limit_mib`` at this rate: requests and hours from the soak's end."""
+def projection(
+    grown: dict | None,
+    limit_mib: float | None,
+    requests_per_hour: float,
+    cache: dict | None = None,
+    rest: dict | None = None,
+    cache_limit_mib: float | None = None,
+) -> dict | None:
+    """When growth that is real reaches ``limit_mib`` at this rate: requests and hours from the soak's end.
+
+    RSS that grows with llama.cpp's host prompt cache (``cache``, its growth) stops growing once the cache is full
+    at ``cache_limit_mib`` (--cache-ram; llama.cpp enforces it after adding a prompt, so one prompt past it): then
+    only the rest grows (``rest``, RSS less the cache). Where the rest is flat, RSS levels off there, and reaches
+    the limit only if that level is past it (``levels_at_mib``)."""
     if not grown or not grown["grows"] or not limit_mib:
         return None
-    left = limit_mib - grown["last"]
     per_request = grown["per_request"]["slope"]
-    requests = max(0.0, left / per_request)
+    out = {"limit_mib": limit_mib}
+    if cache and cache["grows"] and cache_limit_mib is not None and cache_limit_mib >= 0:
+        room = max(0.0, cache_limit_mib + cache["per_request"]["slope"] - cache["last"])
+        levels = grown["last"] + room
+        if levels < limit_mib:
+            after = rest["per_request"]["slope"] if rest and rest["grows"] else 0.0
+            if after <= 0:
+                return {**out, "requests": None, "hours": None, "levels_at_mib": round(levels)}
+            requests = room / cache["per_request"]["slope"] + (limit_mib - levels) / after
+            return {
+                **out,
+                "requests": round(requests),
+                "hours": round(requests / requests_per_hour, 2) if requests_per_hour else None,
+                "levels_at_mib": None,
+            }
+    requests = max(0.0, (limit_mib - grown["last"]) / per_request)
     return {
-        "limit_mib": limit_mib,
+        **out,
         "requests": round(requests),
         "hours": round(requests / requests_per_hour, 2) if requests_per_hour else None,
     }
@@ -80,10 +106,18 @@ def summary(spec: dict, points: list[dict], limits: dict, outcome=Outcome.OK, me
     done = points[-1]["requests"] if points else 0
     rate = done / ran_s * 3600 if ran_s > 0 else 0.0
     grown = {key: growth(points, key) for key in ("rss_mib", "gpu_mib", "cache_mib")}
-    host = projection(grown["rss_mib"], limits.get("host_mib"), rate)
+    rest = growth(
+        [
+            {**p, "rest_mib": p["rss_mib"] - p["cache_mib"]}
+            for p in points
+            if None not in (p.get("rss_mib"), p.get("cache_mib"))
+        ],
+        "rest_mib",
+    )
+    host = projection(grown["rss_mib"], limits.get("host_mib"), rate, grown["cache_mib"], rest, limits.get("cache_mib"))
     vram = projection(grown["gpu_mib"], limits.get("vram_mib"), rate)
     first = min(
-        (p for p in ((host, "host"), (vram, "vram")) if p[0] and p[0]["hours"] is not None),
+        (p for p in ((host, "host"), (vram, "vram")) if p[0] and p[0].get("hours") is not None),
         key=lambda p: p[0]["hours"],
         default=None,
     )
@@ -134,6 +168,13 @@ def text(result: dict) -> str:
             if p["hours"] < HOURS_A_YEAR
             else f": {what} ({p['limit_mib']:,.0f} MiB) is not reached within a year at this rate"
         )
+    elif (host := result["projection"].get("host")) and host.get("levels_at_mib"):
+        what = "the host budget" if result["limits"].get("host_is") == "budget" else "the machine's RAM"
+        said += (
+            f": the growth is llama.cpp's prompt cache, which stops at its limit ({result['limits']['cache_mib']:,.0f} "
+            f"MiB, --cache-ram): RSS levels off at about {host['levels_at_mib']:,} MiB, under {what} "
+            f"({host['limit_mib']:,.0f} MiB)"
+        )
     else:
         said += ": nothing grows toward a limit"
     return said
@@ -144,13 +185,24 @@ def _mean(values: list) -> float | None:
     return round(statistics.fmean(have), 2) if have else None
 
 
-def limits(host_ram_mib: int | None, vram_limit_mib: float | None) -> dict:
+# llama.cpp's host prompt cache limit when --cache-ram is not given (common.h: cache_ram_mib = 8192).
+DEFAULT_CACHE_RAM_MIB = 8192
+
+
+def limits(host_ram_mib: int | None, vram_limit_mib: float | None, cache_ram: int | None = None) -> dict:
     """What the soak's growth is projected to: the host budget, else this machine's RAM; the VRAM limit (the
-    budget, or the card), where there is a GPU."""
+    budget, or the card), where there is a GPU; and where the prompt cache stops (``cache_ram``, the setting:
+    llama.cpp's 8192 MiB when unset, None for -1, no limit)."""
     import psutil
 
     host = host_ram_mib or round(psutil.virtual_memory().total / (1 << 20))
-    return {"host_mib": host, "host_is": "budget" if host_ram_mib else "machine", "vram_mib": vram_limit_mib}
+    cache = DEFAULT_CACHE_RAM_MIB if cache_ram is None else (None if cache_ram < 0 else cache_ram)
+    return {
+        "host_mib": host,
+        "host_is": "budget" if host_ram_mib else "machine",
+        "vram_mib": vram_limit_mib,
+        "cache_mib": cache,
+    }
 
 
 def run(server, sampler, prompts: PromptSource, spec: dict, limits: dict, timeout_s: float, on_failure) -> dict:

@@ -230,6 +230,18 @@ COMMON_CAUSE = (
     "Every configuration of every model failed the same way ({way}). The cause is common to all of them: "
     "the llama-server binary or this machine, not the configurations."
 )
+# Refused before any server started: what the config asked of this machine, not the binary.
+REFUSED_CAUSE = {
+    "budget": (
+        "Every configuration of every model was refused before its server started: {message}. The cause is the "
+        "config's budget (budget.vram_budget_mib or budget.host_ram_mib), which this machine cannot emulate, not the "
+        "llama-server binary or the configurations: remove it, or run where it can be set."
+    ),
+    "gpus": (
+        "Every configuration of every model was refused before its server started: {message}. The cause is the GPUs "
+        "the configurations ask for, which this machine cannot lend, not the llama-server binary."
+    ),
+}
 
 
 def _signal_name(returncode) -> str:
@@ -293,9 +305,14 @@ def nothing_survived(configs: pd.DataFrame, measurements: pd.DataFrame, models: 
         )
     ways = {_way(row) for _, row in configs.iterrows()}
     common = len(lost) == len(models) and all(m["failures"] for m in lost) and len(configs) > 1 and len(ways) == 1
+    refused = set(configs["failure"]) if common and set(configs["outcome"]) == {Outcome.BUDGET_REFUSED} else set()
+    if len(refused) == 1 and (kind := refused.pop()) in REFUSED_CAUSE:
+        said = REFUSED_CAUSE[kind].format(message=str(configs["message"].iloc[0]).rstrip("."))
+    else:
+        said = COMMON_CAUSE.format(way=ways.pop()) if common else None
     return {
         "models": lost,
-        "common": COMMON_CAUSE.format(way=ways.pop()) if common else None,
+        "common": said,
         "server": [{"label": label, "value": _text(provenance.get(key))} for key, label in SERVER_FIELDS.items()],
         "check": check_text(provenance.get("check")),
     }

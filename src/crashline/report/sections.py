@@ -160,8 +160,12 @@ def cost_text(c: dict | None) -> str | None:
         + (f", {c['restarts']:,} restart cases" if c["restarts"] else "")
         + (f", {c['recall_starts']:,} recall checks" if c["recall_starts"] else "")
         + f"); measurements {c['measure_s'] / 60:,.1f} min, of which {c['serving_s'] / 60:,.1f} starting servers and "
-        f"serving requests (job time / that: {c['overhead_ratio']:.2f}; the rest is crashline's setup, lock waits, "
-        "stopping, telemetry and analysis)"
+        + (
+            f"serving requests (job time / that: {c['overhead_ratio']:.2f}; the rest is crashline's setup, lock waits, "
+            "stopping, telemetry and analysis)"
+            if c["overhead_ratio"] is not None
+            else "serving requests (no server served one)"
+        )
     )
     if c["recall_s"]:
         text += f"; recall checks {c['recall_s'] / 60:,.1f} min"

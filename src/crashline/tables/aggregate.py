@@ -24,6 +24,7 @@ import pyarrow as pa
 from ..core import columns as cols
 from ..core import host as host_mod
 from ..core.paths import SearchFolder
+from ..core.records import Outcome
 from ..core import records
 from ..core import settings as settings_mod
 from . import files as tablefiles
@@ -45,8 +46,9 @@ def _time_columns(rec: dict) -> dict:
         "job_s": laps.get("total"),
         "serving_s": round(sum(laps.get(k, 0.0) for k in SERVING_LAPS), 3) if laps else None,
         "first_request_s": laps.get("warmup_request"),  # lapped only once it answered
-        "server_starts": (rec.get("starts") or 1)
-        * (1 + sum(bool(t.get("restart_turn")) for t in rec.get("conversations") or [])),
+        "server_starts": 0  # refused before its server started (a budget or GPUs this machine cannot give)
+        if rec.get("outcome") == Outcome.BUDGET_REFUSED
+        else (rec.get("starts") or 1) * (1 + sum(bool(t.get("restart_turn")) for t in rec.get("conversations") or [])),
     }
 
 
