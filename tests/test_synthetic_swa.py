@@ -144,3 +144,37 @@ def test_the_synthetic_window_makes_context_checkpoints(tmp_path, tiny_swa, serv
     made = [t["checkpoints_created"] for t in talk["turns"]]
     assert len(made) == 4 and all(n >= 1 for n in made), made
     assert talk["checkpoints_held"] == sum(made) and talk["checkpoint_mib"] > 0
+    f16 = {"cache_type_k": "f16", "cache_type_v": "f16"}
+    assert talk["checkpoint_mib"] == pytest.approx(planner.checkpoint_mib(inspect_gguf(tiny_swa), f16), abs=0.001)
+
+
+def test_the_planner_counts_what_the_server_keeps_in_host_memory():
+    """The host side (#23): the weights kept on the CPU, the KV of layers not offloaded, the prompt cache and the
+    checkpoints at their limits. A checkpoint is the windowed layers over one window: 7.5 MiB on gemma-3-270m and
+    3.0 MiB on the synthetic gpt-oss-20b, as their servers' logs say."""
+    f16 = {"cache_type_k": "f16", "cache_type_v": "f16", "ubatch": 512}
+    gemma = {**GEMMA, "swa_layers": swa_layers("gemma3", 18, 512, None)}
+    assert planner.checkpoint_mib(gemma, f16) == 7.5
+    assert planner.checkpoint_mib(gemma, {**f16, "swa_full": True}) == 0
+    oss = {"layers": 24, "n_head_kv": 8, "head_dim": 64, "sliding_window": 128, "swa_layers": list(range(0, 24, 2))}
+    assert planner.checkpoint_mib(oss, f16) == 3.0
+    manifest = {
+        **oss,
+        "embedding_bytes": 10 << 20,
+        "output_bytes": 20 << 20,
+        "other_bytes": 0,
+        "per_layer": [{"other_bytes": 4 << 20, "expert_bytes": 100 << 20} for _ in range(24)],
+    }
+    at = {**f16, "ctx": 32768, "n_gpu_layers": 999, "n_cpu_moe": 12, "parallel": 2}
+    host = planner.host_mib(manifest, at)
+    assert host["weights_mib"] == 10 + 12 * 100 and host["kv_mib"] == 0
+    assert host["prompt_cache_mib"] == 8192 and host["checkpoints_mib"] == 3.0 * 32 * 2
+    assert host["total_mib"] == 10 + 1200 + 8192 + 192
+    # 20 layers offloaded: the 4 first stay on the CPU, whole, with their KV, and so does the output head (llama.cpp
+    # offloads it only with -ngl above the layer count)
+    partial = planner.host_mib(manifest, {**at, "n_gpu_layers": 20, "n_cpu_moe": 0, "cache_ram": 0})
+    assert partial["weights_mib"] == 10 + 20 + 4 * 104 and partial["prompt_cache_mib"] == 0
+    assert partial["kv_mib"] == planner.kv_mib(manifest, {**at, "n_gpu_layers": 4}) > 0
+    # without a GPU every weight is in host memory; with no cache limit there is no bound
+    cpu = planner.host_mib(manifest, {**at, "cache_ram": -1}, gpu=False)
+    assert cpu["weights_mib"] == 10 + 20 + 24 * 104 and cpu["total_mib"] is None

@@ -120,6 +120,62 @@ def predict(manifest: dict, settings: dict, compute: ComputeModel, rest_mib: flo
     }
 
 
+# llama.cpp's defaults (common.h) for what a server keeps in host memory besides the model: the host prompt cache
+# (--cache-ram) and the context checkpoints of each slot (--ctx-checkpoints).
+DEFAULT_CACHE_RAM_MIB = 8192
+DEFAULT_CTX_CHECKPOINTS = 32
+
+
+def checkpoint_mib(manifest: dict, settings: dict) -> float:
+    """One context checkpoint: the sliding-window layers' cache over one window (what llama.cpp saves of a slot so
+    that it can go back past the window); 0 for a model without such layers or with ``swa_full`` (none is made).
+    gemma-3-270m: 7.5 MiB; the synthetic gpt-oss-20b: 3.0 MiB, as their logs say."""
+    window = manifest.get("sliding_window") or 0
+    swa = manifest.get("swa_layers") or []
+    if not window or not swa or settings.get("swa_full"):
+        return 0.0
+    heads = manifest["n_head_kv"]
+    per_layer = heads if isinstance(heads, list) else [heads] * manifest["layers"]
+    width = sum(per_layer[i] for i in swa) * manifest["head_dim"]
+    return (
+        window * width * (CACHE_TYPE_BYTES[settings["cache_type_k"]] + CACHE_TYPE_BYTES[settings["cache_type_v"]]) / MIB
+    )
+
+
+def host_mib(manifest: dict, settings: dict, gpu: bool = True) -> dict:
+    """What the server holds in host memory at most, as the planner counts it: the weights kept on the CPU (the
+    embedding, the layers not offloaded, the experts of the layers below n_cpu_moe; everything without a ``gpu``),
+    the KV cache of the layers not offloaded, the host prompt cache at its limit (--cache-ram: 8192 MiB unless set,
+    0 off, -1 no limit, then None) and every slot's context checkpoints at their limit (--ctx-checkpoints, 32). The
+    compute buffers and the runtime are not counted: a server start measures them (its RSS at load)."""
+    layers = manifest["layers"]
+    on_gpu = set(gpu_layers(manifest, settings.get("n_gpu_layers"))) if gpu else set()
+    n_cpu_moe = settings.get("n_cpu_moe") or 0
+    weights = manifest["embedding_bytes"] + manifest.get("other_bytes", 0)
+    if not gpu or (settings.get("n_gpu_layers") or 10**9) <= layers:
+        weights += manifest["output_bytes"]
+    for layer, row in enumerate(manifest["per_layer"]):
+        if layer not in on_gpu:
+            weights += row["other_bytes"] + row.get("shared_expert_bytes", 0) + row["expert_bytes"]
+        elif layer < n_cpu_moe:
+            weights += row["expert_bytes"]
+    every_layer = kv_mib(manifest, {**settings, "n_gpu_layers": layers})
+    kv = every_layer - kv_mib(manifest, settings) if gpu else every_layer
+    cache = settings.get("cache_ram")
+    cache = DEFAULT_CACHE_RAM_MIB if cache is None else (None if cache < 0 else float(cache))
+    slots = int(settings.get("parallel") or 1)
+    per_slot = settings.get("ctx_checkpoints")
+    checkpoints = (
+        checkpoint_mib(manifest, settings) * slots * (DEFAULT_CTX_CHECKPOINTS if per_slot is None else per_slot)
+    )
+    parts = {"weights_mib": weights / MIB, "kv_mib": kv, "prompt_cache_mib": cache, "checkpoints_mib": checkpoints}
+    total = None if cache is None else sum(parts.values())
+    return {
+        **{k: None if v is None else round(v, 1) for k, v in parts.items()},
+        "total_mib": None if total is None else round(total, 1),
+    }
+
+
 def arithmetic(prediction: dict, limit_mib: float, margin_mib: float) -> str:
     """The prediction written out the way a person would check it."""
     p = prediction

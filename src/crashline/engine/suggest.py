@@ -462,6 +462,7 @@ def suggest(
                 "all_on_gpu": _end(preds[0], 0, vram_mib, margin),
                 "all_experts_on_cpu": _end(preds[layers], layers, vram_mib, margin),
                 "args": None if n is None else settings_mod.server_args(settings_mod.resolve(given)),
+                "host": planner.host_mib(manifest, {**_settings(u, cells, cache_type_k, cache_type_v), **given}),
                 "values": [{"n_cpu_moe": k, "predicted_mib": p["total_mib"]} for k, p in enumerate(preds)],
             }
         )
@@ -607,6 +608,14 @@ def text(result: dict) -> str:
         how = row["compute_from"]
         note = "" if how == "estimated" or how.startswith("measured at") and "moved" not in how else f"; compute {how}"
         lines.append(f"{' ' * width}{row['arithmetic']}{note}")
+        h = row["host"]
+        cache = "no limit (--cache-ram -1)" if h["prompt_cache_mib"] is None else f"{h['prompt_cache_mib']:,.0f}"
+        lines.append(
+            f"{' ' * width}host memory: weights on the CPU {h['weights_mib']:,.0f} + KV {h['kv_mib']:,.0f} + prompt "
+            f"cache up to {cache} + checkpoints up to {h['checkpoints_mib']:,.0f}"
+            + ("" if h["total_mib"] is None else f" = {h['total_mib']:,.0f} MiB")
+            + ", besides the compute buffers and the runtime"
+        )
     if r["expert_layers"] and all(row["status"] == FITS for row in r["ubatches"]):
         need = ", ".join(
             f"{row['all_on_gpu']['predicted_mib']:,.0f} MiB at -ub {row['ubatch']}" for row in r["ubatches"]
