@@ -119,6 +119,7 @@ workloads:
   - {name: short, prompt_tokens: 128, gen_tokens: 16}
   - {name: long, prompt_tokens: 2000, gen_tokens: 16}
 repetitions: 1
+validity: {enabled: false}
 """
 
 

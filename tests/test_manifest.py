@@ -159,3 +159,24 @@ def test_real_gemma_manifest(tmp_path):
     assert m["kv_bytes_per_token_f16"] == 2 * 18 * 1 * 256 * 2
     # Tied embeddings: no output.weight, only output_norm.
     assert m["output_bytes"] == 4 * 640
+
+
+def test_the_header_reads_what_gguf_py_reads(tmp_path):
+    """crashline reads the header itself (gguf-py took 16 s on gemma-3's 262K-token vocabulary): every metadata value
+    and tensor as gguf-py has them, a string array as its length."""
+    from crashline.models.manifest import read_header
+    from crashline.models.synthetic import resolve_shape
+
+    path = tmp_path / "swa.gguf"
+    write_moe_gguf(path, resolve_shape({"vocab": 300}, "tiny-swa"))
+    ours, theirs = read_header(path), gguf.GGUFReader(path)
+    for key, field in theirs.fields.items():
+        if key.startswith("GGUF."):
+            continue
+        if field.types[0] == gguf.GGUFValueType.ARRAY and field.types[-1] == gguf.GGUFValueType.STRING:
+            assert ours["kv"][key] == len(field.data), key
+        else:
+            assert ours["kv"][key] == pytest.approx(field.contents()), key
+    assert [(t["name"], t["type"], t["n_bytes"]) for t in ours["tensors"]] == [
+        (t.name, int(t.tensor_type), int(t.n_bytes)) for t in theirs.tensors
+    ]

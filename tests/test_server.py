@@ -76,7 +76,7 @@ def test_the_server_gets_the_environment_of_when_it_starts_without_secrets(tmp_p
     from crashline.engine.server import ServerProcess
 
     server = ServerProcess(
-        ["sh", "-c", 'echo "gpus=$CUDA_VISIBLE_DEVICES token=$HF_TOKEN"; sleep 30'], tmp_path / "log"
+        ["sh", "-c", 'echo "gpus=$CUDA_VISIBLE_DEVICES token=$HF_TOKEN"; exec sleep 30'], tmp_path / "log"
     )
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-of-the-lease")
     monkeypatch.setenv("HF_TOKEN", "hf_secret")
