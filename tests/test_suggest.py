@@ -366,3 +366,17 @@ def test_tune_names_a_margin_past_the_card_before_anything_runs(tmp_path):
 
     with pytest.raises(ConfigError, match="--margin 1,024 MiB is not less than --vram 1,000 MiB"):
         config("synthetic:tiny-moe", 4096, 1024, 1000, None, tmp_path)
+
+
+def test_the_answer_is_a_command_to_paste_and_the_card_is_read_where_there_is_one(tiny_moe):
+    """suggest printed no llama-server line, and needed --vram even where it could read the card (issue #27)."""
+    from crashline.core.host import gpus
+
+    said = suggest.from_cli(str(tiny_moe), "8GiB", 4096, "512")
+    (line,) = [x.strip() for x in said.splitlines() if x.strip().startswith("llama-server ")]
+    assert line.startswith(f"llama-server -m {tiny_moe} -ngl 999 --n-cpu-moe 0 -c 4096") and " -ub 512 " in line
+    if gpus()["present"]:
+        assert "on a " in suggest.from_cli(str(tiny_moe), None, 4096)
+    else:
+        with pytest.raises(suggest.SuggestError, match="--vram not given, and there is no card here"):
+            suggest.from_cli(str(tiny_moe), None, 4096)

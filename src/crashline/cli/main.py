@@ -391,7 +391,7 @@ def parser() -> argparse.ArgumentParser:
         config=False,
     )
     s.add_argument("model", help="a GGUF file, or the manifest.json crashline wrote for it")
-    s.add_argument("--vram", required=True, help="the card's memory (24GiB, 24GB = 24,576 MiB, or MiB)")
+    s.add_argument("--vram", help="the card's memory (24GiB, 24GB = 24,576 MiB, or MiB); default: this machine's card")
     s.add_argument("--ctx", type=int, required=True, help="the context size (-c)")
     s.add_argument("--ubatch", help="micro-batch sizes, comma-separated (default 512,2048)")
     s.add_argument("--cache-type", help="KV cache type (-ctk/-ctv, default f16)")

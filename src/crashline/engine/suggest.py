@@ -51,6 +51,7 @@ import functools
 import json
 import math
 import re
+import shlex
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -471,6 +472,7 @@ def suggest(
         "measured": False,
         "calibrated": cal is not None,
         "model": model_name(manifest),
+        "model_path": manifest.get("path"),
         "layers": layers,
         "expert_layers": sum(1 for row in manifest["per_layer"] if row["expert_bytes"]),
         "vram_mib": vram_mib,
@@ -608,6 +610,9 @@ def text(result: dict) -> str:
         how = row["compute_from"]
         note = "" if how == "estimated" or how.startswith("measured at") and "moved" not in how else f"; compute {how}"
         lines.append(f"{' ' * width}{row['arithmetic']}{note}")
+        if row["args"]:
+            gguf_path = shlex.quote(r["model_path"]) if r.get("model_path") else "MODEL.gguf"
+            lines.append(f"{' ' * width}llama-server -m {gguf_path} {shlex.join(row['args'])}")
         h = row["host"]
         cache = "no limit (--cache-ram -1)" if h["prompt_cache_mib"] is None else f"{h['prompt_cache_mib']:,.0f}"
         lines.append(
@@ -630,9 +635,21 @@ def text(result: dict) -> str:
     return "\n".join(lines)
 
 
+def card_mib() -> int:
+    """The memory of this machine's first NVIDIA GPU (MiB), for ``suggest`` without ``--vram``."""
+    from ..core.host import gpus
+
+    found = gpus()
+    if not found["present"]:
+        raise SuggestError(
+            f"--vram not given, and there is no card here to read it from ({found['reason']}); give --vram, e.g. 24GiB"
+        )
+    return found["devices"][0]["memory_total_mib"]
+
+
 def from_cli(
     model: str,
-    vram: str,
+    vram: str | None,
     ctx: int,
     ubatch: str | None = None,
     cache_type: str | None = None,
@@ -644,7 +661,7 @@ def from_cli(
     [--margin MiB] [--calibration search.json]``: the arguments as typed, the text to print."""
     result = suggest(
         model,
-        parse_size_mib(vram, "--vram"),
+        parse_size_mib(vram, "--vram") if vram is not None else card_mib(),
         ctx,
         ubatches=DEFAULT_UBATCHES if ubatch is None else parse_ubatches(ubatch),
         cache_type_k=cache_type or "f16",
