@@ -4,6 +4,8 @@ conversation that outgrows the context is classified at its turn (the server liv
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 import pyarrow.parquet as pq
@@ -11,6 +13,8 @@ import pyarrow.parquet as pq
 from crashline.tables import aggregate
 from crashline.report import figures
 from crashline.core.records import Outcome
+from crashline.engine import planner
+from crashline.models.manifest import inspect_gguf
 
 from test_measure import measure_gemma
 
@@ -170,6 +174,12 @@ def test_gemma_s_sliding_window_layers_make_context_checkpoints_each_turn(
     )
     assert rec["outcome"] == Outcome.OK, rec["message"]
     assert ("--swa-full" in rec["command"]) == bool(swa_full)
+    # the planner's KV cache is what this server allocated (gemma's sliding-window layers keep their window alone)
+    allocated = sum(
+        map(float, re.findall(r"llama_kv_cache: size =\s+([\d.]+) MiB", (tmp_path / "server.log").read_text()))
+    )
+    ran = {"cache_type_k": "f16", "cache_type_v": "f16", "ubatch": 512, "parallel": 1, **settings}
+    assert allocated == pytest.approx(planner.kv_mib(inspect_gguf(gemma_fetch["files"][0]["path"]), ran), abs=0.01)
     (talk,) = rec["conversations"]
     turns = talk["turns"]
     assert len(turns) == 4 and all(t["rss_mib"] > 0 for t in turns)
