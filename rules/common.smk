@@ -96,6 +96,16 @@ def measure_inputs(wildcards):
     return inputs
 
 
+def needle_inputs(wildcards):
+    """A needle job's inputs: a measurement's, and the needle record of the configuration whose recall stands
+    for this one's (the same llama-server arguments), which it copies."""
+    twin = crashline_config.needle_twin(CFG, wildcards.model, wildcards.cid)
+    return {
+        **measure_inputs(wildcards),
+        **({"twin": LAYOUT.needle_record(wildcards.model, twin)} if twin else {}),
+    }
+
+
 def job_spec(job):
     """The rule's params: everything the job reads besides its input files (crashline.jobs.spec); a change
     reruns it, and the job reads exactly this."""

@@ -5,7 +5,7 @@
 
 rule needle:
     input:
-        unpack(measure_inputs),
+        unpack(needle_inputs),
     output:
         record=LAYOUT.needle_record("{model}", "{cid}"),
         server_log=LAYOUT.needle_server_log("{model}", "{cid}"),

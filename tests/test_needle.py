@@ -430,3 +430,21 @@ def test_default_lengths_leave_out_what_the_context_cannot_hold():
     assert NP.fitted(defaults, 4096)["lengths"] == [2048, 0.9]
     given = NP.needle_settings({"needle": {"lengths": [2048, 0.5]}})
     assert NP.fitted(given, 1024) == given and NP.fitted(defaults, None) == defaults
+
+
+def test_a_configuration_that_runs_the_same_server_shares_its_twin_s_recall():
+    """The demo's cold-page-cache configuration runs exactly the llama-server of its warm twin: recall cannot differ,
+    so the twin's needle record stands for it (it cost a minute of the demo run on 2 cores)."""
+    from crashline.config import plan as C
+    from conftest import REPO
+
+    cfg = C.load(REPO / "config" / "config.yaml")
+    items = {(i["model"], i["id"]): i for i in C.expand(cfg)}
+    twins = {key: C.needle_twin(cfg, *key) for key in items}
+    shared = {key: twin for key, twin in twins.items() if twin}
+    assert len(shared) == 1
+    ((model, cold), warm) = shared.popitem()
+    assert items[(model, cold)]["settings"]["page_cache"] == "cold"
+    assert (
+        items[(model, warm)]["settings"]["page_cache"] == "warm" and items[(model, warm)]["settings"]["ubatch"] == 512
+    )

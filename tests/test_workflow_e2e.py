@@ -88,6 +88,17 @@ def test_default_run_writes_report_and_tables(workflow):
             assert re.search(rf"`{fastest['config_id']}`[^\n]*tied: ", md), (winner["config_id"], fastest["config_id"])
     for cid in configs[configs["s_page_cache"] == "cold"]["config_id"]:
         assert f"(`{cid}`) — measured from a cold page cache" in md
+        # its llama-server runs as its warm twin's: the twin's recall stands for its own, no server started for it
+        needle = json.loads((work / "results" / "records" / "gemma3-270m" / cid / "needle.json").read_text())
+        twin = configs[
+            (configs["server_args"] == configs.set_index("config_id").loc[cid, "server_args"])
+            & (configs["s_page_cache"] != "cold")
+        ]["config_id"].item()
+        assert needle["recall_of"] == twin and needle["config_id"] == cid and needle["trials"]
+        assert (
+            "no llama-server started"
+            in (work / "results" / "records" / "gemma3-270m" / cid / "needle-server.log").read_text()
+        )
     assert "<table>" in html and "Why the others lost" in html
     # Every configuration ran the conversation after the workloads; the small context fails it at its second turn.
     talks = pd.read_parquet(work / "results" / "tables" / "conversations.parquet")

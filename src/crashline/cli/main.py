@@ -121,6 +121,8 @@ def _server_job(args) -> int:
             "record": args.out or layout.needle_record(model, job_id),
             "server_log": args.log or layout.needle_server_log(model, job_id),
         }
+        if job_spec.get("twin"):
+            inputs["twin_record"] = layout.needle_record(model, job_spec["twin"])
     else:
         outputs = {
             "record": args.out or layout.record(model, job_id),

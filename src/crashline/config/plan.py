@@ -415,6 +415,17 @@ def find(config: dict, model: str, cid: str) -> dict:
     raise ConfigError(f"no configuration {cid!r} for model {model!r} in this config (run `python -m crashline plan`)")
 
 
+def needle_twin(config: dict, model: str, cid: str) -> str | None:
+    """The configuration whose recall stands for ``cid``'s: the first of the same model whose llama-server runs
+    with the same arguments (they differ only in what crashline does around the server, such as the page cache
+    before it starts, which cannot change what the model recalls); None where that is ``cid`` itself."""
+    items = [item for item in expand(config) if item["model"] == model]
+    mine = next(item for item in items if item["id"] == cid)
+    served = settings_mod.server_args(mine["settings"])
+    first = next(item for item in items if settings_mod.server_args(item["settings"]) == served)
+    return None if first["id"] == cid else first["id"]
+
+
 OBJECTIVE_METRICS = {
     "e2e_tps": "end-to-end t/s per request: its prompt and generated tokens over the whole time it took, as a user "
     "waits for it, so prefill and decode both count",

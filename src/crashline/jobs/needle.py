@@ -447,6 +447,22 @@ def run_needle(
         return record
 
 
+def copy_twin(item: dict, twin: str, twin_path: Path, record_path: Path, log_path: Path) -> dict:
+    """The recall of configuration ``twin`` (the same llama-server arguments: ``config.plan.needle_twin``; its record
+    at ``twin_path``) as this configuration's, under this configuration's id and settings. No server starts; the
+    log says whose recall it is."""
+    record = {**records.load(twin_path, "needle"), "config_id": item["id"], "settings": item["settings"]}
+    record.update(given=item["given"], recall_of=twin)
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    log_path.write_text(
+        f"crashline: no llama-server started: configuration {twin} runs the same llama-server arguments, so its "
+        f"recall stands for this one's (its needle-server.log)\n"
+    )
+    records.write(record_path, "needle", record)
+    progress.say(f"needle recall of {item['id']} is {twin}'s (the same llama-server arguments): {record['recall']}")
+    return record
+
+
 def _run_needle(model_name, item, config, fetch_record, provenance, record_path, log_path, manifest, draft_path, rng):
     """The job of ``run_needle`` (which names its progress lines and says the verdict)."""
     resolved = item["settings"]

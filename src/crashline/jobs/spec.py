@@ -63,13 +63,15 @@ def search_objective(config: dict) -> dict:
 
 def needle_spec(config: dict, model: str, cid: str) -> dict:
     """What a recall check reads: the configuration, the model's source and prompt style, the needle
-    grid and the budget it is checked under."""
+    grid and the budget it is checked under; and the configuration whose recall stands for it, if any."""
     from ..config.needle import needle_settings
 
+    twin = config_mod.needle_twin(config, model, cid)
     return {
         "job": "needle",
         "model": model,
         "item": config_mod.find(config, model, cid),
+        **({"twin": twin} if twin else {}),  # its recall is the twin's (the same llama-server arguments)
         "config": {
             "models": {model: config["models"][model]},
             "server": _server(config),
@@ -157,6 +159,17 @@ def run(job_spec: dict, inputs: dict, outputs: dict) -> str:
     if job_spec["job"] == "needle":
         from .needle import run_needle
 
+        if job_spec.get("twin"):
+            from .needle import copy_twin
+
+            rec = copy_twin(
+                job_spec["item"],
+                job_spec["twin"],
+                Path(inputs["twin_record"]),
+                Path(outputs["record"]),
+                Path(outputs["server_log"]),
+            )
+            return f"{model} {job_spec['item']['id']}: recall {rec['recall']}, as {job_spec['twin']}'s"
         rec = run_needle(
             model_name=model,
             item=job_spec["item"],
