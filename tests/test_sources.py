@@ -752,3 +752,26 @@ def test_a_copy_an_earlier_crashline_downloaded_is_still_used(hf_env, model_byte
     record = fetch("hf:o/r/m.gguf", dest, cache_dir=tmp_path / "cache")
     assert record["files"][0]["path"] == str(dest / "m.gguf") and record["fetched"] is False
     assert "hf_cache" not in record
+
+
+def test_a_large_model_rewritten_with_the_same_size_and_mtime_is_noticed(tmp_path, monkeypatch):
+    """cp -p and rsync -t keep size and mtime: a large model replaced so went unnoticed (issue #26). Its content is
+    sampled beside size and mtime, before every measurement and before a fetch reuses its hash."""
+    monkeypatch.setattr(sources, "HASH_CHECK_BELOW", 1 << 10)  # "large": past the size hashed in full
+    from crashline.models.synthetic import write_moe_gguf
+
+    path = tmp_path / "m.gguf"
+    write_moe_gguf(path, {})
+    record = fetch(f"file:{path}", tmp_path / "dest", cache_dir=tmp_path / "cache")
+    assert sources.check_unchanged(record) is None
+    st = path.stat()
+    data = bytearray(path.read_bytes())
+    # one weight byte in the middle of the file, inside the 9th of the 16 sampled blocks
+    data[(len(data) - sources.SAMPLE_BYTES) * 8 // (sources.SAMPLE_BLOCKS - 1) + 10] ^= 0x01
+    path.write_bytes(data)
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert path.stat().st_size == st.st_size and path.stat().st_mtime_ns == st.st_mtime_ns
+    said = sources.check_unchanged(record)
+    assert said and "rewritten with the same size and mtime" in said and str(path) in said
+    again = fetch(f"file:{path}", tmp_path / "dest", cache_dir=tmp_path / "cache")
+    assert again["sha256"] != record["sha256"]  # hashed again, not taken from the sidecar

@@ -83,6 +83,22 @@ def sha256_file(path: Path) -> str:
     return digest.hexdigest()
 
 
+SAMPLE_BLOCKS, SAMPLE_BYTES = 16, 64 << 10  # the content check beside size and mtime: 1 MiB read wherever the file is
+
+
+def sample_sha256(path: Path) -> str:
+    """A hash of the file's size and 16 blocks of 64 KiB spread evenly over it, first and last included: cheap
+    enough for every measurement, and a file rewritten with the same size and mtime (``cp -p``, ``rsync -t``) is
+    caught unless it differs nowhere in those blocks."""
+    size = path.stat().st_size
+    h = hashlib.sha256(str(size).encode())
+    with open(path, "rb") as f:
+        for k in range(SAMPLE_BLOCKS):
+            f.seek(max(0, size - SAMPLE_BYTES) * k // (SAMPLE_BLOCKS - 1))
+            h.update(f.read(SAMPLE_BYTES))
+    return h.hexdigest()
+
+
 def _sidecar(path: Path) -> Path:
     return path.with_name(path.name + ".sha256")
 
@@ -94,6 +110,7 @@ def _write_sidecar(path: Path, sha256: str, verified_against: str, extra: dict |
         "sha256": sha256,
         "bytes": st.st_size,
         "mtime_ns": st.st_mtime_ns,
+        "sample_sha256": sample_sha256(path),
         "verified_against": verified_against,
         **(extra or {}),
     }
@@ -114,6 +131,8 @@ def _recorded(path: Path, extra: dict | None = None) -> dict | None:
         return None
     if any(record.get(k) != v for k, v in (extra or {}).items()):
         return None
+    if record.get("sample_sha256") not in (None, sample_sha256(path)):
+        return None  # rewritten with the same size and mtime: hashed again
     return record
 
 
@@ -124,6 +143,7 @@ def _file_entry(path: Path, sha256: str, verified_against: str, fetched: bool) -
         "path": str(path),
         "bytes": st.st_size,
         "mtime_ns": st.st_mtime_ns,
+        "sample_sha256": sample_sha256(path),
         "sha256": sha256,
         "verified_against": verified_against,
         "fetched": fetched,
@@ -296,7 +316,7 @@ def fetch(
     """Make the model of ``spec`` available as a file (or shards) under ``dest_dir``; return its provenance.
 
     ``sha256`` is the expected hash (one per shard for split models). The provenance is
-    ``{"source", "kind", "files": [{"name", "path", "bytes", "mtime_ns", "sha256"}], "sha256" (of the
+    ``{"source", "kind", "files": [{"name", "path", "bytes", "mtime_ns", "sample_sha256", "sha256"}], "sha256" (of the
     first file), "verified_against": "config" | "hub metadata" | "package SHA256SUMS" | "computed",
     "fetched" (False when everything was already present and verified), "seconds"}``, plus
     ``repo``/``revision`` (hf; with ``commit`` and ``hf_cache``, the snapshot and the cache the file is in, unless
@@ -309,7 +329,7 @@ def fetch(
     lock = contextlib.nullcontext() if parsed["kind"] == "file" else _locked(dest_dir, f"the fetch of {spec}")
     with lock:
         entries, details = _fetch_kind(spec, parsed, dest_dir, sha256, synthetic, cache_dir)
-    files = [{k: e[k] for k in ("name", "path", "bytes", "mtime_ns", "sha256")} for e in entries]
+    files = [{k: e[k] for k in ("name", "path", "bytes", "mtime_ns", "sample_sha256", "sha256")} for e in entries]
     how = "fetched" if any(e["fetched"] for e in entries) else "already here"
     origin = entries[0]["verified_against"]
     checked = f"verified against {ORIGINS[origin]}" if origin in ORIGINS else f"sha256 {origin}"
@@ -351,7 +371,8 @@ def check_unchanged(fetch_record: dict) -> str | None:
     Cheap enough to call before every measurement: each file's size and mtime are compared with the
     record (for records without ``mtime_ns``, with the file's sidecar when it holds the same hash);
     a file under HASH_CHECK_BELOW bytes is hashed too, and then its hash decides (a file touched but
-    not changed is unchanged). A large file rewritten with the same size and mtime goes unnoticed.
+    not changed is unchanged). A larger one is sampled (``sample_sha256``, 1 MiB), so one rewritten with
+    the same size and mtime is caught too unless it differs nowhere in the sampled blocks.
     """
     for entry in fetch_record.get("files", []):
         change = _change(entry)
@@ -376,6 +397,8 @@ def _change(entry: dict) -> str | None:
     recorded = entry.get("mtime_ns", _sidecar_mtime(path, entry))
     if recorded is not None and st.st_mtime_ns != recorded:
         return f"{path} was modified or replaced (mtime {st.st_mtime_ns} ns instead of {recorded} ns)"
+    if entry.get("sample_sha256") and sample_sha256(path) != entry["sample_sha256"]:
+        return f"{path} was rewritten with the same size and mtime (sampled in {SAMPLE_BLOCKS} places, it differs)"
     return None
 
 
