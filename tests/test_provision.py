@@ -7,6 +7,7 @@ import os
 import platform
 import shutil
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -183,3 +184,41 @@ def test_a_build_older_than_crashline_supports_is_refused_by_name(tmp_path):
         r"--port, -lv, .*-fa on\|off\|auto .*supports llama.cpp b6340",
     ):
         provision.provide({"binary": str(old)}, tmp_path)
+
+
+@pytest.mark.parametrize(
+    "script,expected",
+    [
+        ('if [ "$1" = --version ]; then sleep 600; fi', "--version did not answer within 2 s; is it a llama-server?"),
+        ("printf 'version \\377\\376 b1\\n'; exit 1", "--version failed (exit 1): version \ufffd\ufffd b1"),
+    ],
+    ids=["hangs", "non-utf8"],
+)
+def test_a_binary_that_hangs_or_prints_bytes_is_named_not_a_traceback(tmp_path, monkeypatch, script, expected):
+    """A binary that hung on --list-devices, or printed non-UTF-8, ended in a Python exception name (issue #26)."""
+    monkeypatch.setattr(provision, "ASK_TIMEOUT_S", 2)
+    fake = tmp_path / "llama-server"
+    fake.write_text(f"#!/bin/sh\n{script}\n")
+    fake.chmod(0o755)
+    started = time.monotonic()
+    with pytest.raises(provision.ProvisionError) as err:
+        provision.provide({"binary": str(fake)}, tmp_path / "cache")
+    assert expected in str(err.value) and str(fake.resolve()) in str(err.value)
+    assert time.monotonic() - started < 30
+
+
+def test_a_check_server_killed_from_outside_is_not_called_a_broken_build():
+    """An outside SIGKILL of the check server (the OOM killer, a user) sent crashline to build the portable variant
+    and blamed the build; only SIGILL, an instruction this CPU lacks, does."""
+    said = servercheck.describe_failure(
+        Path("/x/llama-server"),
+        {
+            "signal": "SIGKILL",
+            "phase": "load",
+            "message": "killed",
+            "request": "8 tokens",
+            "command": ["x"],
+            "log_tail": "",
+        },
+    )
+    assert "killed by SIGKILL, which crashline never sends a check" in said and "run again" in said

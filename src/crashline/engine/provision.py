@@ -47,11 +47,33 @@ def sha256_file(path: Path) -> str:
     return h.hexdigest()
 
 
-def _version_output(binary: Path) -> str:
+ASK_TIMEOUT_S = 30  # --version, --list-devices, --help: a llama-server answers each in seconds
+
+
+def _ask(binary: Path, flag: str) -> subprocess.CompletedProcess:
+    """``binary FLAG``, its output as text whatever bytes it prints; ProvisionError naming the binary and the flag
+    where it cannot run or does not answer within ASK_TIMEOUT_S (a binary that is no llama-server may wait for
+    input forever)."""
     try:
-        proc = subprocess.run([str(binary), "--version"], capture_output=True, text=True, timeout=60)
-    except (OSError, subprocess.TimeoutExpired) as exc:
+        return subprocess.run(
+            [str(binary), flag],
+            capture_output=True,
+            text=True,
+            errors="replace",
+            stdin=subprocess.DEVNULL,
+            timeout=ASK_TIMEOUT_S,
+        )
+    except subprocess.TimeoutExpired:
+        raise ProvisionError(
+            f"{binary} {flag} did not answer within {ASK_TIMEOUT_S} s; is it a llama-server? (server.binary, "
+            "$LLAMA_SERVER or PATH)"
+        ) from None
+    except OSError as exc:
         raise ProvisionError(f"{binary} does not run: {exc}") from None
+
+
+def _version_output(binary: Path) -> str:
+    proc = _ask(binary, "--version")
     text = (proc.stdout + proc.stderr).strip()
     if proc.returncode != 0 or "version" not in text:
         raise ProvisionError(f"{binary} --version failed (exit {proc.returncode}): {text[-500:]}")
@@ -60,7 +82,7 @@ def _version_output(binary: Path) -> str:
 
 def _devices(binary: Path) -> list[str]:
     """Devices the binary can use, from its own --list-devices."""
-    proc = subprocess.run([str(binary), "--list-devices"], capture_output=True, text=True, timeout=60)
+    proc = _ask(binary, "--list-devices")
     lines = (proc.stdout + proc.stderr).splitlines()
     out, listing = [], False
     for line in lines:
@@ -82,10 +104,7 @@ OLDEST_BUILD = "b6340 (September 2025)"
 def _help_flags(binary: Path) -> list[str]:
     """Every flag the binary's --help lists (the first column: "-cb, --cont-batching"); an error
     if it lacks one crashline always passes."""
-    try:
-        proc = subprocess.run([str(binary), "--help"], capture_output=True, text=True, timeout=60)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        raise ProvisionError(f"{binary} --help does not run: {exc}") from None
+    proc = _ask(binary, "--help")
     text = proc.stdout + proc.stderr
     flags = {
         f.rstrip(",")
@@ -461,7 +480,7 @@ def provide(server_config: dict, cache_dir: Path, log=None) -> dict:
         failed.append(
             {"variant": variant, "binary": str(binary), "build_flags": built["configure_flags"], "check": result}
         )
-        if not result.get("signal"):
+        if result.get("signal") != "SIGILL":
             break  # not an instruction this machine lacks: a portable build would fail the same way
         progress.say(f"the {variant} build was killed by {result['signal']}: trying the next CPU variant")
     raise ProvisionError(

@@ -25,7 +25,7 @@ from .workloads import Client, RequestFailed
 CHECK_MODEL = "synthetic:tiny-moe"
 CHECK_ARGS = ("-c", "512", "-np", "1")
 CHECK_TOKENS = 8
-STARTUP_TIMEOUT_S = 180
+STARTUP_TIMEOUT_S = 60  # the 2 MiB model loads in seconds; a binary that hangs holds the machine's lock this long
 REQUEST_TIMEOUT_S = 120
 
 
@@ -88,6 +88,8 @@ def run_check(binary: Path, cache_dir: Path) -> dict:
 def describe_failure(binary: Path, result: dict) -> str:
     """One paragraph: which binary, what the check did, how it died."""
     how = f"killed by {result['signal']}" if result.get("signal") else result["outcome"]
+    if result.get("signal") == "SIGKILL":
+        how += ", which crashline never sends a check (the OOM killer, or someone's kill): no broken build; run again"
     return (
         f"{binary} failed crashline's server check ({how} during {result['phase']}: {result['message']}). "
         f"The check served {result['request']} on a tiny synthetic MoE with: "
