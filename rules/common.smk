@@ -53,7 +53,15 @@ EFFECTIVE_CONFIG = Path(RESULTS) / ".crashline" / "config.json"
 if not EFFECTIVE_CONFIG.exists() or json.loads(
     EFFECTIVE_CONFIG.read_text()
 ) != json.loads(json.dumps(CFG)):
-    write_json(EFFECTIVE_CONFIG, CFG)
+    # a full disk, a folder this user cannot write: one line, not a traceback
+    try:
+        write_json(EFFECTIVE_CONFIG, CFG)
+    except OSError as exc:
+        said = exc.strerror or str(exc)
+        where = "" if str(EFFECTIVE_CONFIG) in said else f" ({EFFECTIVE_CONFIG})"
+        raise WorkflowError(
+            f"crashline cannot write its config: {said}{where}"
+        ) from None
 
 # Jobs run `python -m crashline ...` and find the package, this interpreter (unless a conda env
 # is active for the job) and the effective config through their environment.

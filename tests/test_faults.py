@@ -6,6 +6,7 @@ a final name, and a rerun that measures what is missing. Run them alone with `py
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -408,8 +409,34 @@ def test_a_full_disk_loses_nothing_and_leaves_no_server(tmp_path, tiny_moe, serv
         text=True,
     )
     assert proc.returncode == 2 and "No space left on device" in proc.stderr
+    assert f"writing {full_disk / 'c.parquet'}: free space in {full_disk}" in proc.stderr  # the file, and what to do
     assert len(proc.stderr.strip().splitlines()) == 1
     assert sorted(p.name for p in full_disk.iterdir()) == ["filler"]
+
+
+def test_a_full_disk_under_results_dir_is_one_line_at_workflow_load(tmp_path, full_disk):
+    """A full disk under results_dir gave a three-frame traceback when the workflow was read (issue #26)."""
+    work = tmp_path / "work"
+    work.mkdir()
+    for name in ("Snakefile", "rules", "scripts", "profiles", "envs"):
+        (shutil.copytree if (REPO / name).is_dir() else shutil.copy)(REPO / name, work / name)
+    (work / "config").mkdir()
+    (work / "config" / "config.yaml").write_text(
+        f"results_dir: {full_disk / 'results'}\nmodels: {{m: {{source: 'synthetic:tiny-moe'}}}}\n"
+        "configurations: [{settings: {}}]\nworkloads: [{name: w, prompt_tokens: 16, gen_tokens: 4}]\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
+    proc = subprocess.run(
+        [sys.executable, "-m", "snakemake", "-n", "--cores", "1", "report"],
+        cwd=work,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    said = proc.stdout + proc.stderr
+    assert proc.returncode != 0 and "crashline cannot write its config: No space left on device writing" in said
+    assert f"free space in {full_disk / 'results' / '.crashline'}" in said
+    assert "Traceback" not in said and "atomic.py" not in said, said  # Snakemake names the line alone, as for any error
 
 
 def test_two_workflows_at_once(tmp_path, server_provenance):

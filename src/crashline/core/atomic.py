@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import tempfile
@@ -29,18 +30,36 @@ def new_file_mode() -> int:
     return 0o666 & ~current_umask()
 
 
+FULL = (errno.ENOSPC, errno.EDQUOT)
+
+
+def named(exc: OSError, path: Path) -> OSError:
+    """A full disk's error with the file it was writing and what to do ("No space left on device" alone names
+    neither); other errors as they are."""
+    if exc.errno in FULL:
+        return OSError(exc.errno, f"{exc.strerror} writing {path}: free space in {path.parent}, or write elsewhere")
+    return exc
+
+
 @contextlib.contextmanager
 def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     """Yield a temporary path beside ``path``; rename it onto ``path`` only if the block succeeds."""
     final = Path(path)
-    final.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{final.name}.", suffix=".part", dir=final.parent)
+    try:
+        final.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{final.name}.", suffix=".part", dir=final.parent)
+    except OSError as exc:
+        raise named(exc, final) from None
     os.close(fd)
     tmp_path = Path(tmp)
     try:
         yield tmp_path
         os.chmod(tmp_path, new_file_mode())
         os.replace(tmp_path, final)
+    except OSError as exc:
+        if exc.errno in FULL:
+            raise named(exc, final) from exc
+        raise
     finally:
         if tmp_path.exists():
             tmp_path.unlink()
