@@ -233,3 +233,16 @@ def test_run_writes_every_claim_from_the_tables(tmp_path):
     assert "not measured: no record of configuration" in md
     with pytest.raises(P.PublishError, match="no claims file named 'other'"):
         P.run(cfg, tmp_path / "configs.parquet", tmp_path / "measurements.parquet", tmp_path / "publish", only="other")
+
+
+def test_a_pull_request_that_fails_after_the_push_is_recorded_not_lost(tmp_path, bare):
+    """A partial publish (branch pushed, pull request failed) left no publish.json (issue #26): what left the
+    machine must be on record."""
+    remote, seed = bare
+    claim = claim_for(tmp_path, git=str(remote), revision=seed, hf_repo="owner/model")
+    out = tmp_path / "out"
+    done = P.publish(claim, section(), out, {"push": True, "open_pr": True, "branch": "crashline/fix"}, env={})
+    assert done["push"]["branch"] == "crashline/fix" and done["complete"] is False
+    assert "no Hugging Face token" in done["pull_request"]["error"] and done["pull_request"]["repo"] == "owner/model"
+    assert json.loads((out / "publish.json").read_text()) == done
+    assert git(f"--git-dir={remote}", "rev-parse", "crashline/fix") == done["push"]["commit"]

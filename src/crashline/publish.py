@@ -271,7 +271,8 @@ def publish(
     claim: dict, section: str, out_dir: str | os.PathLike, options: dict, env: Mapping[str, str] | None = None
 ) -> dict:
     """Write the publication; push and open a pull request if ``options`` say so; write and
-    return the record (``publish.json``) of what was done."""
+    return the record (``publish.json``) of what was done. A pull request that fails after the branch was
+    pushed is recorded there (``complete`` False, the error), not raised: the push happened."""
     options = {"push": False, "open_pr": False, "branch": "crashline/correction", **(options or {})}
     source = claim["source"]
     paths = write_publication(claim, section, out_dir)
@@ -290,6 +291,7 @@ def publish(
         "files": paths,
         "push": None,
         "pull_request": None,
+        "complete": True,
     }
     if options["push"]:
         if not source.get("git"):
@@ -307,16 +309,23 @@ def publish(
     if options["open_pr"]:
         if not source.get("hf_repo"):
             raise PublishError(f"publish.open_pr is on, but claims file {claim['path']} gives no source.hf_repo")
-        url = open_hf_pr(
-            source["hf_repo"],
-            source["file"],
-            new_text,
-            token,
-            title,
-            message.split("\n\n", 1)[1],
-            revision=source.get("revision"),
-        )
-        record["pull_request"] = {"repo": source["hf_repo"], "url": url}
+        try:
+            url = open_hf_pr(
+                source["hf_repo"],
+                source["file"],
+                new_text,
+                token,
+                title,
+                message.split("\n\n", 1)[1],
+                revision=source.get("revision"),
+            )
+        except PublishError as exc:
+            if record["push"] is None:
+                raise  # nothing left the machine: the error alone
+            # the branch is pushed: what was done is recorded, not lost with the error
+            record.update(pull_request={"repo": source["hf_repo"], "error": str(exc)}, complete=False)
+        else:
+            record["pull_request"] = {"repo": source["hf_repo"], "url": url}
     write_json(Path(out_dir) / "publish.json", record)
     return record
 

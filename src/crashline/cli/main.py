@@ -279,14 +279,21 @@ def cmd_publish(args) -> int:
         out_dir=args.out_dir,
     )
     for r in records:
+        pr = r["pull_request"] or {}
         done = [
             f"pushed {r['push']['branch']} at {r['push']['commit'][:12]}" if r["push"] else None,
-            f"pull request {r['pull_request']['url']}" if r["pull_request"] else None,
+            f"pull request {pr['url']}" if pr.get("url") else None,
         ]
         print(
             f"{r['claim']}: {r['files']['readme']} {r['files']['diff']} "
             f"({'dry run' if r['dry_run'] else ', '.join(d for d in done if d)})"
         )
+        if pr.get("error"):
+            print(
+                f"crashline publish: {r['claim']}: the branch was pushed but the pull request failed: {pr['error']}; "
+                "publish.json records both (delete it, or --forcerun publish_claim, to try again)",
+                file=sys.stderr,
+            )
     return 0
 
 
