@@ -79,6 +79,7 @@ rule report:
         recheck=crashline_recheck_tables(CFG),
     output:
         recommendation=LAYOUT.recommendation(),
+        summary=LAYOUT.summary_md(),
         md=report(LAYOUT.report_md(), category="Report"),
         html=report(LAYOUT.report_html(), category="Report"),
         figures=report(

@@ -70,6 +70,8 @@ ARGV = {
         "report",
         "--recommendation",
         s.output.recommendation,
+        "--summary",
+        s.output.summary,
         "--configs",
         s.input.configs,
         "--measurements",

@@ -88,6 +88,10 @@ def test_tune_runs_the_workflow_and_prints_the_answer(tmp_path, tiny_moe, server
     assert lines[1] == f"tiny-moe: use {answer['use']}" and lines[3] == f"  {answer['command']}"
     assert f"**Use `{answer['use']}`**" in (results / "report.md").read_text()
     assert answer["winner"] in (results / "report.md").read_text()
+    # the short table at the end, as llama-bench -o md prints one: every configuration, the recommendation starred
+    table = (results / "summary.md").read_text()
+    assert table.rstrip("\n") in first.stdout and f"| ★ `{answer['winner']}` |" in table
+    assert "| config | settings that differ | outcome | prefill t/s | decode t/s | end to end t/s |" in table
     searches = pd.read_parquet(results / "tables" / "searches.parquet")
     configs = pd.read_parquet(results / "tables" / "configs.parquet")
     if gpus()["present"]:

@@ -100,6 +100,9 @@ def test_default_run_writes_report_and_tables(workflow):
             in (work / "results" / "records" / "gemma3-270m" / cid / "needle-server.log").read_text()
         )
     assert "<table>" in html and "Why the others lost" in html
+    summary = (work / "results" / "summary.md").read_text()  # the short table the report job prints
+    for model, a in answers.items():
+        assert f"{a['machine']}, at {a['workload']}" in summary and f"| ★ `{a['winner']}` |" in summary
     # Every configuration ran the conversation after the workloads; the small context fails it at its second turn.
     talks = pd.read_parquet(work / "results" / "tables" / "conversations.parquet")
     assert len(talks) == len(configs) and set(talks["conversation"]) == {"chat"}

@@ -210,7 +210,9 @@ def cmd_report(args) -> int:
         conversations_path=Path(args.conversations or layout.conversations_table()),
         validity_path=Path(args.validity or layout.validity()),
         recommendation_path=Path(args.recommendation or layout.recommendation()),
+        summary_path=Path(args.summary or layout.summary_md()),
     )
+    print(Path(args.summary or layout.summary_md()).read_text(), end="")
     print(md)
     return 0
 
@@ -388,6 +390,7 @@ def parser() -> argparse.ArgumentParser:
         "--md",
         "--html",
         "--recommendation",
+        "--summary",
     ):
         s.add_argument(option, help="path (default: the results layout's)")
     s = verb("validity", cmd_validity, "run llama-bench beside crashline for the recommended configurations")

@@ -266,7 +266,13 @@ def answer(cfg: dict) -> list[str]:
             f"  {a['command']}",
         ]
     said = next((cost_text(a["cost"]) for a in found if a.get("cost")), None)
-    return [*lines, *([f"cost: {said}"] if said else []), f"report: {layout.report_md()} and {layout.report_html()}"]
+    table = layout.summary_md().read_text().rstrip("\n").splitlines() if layout.summary_md().exists() else []
+    return [
+        *lines,
+        *([f"cost: {said}"] if said else []),
+        *(["", *table, ""] if table else []),
+        f"report: {layout.report_md()} and {layout.report_html()}",
+    ]
 
 
 def run_folder(raw: dict, out: Path, verb: str, gpu: str | None = None) -> Path:

@@ -76,6 +76,10 @@ class Layout:
         """Each model's answer, machine-readable: what the report's headline says and ``tune`` prints."""
         return self.root / "recommendation.json"
 
+    def summary_md(self) -> Path:
+        """The short table of the answer (llama-bench's ``-o md`` kind), which ``report`` and ``tune`` print."""
+        return self.root / "summary.md"
+
     def report_md(self) -> Path:
         return self.root / "report.md"
 

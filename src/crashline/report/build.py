@@ -689,6 +689,54 @@ def context(
     }
 
 
+SUMMARY_COLUMNS = ("prefill_tps", "decode_tps", "e2e_tps")
+
+
+def summary(answers_: list[dict], configs: pd.DataFrame, measurements: pd.DataFrame) -> str:
+    """The answer as a short Markdown table per model (and kind of machine), as llama-bench prints one: every
+    configuration at the objective's workload, best first, with the settings that set it apart, how it ended,
+    its medians and its peak memory; ★ the recommendation. What ``report`` and ``tune`` print at the end."""
+    blocks = []
+    for a in answers_:
+        mine = configs[(configs["model"] == a["model"]) & (configs["environment"] == a["environment"])]
+        load = (a.get("measured") or {}).get("concurrency") or 1
+        at = (
+            measurements[
+                (measurements["model"] == a["model"])
+                & (measurements["environment"] == a["environment"])
+                & (measurements["workload"] == a["workload"])
+                & (measurements["concurrency"] == load)
+            ]
+            .drop_duplicates("config_id", keep="last")
+            .set_index("config_id")
+        )
+        all_args = list(mine["server_args"])
+        metric = f"{a['metric']}_median"
+        rows = []
+        for _, c in mine.iterrows():
+            w = at.loc[c["config_id"]] if c["config_id"] in at.index else None
+            speed = [_num(w[f"{k}_median"], 1) if w is not None else "–" for k in SUMMARY_COLUMNS]
+            peak = c["peak_gpu_mib"] if not missing(c.get("peak_gpu_mib")) else c["peak_rss_mib"]
+            rows.append(
+                (
+                    -(w[metric] if w is not None and not missing(w.get(metric)) else -1),
+                    f"| {'★ ' if c['config_id'] == a['winner'] else ''}`{c['config_id']}` "
+                    f"| `{distinguishing(c['server_args'], all_args) or '(the same)'}` | {c['outcome']} | "
+                    + " | ".join(speed)
+                    + f" | {_num(peak)} |",
+                )
+            )
+        memory = "peak VRAM MiB" if mine["peak_gpu_mib"].notna().any() else "peak RSS MiB"
+        head = f"{a['machine']}, at {a['workload']} (★ the recommendation, by {a['metric']}):"
+        table = [
+            f"| config | settings that differ | outcome | prefill t/s | decode t/s | end to end t/s | {memory} |",
+            "| --- | --- | --- | ---: | ---: | ---: | ---: |",
+            *(line for _, line in sorted(rows, key=lambda r: r[0])),
+        ]
+        blocks.append("\n".join([head, "", *table]))
+    return "\n\n".join(blocks) + "\n"
+
+
 def rechecked(config: dict, configs: pd.DataFrame, measurements: pd.DataFrame) -> dict | None:
     """This run beside the earlier one ``recheck.against`` names (its tables), at the objective; None without one."""
     against = config["recheck"].get("against")
@@ -897,6 +945,7 @@ def render(
     conversations_path: Path | None = None,
     validity_path: Path | None = None,
     recommendation_path: Path | None = None,
+    summary_path: Path | None = None,
 ) -> None:
     """Both reports from the tables: the same document, printed as Markdown and as HTML, and its figures as
     SVG files in ``figures/`` beside the Markdown (the recommended configurations' time series are read from
@@ -941,5 +990,8 @@ def render(
     doc = sections.document(ctx, recall_grid(needle_table), correction.report_section(config, configs, measurements))
     _write(md_path, markdown.page(doc))
     _write(html_path, html.page(doc))
+    found = answers(ctx)
     with atomic_path(recommendation_path or Layout(md_path.parent).recommendation()) as tmp:
-        tmp.write_text(json.dumps(answers(ctx), indent=1, default=str) + "\n")
+        tmp.write_text(json.dumps(found, indent=1, default=str) + "\n")
+    with atomic_path(summary_path or Layout(md_path.parent).summary_md()) as tmp:
+        tmp.write_text(summary(found, configs, measurements))
