@@ -210,3 +210,35 @@ def test_the_workflow_console_shows_each_job_as_it_happens(tmp_path, server_prov
     (log,) = (tmp_path / "results" / "logs" / "search" / "tiny").glob("*.log")
     assert log.read_text().count("probe 2: n_cpu_moe 0 ok; boundary at 0") == 1
     assert console.count("probe 2: n_cpu_moe 0 ok; boundary at 0") == 1
+
+
+def test_a_job_waiting_for_a_lock_says_so_again_every_interval(tmp_path, capsys, monkeypatch):
+    """A waiting job was silent for up to 456 s (issue #27): it says who holds the lock and how long it has waited,
+    again every STILL_WAITING_S (30 s; 1 s here)."""
+    import subprocess
+    import sys
+    import time
+
+    from crashline.core import locks
+
+    monkeypatch.setattr(locks, "STILL_WAITING_S", 1)
+    path = tmp_path / "server.lock"
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import fcntl, sys, time; f = open(sys.argv[1], 'a+'); fcntl.flock(f, fcntl.LOCK_EX); "
+            "f.write('pid 1 (the other job)'); f.flush(); print('held', flush=True); time.sleep(3.5)",
+            str(path),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert holder.stdout.readline().strip() == "held"
+    started = time.monotonic()
+    with locks.held(path, "this job", "waits for {holder}"):
+        waited = time.monotonic() - started
+    holder.wait()
+    said = capsys.readouterr().err
+    assert "this job waits for pid 1 (the other job)" in said and 2.5 < waited < 10
+    assert said.count("this job still waits for pid 1 (the other job)") >= 2 and "got the lock after" in said

@@ -44,6 +44,24 @@ class UnsafeLockError(RuntimeError):
     """A lock folder or file another user could swap or make us write through; the message says which and why."""
 
 
+STILL_WAITING_S = 30  # a job that waits says so again this often, so that a console is never silent for long
+
+
+def _wait(f, what: str, started: float) -> None:
+    """Take the lock of ``f``, saying every STILL_WAITING_S who holds it and how long this has waited."""
+    said = started
+    while True:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            now = time.monotonic()
+            if now - said >= STILL_WAITING_S:
+                progress.say(f"{what} still waits for {f.holder() or 'another process'} ({now - started:.0f} s so far)")
+                said = now
+            time.sleep(0.2)
+
+
 @contextlib.contextmanager
 def held(path: Path, what: str, waiting: str):
     """Hold an exclusive flock on ``path`` for ``what``. While another process holds it, print ``waiting``
@@ -59,7 +77,7 @@ def held(path: Path, what: str, waiting: str):
             holder = f.holder() or "another process"
             progress.say(f"{what} {waiting.format(holder=holder, lock=path)}")
             started = time.monotonic()
-            fcntl.flock(f, fcntl.LOCK_EX)
+            _wait(f, what, started)
             progress.say(f"{what} got the lock after {time.monotonic() - started:.0f} s")
         f.say(f"pid {os.getpid()} ({what})\n")
         try:
@@ -309,7 +327,7 @@ def _holders(paths: list[Path]) -> str:
 def _take_gpus(visible: list[dict], n: int, what: str, lock_dir: Path, poll_s: float = 0.2) -> tuple[list[dict], list]:
     """Lock ``n`` of the visible GPUs, the first free ones in order; while fewer are free, hold none and wait."""
     paths = {g["uuid"]: lock_dir / f"gpu-{g['uuid']}.lock" for g in visible}
-    said = False
+    said: float | None = None
     while True:
         taken, files = [], []
         for gpu in visible:
@@ -320,11 +338,13 @@ def _take_gpus(visible: list[dict], n: int, what: str, lock_dir: Path, poll_s: f
                 if len(taken) == n:
                     return taken, files
         _release(files)  # never hold some while waiting for more: two jobs would each wait for the other's
-        if not said:
+        if said is None or time.monotonic() - said >= STILL_WAITING_S:
+            again = "still " if said is not None else ""
             progress.say(
-                f"{what} waits for {n} of {len(visible)} GPUs to be free (held by {_holders(list(paths.values()))})"
+                f"{what} {again}waits for {n} of {len(visible)} GPUs to be free "
+                f"(held by {_holders(list(paths.values()))})"
             )
-            said = True
+            said = time.monotonic()
         time.sleep(poll_s * random.uniform(0.5, 1.5))  # two jobs that each want two GPUs do not collide in step
 
 
