@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import itertools
+import json
 import os
 from pathlib import Path
 
@@ -401,29 +402,51 @@ def expand(config: dict) -> list[dict]:
     return list(seen.values())
 
 
+_PLANS: dict[str, dict] = {}  # a config's canonical text -> its plan (``_plan``): a few configs per process at most
+
+
+def _plan(config: dict) -> dict:
+    """The config's configurations and searches by (model, id), and which configuration's recall stands for each
+    (``needle_twin``), worked out once per config: every job's spec is looked up here, so building the specs of a
+    401-configuration grid expands it once, not once per job."""
+    key = json.dumps(config, sort_keys=True, default=str)
+    plan = _PLANS.get(key)
+    if plan is None:
+        items = {(i["model"], i["id"]): i for i in expand(config)}
+        first: dict[tuple, str] = {}
+        twins = {}
+        for (model, cid), item in items.items():
+            served = (model, json.dumps(settings_mod.server_args(item["settings"])))
+            twin = first.setdefault(served, cid)
+            twins[(model, cid)] = None if twin == cid else twin
+        searches = {(g["model"], g["id"]): g for g in expand_searches(config)}
+        if len(_PLANS) >= 8:
+            _PLANS.clear()
+        plan = _PLANS[key] = {"items": items, "twins": twins, "searches": searches}
+    return plan
+
+
 def find_search(config: dict, model: str, gid: str) -> dict:
-    for group in expand_searches(config):
-        if group["model"] == model and group["id"] == gid:
-            return group
-    raise ConfigError(f"no search {gid!r} for model {model!r} in this config (run `python -m crashline plan`)")
+    group = _plan(config)["searches"].get((model, gid))
+    if group is None:
+        raise ConfigError(f"no search {gid!r} for model {model!r} in this config (run `python -m crashline plan`)")
+    return copy.deepcopy(group)
 
 
 def find(config: dict, model: str, cid: str) -> dict:
-    for item in expand(config):
-        if item["model"] == model and item["id"] == cid:
-            return item
-    raise ConfigError(f"no configuration {cid!r} for model {model!r} in this config (run `python -m crashline plan`)")
+    item = _plan(config)["items"].get((model, cid))
+    if item is None:
+        raise ConfigError(
+            f"no configuration {cid!r} for model {model!r} in this config (run `python -m crashline plan`)"
+        )
+    return copy.deepcopy(item)
 
 
 def needle_twin(config: dict, model: str, cid: str) -> str | None:
     """The configuration whose recall stands for ``cid``'s: the first of the same model whose llama-server runs
     with the same arguments (they differ only in what crashline does around the server, such as the page cache
     before it starts, which cannot change what the model recalls); None where that is ``cid`` itself."""
-    items = [item for item in expand(config) if item["model"] == model]
-    mine = next(item for item in items if item["id"] == cid)
-    served = settings_mod.server_args(mine["settings"])
-    first = next(item for item in items if settings_mod.server_args(item["settings"]) == served)
-    return None if first["id"] == cid else first["id"]
+    return _plan(config)["twins"][(model, cid)]
 
 
 OBJECTIVE_METRICS = {
