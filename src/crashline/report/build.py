@@ -692,10 +692,12 @@ def context(
 SUMMARY_COLUMNS = ("prefill_tps", "decode_tps", "e2e_tps")
 
 
-def summary(answers_: list[dict], configs: pd.DataFrame, measurements: pd.DataFrame) -> str:
-    """The answer as a short Markdown table per model (and kind of machine), as llama-bench prints one: every
-    configuration at the objective's workload, best first, with the settings that set it apart, how it ended,
-    its medians and its peak memory; ★ the recommendation. What ``report`` and ``tune`` print at the end."""
+def summary(answers_: list[dict], configs: pd.DataFrame, measurements: pd.DataFrame) -> list[dict]:
+    """The answer as a short table per model (and kind of machine), as llama-bench prints one: every configuration
+    at the objective's workload, best first, with the settings that set it apart, how it ended, its medians and its
+    peak memory; the recommendation marked. The report opens with it (``sections.summary``), and ``summary.md``,
+    which ``report`` and ``tune`` print, is it alone. Each: ``title``, ``memory`` (the column's name) and ``rows``
+    ({config_id, winner, differs, outcome, prefill, decode, e2e, peak})."""
     blocks = []
     for a in answers_:
         mine = configs[(configs["model"] == a["model"]) & (configs["environment"] == a["environment"])]
@@ -715,26 +717,29 @@ def summary(answers_: list[dict], configs: pd.DataFrame, measurements: pd.DataFr
         rows = []
         for _, c in mine.iterrows():
             w = at.loc[c["config_id"]] if c["config_id"] in at.index else None
-            speed = [_num(w[f"{k}_median"], 1) if w is not None else "–" for k in SUMMARY_COLUMNS]
+            speed = {k: _num(w[f"{k}_median"], 1) if w is not None else "–" for k in SUMMARY_COLUMNS}
             peak = c["peak_gpu_mib"] if not missing(c.get("peak_gpu_mib")) else c["peak_rss_mib"]
             rows.append(
-                (
-                    -(w[metric] if w is not None and not missing(w.get(metric)) else -1),
-                    f"| {'★ ' if c['config_id'] == a['winner'] else ''}`{c['config_id']}` "
-                    f"| `{distinguishing(c['server_args'], all_args) or '(the same)'}` | {c['outcome']} | "
-                    + " | ".join(speed)
-                    + f" | {_num(peak)} |",
-                )
+                {
+                    "rank": -(w[metric] if w is not None and not missing(w.get(metric)) else -1),
+                    "config_id": c["config_id"],
+                    "winner": c["config_id"] == a["winner"],
+                    "differs": distinguishing(c["server_args"], all_args) or "(the same)",
+                    "outcome": c["outcome"],
+                    "prefill": speed["prefill_tps"],
+                    "decode": speed["decode_tps"],
+                    "e2e": speed["e2e_tps"],
+                    "peak": _num(peak),
+                }
             )
-        memory = "peak VRAM MiB" if mine["peak_gpu_mib"].notna().any() else "peak RSS MiB"
-        head = f"{a['machine']}, at {a['workload']} (★ the recommendation, by {a['metric']}):"
-        table = [
-            f"| config | settings that differ | outcome | prefill t/s | decode t/s | end to end t/s | {memory} |",
-            "| --- | --- | --- | ---: | ---: | ---: | ---: |",
-            *(line for _, line in sorted(rows, key=lambda r: r[0])),
-        ]
-        blocks.append("\n".join([head, "", *table]))
-    return "\n\n".join(blocks) + "\n"
+        blocks.append(
+            {
+                "title": f"{a['machine']}, at {a['workload']} (★ the recommendation, by {a['metric']})",
+                "memory": "peak VRAM MiB" if mine["peak_gpu_mib"].notna().any() else "peak RSS MiB",
+                "rows": sorted(rows, key=lambda r: r["rank"]),
+            }
+        )
+    return blocks
 
 
 def rechecked(config: dict, configs: pd.DataFrame, measurements: pd.DataFrame) -> dict | None:
@@ -987,11 +992,12 @@ def render(
         m["searches"] = searches(search_table, m["name"], configs, manifest)
         m["figures"] = [Figure(f.title, f.svg, f"{FIGURES}/{f.file}", f.series) for f in drawn.get(m["name"], [])]
         m["validity"] = validity_rows(checked, m["name"])
+    found = answers(ctx)
+    ctx["summary"] = summary(found, configs, measurements)
     doc = sections.document(ctx, recall_grid(needle_table), correction.report_section(config, configs, measurements))
     _write(md_path, markdown.page(doc))
     _write(html_path, html.page(doc))
-    found = answers(ctx)
     with atomic_path(recommendation_path or Layout(md_path.parent).recommendation()) as tmp:
         tmp.write_text(json.dumps(found, indent=1, default=str) + "\n")
     with atomic_path(summary_path or Layout(md_path.parent).summary_md()) as tmp:
-        tmp.write_text(summary(found, configs, measurements))
+        tmp.write_text("\n\n".join(markdown.block(b) for b in sections.summary(ctx["summary"])) + "\n")

@@ -29,6 +29,7 @@ def document(ctx: dict, needle_grid: list[dict], corrections: Section | None) ->
         *recheck(ctx.get("recheck")),
         *(Para([Strong(f"{model}: "), why, "."], "warn") for model, why in ctx["recall_uninformative"].items()),
         *intro(ctx),
+        *summary(ctx.get("summary")),
         environment(ctx),
         *(model_section(m, ctx) for m in ctx["per_model"]),
         needle.section(needle_grid),
@@ -57,6 +58,36 @@ def top(lost: dict) -> list:
         if m["failures"]:
             blocks.append(Bullets([_failed(f) for f in m["failures"]]))
     return blocks
+
+
+def summary(blocks: list[dict] | None) -> list:
+    """The answers first: per model every configuration at the workload that decides, best first, ★ the
+    recommendation (``build.summary``); the sections below say why."""
+    out = []
+    for b in blocks or []:
+        table = [
+            [
+                Cell([f"{'★ ' if r['winner'] else ''}", Code(r["config_id"])], "winner" if r["winner"] else None),
+                Code(r["differs"]),
+                Cell(r["outcome"], None if r["outcome"] == "ok" else "fail"),
+                r["prefill"],
+                r["decode"],
+                r["e2e"],
+                r["peak"],
+            ]
+            for r in b["rows"]
+        ]
+        header = [
+            "config",
+            "settings that differ",
+            "outcome",
+            "prefill t/s",
+            "decode t/s",
+            "end to end t/s",
+            b["memory"],
+        ]
+        out += [Para(Strong(b["title"] + ":")), Table(header, table, numeric=frozenset({3, 4, 5, 6}))]
+    return out
 
 
 def recheck(found: dict | None) -> list:
