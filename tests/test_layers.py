@@ -39,6 +39,7 @@ CONFIG_MODULES = {
     "crashline.config.shape",
     "crashline.config.needle",
     "crashline.config.claims",
+    "crashline.core.paths",  # pathlib alone: where an earlier run's tables are (recheck.against)
 }
 HEAVY = ("pandas", "jinja2", "pyarrow", "requests", "numpy", "gguf")
 KNOWN_CYCLES: list[set[str]] = []

@@ -235,7 +235,6 @@ def _check_references(config: dict) -> None:
     entries = list(_resolved_entries(config))  # every combination resolves (ubatch <= batch, fit alone)
     expand_searches(config)  # every search range is LOW <= HIGH
     _check_concurrency(config["workloads"], entries)
-    _check_lengths(config["workloads"], entries)
     resolve_objective(config)  # its load, limits and workload fit together and the configurations
     _check_needle(config)
 
@@ -268,26 +267,6 @@ def _check_concurrency(workloads: list[dict], entries: list[tuple[int, dict]]) -
                     f"but configurations.{i} has parallel = {slots} slot(s), so {n - slots} would wait in the queue; "
                     f"write `concurrency: slots` (one request per slot) or raise parallel to {n}"
                 )
-
-
-def _check_lengths(workloads: list[dict], entries: list[tuple[int, dict]]) -> None:
-    """A workload's prompt fits some configuration's context. One that fills a slot, or fits only some
-    configurations, is the others' measured failure (context_exceeded at its depth); one longer than every
-    context measures nothing (a prompt of 400M tokens was built in memory until the job was killed). A context
-    left to the model (ctx 0) could hold anything."""
-    contexts = [(s["ctx"], i) for i, s in entries]
-    if not contexts or any(not ctx for ctx, _ in contexts):
-        return
-    largest, i = max(contexts)
-    for j, w in enumerate(workloads):
-        if _from_claims(w):
-            continue  # a claims row runs as published
-        if w["prompt_tokens"] > largest:
-            raise ConfigError(
-                f"config key workloads.{j}.prompt_tokens = {w['prompt_tokens']}: workload {w['name']!r} is longer than "
-                f"every configuration's context (the largest is ctx {largest}, configurations.{i}), so nothing could "
-                "measure it; lower it or raise ctx"
-            )
 
 
 def _check_needle(config: dict) -> None:
