@@ -426,6 +426,9 @@ def test_check_unchanged_notices_a_replaced_file(gguf_bytes, other_bytes, tmp_pa
     assert "mtime" in check_unchanged(older)  # a record from before mtime_ns: the sidecar's mtime is used
     recorded = record["files"][0]["mtime_ns"]
     os.utime(path, ns=(recorded, recorded))
-    assert check_unchanged(record) is None  # the price of not hashing a large file: same size and mtime pass
+    # same size and mtime: the content sampled beside them tells (a record from before the sample cannot)
+    assert "rewritten with the same size and mtime" in check_unchanged(record)
+    unsampled = {**record, "files": [{k: v for k, v in record["files"][0].items() if k != "sample_sha256"}]}
+    assert check_unchanged(unsampled) is None
     path.unlink()
     assert "no longer exists" in check_unchanged(record)

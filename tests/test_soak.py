@@ -94,7 +94,7 @@ def test_a_real_soak_of_different_prompts_records_growth_per_request(tmp_path, g
     points = result["points"]
     assert [p["requests"] for p in points] == list(range(1, 11)) and all(p["rss_mib"] > 0 for p in points)
     assert all(p["cache_entries"] is not None for p in points[1:])  # the server's own word on its prompt cache
-    assert result["limits"] == {"host_mib": 4096, "host_is": "budget", "vram_mib": None}
+    assert result["limits"] == {"host_mib": 4096, "host_is": "budget", "vram_mib": None, "cache_mib": 8192}
     rss = result["growth"]["rss_mib"]
     assert rss["per_request"]["n"] == 10 and rss["last"] == points[-1]["rss_mib"]
     # every different prompt stays in llama.cpp's host prompt cache (8 GiB by default): RSS grows with it
