@@ -40,7 +40,7 @@ def tables(**by_id) -> tuple[pd.DataFrame, pd.DataFrame]:
             "peak_rss_mib": 500.0,
         }
         configs.append(row)
-        stats = {"e2e_tps_median": median, "e2e_tps_min": low, "e2e_tps_max": high}
+        stats = {"e2e_tps_median": median, "e2e_tps_min": low, "e2e_tps_max": high, "e2e_tps_n": 3}
         measurements.append({**row, "workload": "w", **stats})
     return pd.DataFrame(configs), pd.DataFrame(measurements)
 
@@ -63,6 +63,18 @@ def test_each_configuration_is_judged_then_against_now():
     assert "m b now fails (crashed at depth-2k)" in said and "m c is slower (0.80x the e2e_tps)" in said
     kept = headline([rows["a"], rows["d"]])
     assert "kept all 2 configuration(s)" in kept and "regressed" not in kept
+
+
+def test_one_request_a_side_cannot_tell_slower_from_noise():
+    """With one repetition each range is one number: any difference would read as slower. It is said so instead
+    (the same build, rechecked, once read "regressed: 0.80x")."""
+    then, now = tables(a=("ok", 100, 100, 100)), tables(a=("ok", 80, 80, 80))
+    for frame in (then[1], now[1]):
+        frame["e2e_tps_n"] = 1
+    (row,) = compare(*then, *now, "e2e_tps", "w")
+    assert row["verdict"] == "cannot tell" and row["ratio"] == 0.8
+    said = headline([row])
+    assert "kept all 1 configuration(s)" in said and "1 measured once on a side" in said and "regressed" not in said
 
 
 def test_only_configurations_measured_in_both_are_compared():
@@ -124,6 +136,6 @@ def test_recheck_on_an_equal_build_keeps_every_configuration(tmp_path, small_run
     same = Path(folder) / "llama-server"
     done = crashline("recheck", str(earlier), "--binary", str(same), "--out", str(tmp_path / "re"), cwd=tmp_path)
     assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
-    assert "kept all 1 configuration(s)" in done.stdout, done.stdout
+    assert "kept all 1 configuration(s)" in done.stdout, done.stdout  # measured once a side: speed not compared
     first = pd.read_parquet(tmp_path / "re" / "results" / "tables" / "configs.parquet")["first_request_s"]
     assert first.iloc[0] > 0  # the first request after /health answered, and its time is in the table

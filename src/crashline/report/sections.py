@@ -140,7 +140,7 @@ def recheck(found: dict | None) -> list:
         " against ",
         Code(found["against"]),
         ": each configuration measured in both runs, the earlier build's figures beside this one's (tied: their "
-        "ranges overlap, as the recommendation judges noise).",
+        "ranges overlap, as the recommendation judges noise; cannot tell: a side measured it once).",
     ]
     return [Para(Strong(found["headline"]), "fail" if regressed else "ok"), Para(lead), Table(header, table)]
 

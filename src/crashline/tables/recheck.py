@@ -1,8 +1,8 @@
 """An earlier run against this one, configuration by configuration (``recheck.against``): usually the same
 configurations on another llama-server build. Per configuration measured in both: did it survive then and now
 (and where it failed), the first request after ``/health``, the objective's speed now over then (tied when their
-ranges overlap, as the recommendation judges noise), and the change in peak VRAM and host memory. Pure: tables
-in, rows out."""
+ranges overlap, as the recommendation judges noise; "cannot tell" where a side measured it once), and the change
+in peak VRAM and host memory. Pure: tables in, rows out."""
 
 from __future__ import annotations
 
@@ -52,7 +52,7 @@ def compare(
     speeds_now = {
         (r["model"], r["config_id"]): r for r in measurements[measurements["workload"] == workload].to_dict("records")
     }
-    median = cols.stat(metric, "median")
+    median, count = cols.stat(metric, "median"), cols.stat(metric, "n")
     for now in configs.to_dict("records"):
         key = (now["model"], now["config_id"])
         then = then_by_key.get(key)
@@ -70,6 +70,8 @@ def compare(
             verdict = "survives now"
         elif ratio is None:
             verdict = "tied"  # nothing to compare at the objective's workload
+        elif min(_number(a.get(count)) or 0, _number(b.get(count)) or 0) < 2:
+            verdict = "cannot tell"  # one request on a side: no range to judge the noise by
         elif overlap(spread_of(a, metric), spread_of(b, metric)):
             verdict = "tied"
         else:
@@ -111,5 +113,9 @@ def headline(rows: list[dict]) -> str | None:
         parts = [f"{r['model']} {r['config_id']} now fails ({r['failed_now']})" for r in broke]
         parts += [f"{r['model']} {r['config_id']} is slower ({r['ratio']:.2f}x the {r['metric']})" for r in slowed]
         return f"{said} regressed: {'; '.join(parts)}."
-    kept = sum(r["verdict"] in ("tied", "faster", "survives now") for r in rows)
-    return f"{said} kept all {kept} configuration(s) measured in both: none fails or is slower beyond the noise."
+    kept = sum(r["verdict"] in ("tied", "faster", "survives now", "cannot tell") for r in rows)
+    once = sum(r["verdict"] == "cannot tell" for r in rows)
+    untold = f"; {once} measured once on a side, so its speed is not compared (raise repetitions)" if once else ""
+    return (
+        f"{said} kept all {kept} configuration(s) measured in both: none fails or is slower beyond the noise{untold}."
+    )
