@@ -90,9 +90,10 @@ def test_default_run_writes_report_and_tables(workflow):
         assert f"(`{cid}`) — measured from a cold page cache" in md
         # its llama-server runs as its warm twin's: the twin's recall stands for its own, no server started for it
         needle = json.loads((work / "results" / "records" / "gemma3-270m" / cid / "needle.json").read_text())
+        served = configs.set_index("config_id").loc[cid, "server_args"].replace(" · cold page cache", "")
         twin = configs[
             (configs["model"] == "gemma3-270m")
-            & (configs["server_args"] == configs.set_index("config_id").loc[cid, "server_args"])
+            & (configs["server_args"] == served)
             & (configs["s_page_cache"] != "cold")
         ]["config_id"].item()
         assert needle["recall_of"] == twin and needle["config_id"] == cid and needle["trials"]
