@@ -20,6 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from ..core.records import Outcome
 from ..engine import logparse
+from ..engine.planner import DEFAULT_CACHE_RAM_MIB
 from ..engine.workloads import Client, PromptSource
 
 SEED = 100_000  # prompt offsets of the soak: index SEED + k for its k-th request, apart from workloads' and turns'
@@ -183,10 +184,6 @@ def text(result: dict) -> str:
 def _mean(values: list) -> float | None:
     have = [v for v in values if v]
     return round(statistics.fmean(have), 2) if have else None
-
-
-# llama.cpp's host prompt cache limit when --cache-ram is not given (common.h: cache_ram_mib = 8192).
-DEFAULT_CACHE_RAM_MIB = 8192
 
 
 def limits(host_ram_mib: int | None, vram_limit_mib: float | None, cache_ram: int | None = None) -> dict:
