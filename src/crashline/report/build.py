@@ -721,7 +721,11 @@ def summary(answers_: list[dict], configs: pd.DataFrame, measurements: pd.DataFr
             peak = c["peak_gpu_mib"] if not missing(c.get("peak_gpu_mib")) else c["peak_rss_mib"]
             rows.append(
                 {
-                    "rank": -(w[metric] if w is not None and not missing(w.get(metric)) else -1),
+                    # a cold page cache is a state at load, never ranked against its warm twin: it follows the rest
+                    "rank": (
+                        c.get("s_page_cache") == "cold",
+                        -(w[metric] if w is not None and not missing(w.get(metric)) else -1),
+                    ),
                     "config_id": c["config_id"],
                     "winner": c["config_id"] == a["winner"],
                     "differs": distinguishing(c["server_args"], all_args) or "(the same)",
