@@ -70,6 +70,18 @@ def test_warm_then_evict_a_real_file(model_file):
     assert pagecache.warm(model_file)["resident_before"] < 0.05  # the next read really came from the disk
 
 
+def test_warm_reads_only_the_pages_not_resident(model_file):
+    """A file already in the page cache is scanned, not read again; half of one is read in by its missing half."""
+    pagecache.warm(model_file)
+    again = pagecache.warm(model_file)
+    assert again["resident_before"] > 0.95 and again["read_bytes"] < MIB and again["resident_after"] > 0.95
+    pagecache.evict(model_file)
+    read_first_half(model_file)
+    half = pagecache.warm(model_file)
+    assert 0.4 < half["resident_before"] < 0.6 and half["resident_after"] > 0.95
+    assert 0.35 * 32 * MIB < half["read_bytes"] < 0.6 * 32 * MIB
+
+
 def test_residency_counts_pages_across_mapped_chunks(model_file, monkeypatch):
     monkeypatch.setattr(pagecache, "_CHUNK", MIB)  # 32 separate mappings, as a file over 1 GiB gets
     pagecache.evict(model_file)

@@ -594,10 +594,10 @@ def _measure(
         "budget": config["budget"],
         "repetitions": config["repetitions"],
         "page_cache": page_cache_state(fetch_record, draft_path, resolved["page_cache"]),
-        "page_cache_resident_at_start": round(pagecache.resident_fraction(model_path), 4),
         "cpu_memory_bandwidth_gbs": host.memory_bandwidth_from(provenance),
         "started_at": _now(),
     }
+    record["page_cache_resident_at_start"] = record["page_cache"]["resident"][model_path]
     server = ServerProcess(command, log_path, host_ram_mib=config["budget"].get("host_ram_mib"))
     workloads: list[dict] = []
     talks: list[dict] = []

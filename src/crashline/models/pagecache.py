@@ -1,4 +1,4 @@
-"""Page-cache residency of model files (mincore) and warming them (a sequential read).
+"""Page-cache residency of model files (mincore) and warming them (a read of the pages not resident).
 
 A cold cache measures the disk, not the configuration: models are read into the page cache before
 they are measured, and the residency is recorded before and after.
@@ -13,6 +13,8 @@ import os
 import time
 from pathlib import Path
 
+import numpy as np
+
 from ..core import progress
 
 _libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
@@ -24,13 +26,10 @@ PAGE = mmap.PAGESIZE
 _CHUNK = 1 << 30  # map at most 1 GiB at a time
 
 
-def resident_fraction(path: str | os.PathLike) -> float:
-    """Fraction of the file's pages that are in the page cache now."""
+def resident_pages(path: str | os.PathLike) -> np.ndarray:
+    """Which of the file's pages are in the page cache now (mincore), one bool per page."""
     size = os.path.getsize(path)
-    if size == 0:
-        return 1.0
-    resident = 0
-    pages_total = (size + PAGE - 1) // PAGE
+    parts = []
     fd = os.open(path, os.O_RDONLY)
     try:
         for offset in range(0, size, _CHUNK):
@@ -39,41 +38,58 @@ def resident_fraction(path: str | os.PathLike) -> float:
             if addr in (None, ctypes.c_void_p(-1).value):
                 raise OSError(ctypes.get_errno(), f"mmap of {path} failed")
             try:
-                pages = (length + PAGE - 1) // PAGE
-                vec = (ctypes.c_ubyte * pages)()
+                vec = (ctypes.c_ubyte * ((length + PAGE - 1) // PAGE))()
                 if _libc.mincore(addr, length, vec) != 0:
                     raise OSError(ctypes.get_errno(), f"mincore on {path} failed")
-                resident += sum(b & 1 for b in vec)
+                parts.append(np.frombuffer(vec, dtype=np.uint8) & 1)
             finally:
                 _libc.munmap(addr, length)
     finally:
         os.close(fd)
-    return resident / pages_total
+    return np.concatenate(parts).astype(bool) if parts else np.zeros(0, dtype=bool)
+
+
+def resident_fraction(path: str | os.PathLike) -> float:
+    """Fraction of the file's pages that are in the page cache now."""
+    pages = resident_pages(path)
+    return float(pages.mean()) if pages.size else 1.0
+
+
+def _missing_runs(pages: np.ndarray, block_pages: int) -> list[tuple[int, int]]:
+    """(first page, page count) of each run of pages not resident, each at most ``block_pages`` long."""
+    edges = np.diff(np.concatenate(([1], pages.view(np.int8), [1])))
+    starts, ends = np.flatnonzero(edges == -1), np.flatnonzero(edges == 1)
+    return [(s, min(block_pages, e - s)) for a, e in zip(starts, ends) for s in range(int(a), int(e), block_pages)]
 
 
 def warm(path: str | os.PathLike, block: int = 16 << 20) -> dict:
-    """Read the whole file once; return residency before and after and the read rate. A read that
+    """Read in the pages of the file that are not in the page cache (mincore says which: a file already resident
+    costs one scan, not a read of every byte); return residency before and after and the read rate. A read that
     takes long says how far it got on the console (``progress.Meter``)."""
-    before = resident_fraction(path)
+    pages = resident_pages(path)
+    before = float(pages.mean()) if pages.size else 1.0
+    runs = _missing_runs(pages, max(1, block // PAGE))
     started = time.monotonic()
     size = 0
-    meter = progress.Meter(f"reading {Path(path).name} into the page cache", os.path.getsize(path))
+    meter = progress.Meter(f"reading {Path(path).name} into the page cache", sum(n for _, n in runs) * PAGE)
     with open(path, "rb", buffering=0) as f:
         os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_SEQUENTIAL)
         buf = bytearray(block)
         view = memoryview(buf)
-        while n := f.readinto(view):
-            size += n
+        for first, count in runs:
+            f.seek(first * PAGE)
+            size += f.readinto(view[: count * PAGE])
             meter.update(size)
     meter.finish()
     seconds = time.monotonic() - started
     return {
         "path": str(path),
-        "bytes": size,
+        "bytes": os.path.getsize(path),
+        "read_bytes": size,
         "resident_before": round(before, 4),
         "resident_after": round(resident_fraction(path), 4),
         "read_seconds": round(seconds, 3),
-        "read_mib_s": round(size / (1 << 20) / seconds, 1) if seconds > 0 else None,
+        "read_mib_s": round(size / (1 << 20) / seconds, 1) if seconds > 0 and size else None,
     }
 
 
