@@ -1,6 +1,10 @@
 #!/usr/bin/env bash
 # One GPU lease, several calls (bench/device.md): each call runs one step and packs what it has under $OUT.
-#   bash bench/device-session.sh build                       # wheels, llama-server with CUDA (about 300 s)
+#   bash bench/device-session.sh build [SHAPE...]            # wheels, llama-server with CUDA (about 300 s); the
+#                                                            # synthetic GGUFs named are written meanwhile
+#   bash bench/device-session.sh tune SHAPE VRAM             # crashline tune of that GGUF (--ctx 32768 --prompt
+#                                                            # 16000), its wall time in tune-wall.json
+#   bash bench/device-session.sh grid SHAPE                  # bench/answer_grid.py run on that tune's results
 #   bash bench/device-session.sh measure CONFIG MODEL ID...  # fetch/inspect the config's models and provision once,
 #                                                            # then measure each configuration id of MODEL, aggregate
 #   bash bench/device-session.sh soak ID...                  # measure with bench/configs/h200-draft-soak.yaml
@@ -9,21 +13,62 @@
 #                                                            # (written first), ARGS after --
 # The results stay under /tmp/res between calls; every call packs them into $OUT/results.tgz.
 set -euo pipefail
-export CRASHLINE_CACHE=/tmp/clc PYTHONPATH=$PWD/src PYTHONUNBUFFERED=1
+export CRASHLINE_CACHE=/tmp/clc PYTHONPATH=/tmp/site:$PWD/src PYTHONUNBUFFERED=1
+export LLAMA_SERVER=${LLAMA_SERVER:-/tmp/llama/build/bin/llama-server}
 step=$1; shift
+# Synthetic shapes by name: the overrides of a preset (crashline.config.shape). qwen3moe-40x192 is issue #22's
+# 20 GB qwen3moe (40 layers, 192 experts / 8, n_embd 2048, Q4_0).
+shape_of() {
+  case $1 in
+    qwen3-30b-a3b) echo '{} qwen3-30b-a3b' ;;
+    qwen3moe-40x192) echo '{"layers": 40, "n_expert": 192} qwen3-30b-a3b' ;;
+    tiny-moe) echo '{} tiny-moe' ;;  # to try the steps on a machine without a GPU (VRAM -)
+    *) echo "unknown shape $1" >&2; exit 2 ;;
+  esac
+}
+write_model() {
+  local spec; spec=$(shape_of "$1")
+  mkdir -p /tmp/clc/models
+  [ -e /tmp/clc/models/$1.gguf ] || python -c "
+import json, sys; from pathlib import Path; from crashline.models import synthetic as s
+s.write_moe_gguf(Path(sys.argv[1]), s.resolve_shape(json.loads(sys.argv[2]), sys.argv[3]))" \
+    /tmp/clc/models/$1.gguf "${spec% *}" "${spec##* }"
+}
 if [ "$step" = all ]; then bash "$0" build && bash "$0" soak "$@"; exit; fi
 if [ "$step" = soak ]; then bash "$0" measure bench/configs/h200-draft-soak.yaml tiny-moe "$@"; exit; fi
 case $step in
 build)
-  python -m pip install -q --no-index --no-deps --find-links .whl gguf jsonschema jsonschema-specifications \
-    referencing rpds-py attrs typing_extensions tqdm 2>&1 | tail -2
+  # the wheels crashline and Snakemake need beyond the machine's own packages (bench/device.md)
+  python -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    2>&1 | tail -2
+  started=$(date +%s)
+  for shape in "$@"; do write_model "$shape" > /tmp/write-$shape.log 2>&1 & done
   mkdir -p /tmp/llama && tar xzf .dev/llama-src-min.tar.gz -C /tmp/llama
   cmake -S /tmp/llama -B /tmp/llama/build -G Ninja -DCMAKE_BUILD_TYPE=Release -DGGML_CUDA=ON \
     -DCMAKE_CUDA_ARCHITECTURES=90 -DLLAMA_OPENSSL=OFF -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_BUILD_TESTS=OFF \
     -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_CURL=OFF > /tmp/build.log 2>&1
   cmake --build /tmp/llama/build --target llama-server -j16 >> /tmp/build.log 2>&1
   tail -3 /tmp/build.log
-  mkdir -p /tmp/res && cp /tmp/build.log /tmp/res/
+  wait
+  echo "build and models: $(( $(date +%s) - started )) s"; ls -l /tmp/clc/models 2>/dev/null || true
+  mkdir -p /tmp/res && cp /tmp/build.log /tmp/res/ && cat /tmp/write-*.log 2>/dev/null | tail -5
+  ;;
+tune)
+  name=$1 vram=--vram=$2; [ "$2" = - ] && vram=
+  mkdir -p /tmp/res/$name
+  begun=$(date +%s.%N)
+  # SIGTERM short of the call's limit: tune stops its jobs at a safe point, and the same step again resumes
+  timeout 560 python -m crashline tune /tmp/clc/models/$name.gguf --ctx 32768 --prompt 16000 $vram \
+    --out /tmp/res/$name/tune >> /tmp/res/$name/tune-console.txt 2>&1 && rc=0 || rc=$?
+  python -c "import json, sys; print(json.dumps({'begun': float(sys.argv[1]), 'ended': float(sys.argv[2]), 'rc': int(sys.argv[3])}))" \
+    "$begun" "$(date +%s.%N)" "$rc" >> /tmp/res/$name/tune-wall.jsonl
+  tail -25 /tmp/res/$name/tune-console.txt
+  ;;
+grid)
+  name=$1
+  timeout 560 python bench/answer_grid.py run /tmp/res/$name/tune/tune.yaml --out /tmp/res/$name/grid \
+    >> /tmp/res/$name/grid-console.txt 2>&1 || true
+  grep "^pass" /tmp/res/$name/grid-console.txt | tail -30
   ;;
 measure)
   config=$1 model=$2; shift 2
