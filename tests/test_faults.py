@@ -482,7 +482,7 @@ configurations:
 workloads:
   - {name: long, prompt_tokens: 64, gen_tokens: 3000}
 repetitions: 8
-"""  # about 10 s a probe here: the kill lands well inside the second probe
+"""  # about 10 s a probe here: the kill lands well inside the probe after the calibration (a start without workloads)
 
 
 @pytest.mark.parametrize("how", ["ctrl-c", "sigkill"])
@@ -492,14 +492,14 @@ def test_workflow_interrupted_mid_search_keeps_whole_probes_and_reruns_the_rest(
     workflow = _snakemake(tmp_path)
     probes = tmp_path / "results" / "search" / "tiny"
     deadline = time.monotonic() + 300
-    while not list(probes.rglob("records/*/measure.json")) and time.monotonic() < deadline:
+    while not list(probes.rglob("records/*/calibration/measure.json")) and time.monotonic() < deadline:
         time.sleep(0.2)
-    server = _wait_for_server(tmp_path)  # the second probe's server, in its workload
+    server = _wait_for_server(tmp_path)  # the first probe's server, in its workload
     {"ctrl-c": lambda: os.killpg(workflow.pid, signal.SIGINT), "sigkill": lambda: workflow.kill()}[how]()
     workflow.communicate(timeout=300)
     assert _gone(server, 30) and _jobs_done(tmp_path) and not servers_of(tmp_path)
     assert not list(probes.rglob("search.json")) and not list(probes.rglob("*.part"))
-    kept = {p: p.stat().st_mtime_ns for p in probes.rglob("records/*/measure.json")}
+    kept = {p: p.stat().st_mtime_ns for p in probes.rglob("measure.json")}
     assert kept and all(read_json(p)["outcome"] == "ok" for p in kept)  # whole records only
     if how == "sigkill":
         subprocess.run(
@@ -512,7 +512,9 @@ def test_workflow_interrupted_mid_search_keeps_whole_probes_and_reruns_the_rest(
     _rerun(tmp_path)
     (summary,) = probes.rglob("search.json")
     assert all(p.stat().st_mtime_ns == t for p, t in kept.items())  # measured under the same spec: reused
-    assert len(read_json(summary)["records"]) > len(kept)  # and the rest measured now
+    done = read_json(summary)
+    assert summary.parent / "records" / done["calibration"] / "measure.json" in kept
+    assert {summary.parent / "records" / r / "measure.json" for r in done["records"]} - set(kept)  # the rest now
 
 
 # -- crashline tune stopped (#26): no orphan, a resuming rerun, one tune per folder -----------------------------------

@@ -197,9 +197,10 @@ def test_the_workflow_console_shows_each_job_as_it_happens(tmp_path, server_prov
     server = r"starting llama-server: tiny -ngl 999 --n-cpu-moe (\d) .*-ub 128 "
     assert [int(n) for line in search if (m := re.match(server, line)) for n in m.groups()] == [3, 0], search
     assert sum(bool(re.fullmatch(r"llama-server ready in \d+\.\d s", line)) for line in search) == 2
-    assert sum(bool(re.fullmatch(rf"short [12]/2: prefill {tps}, decode {tps}", line)) for line in search) == 4
-    assert "probe 1: n_cpu_moe 3 ok; boundary in 0..3" in search
-    assert "probe 2: n_cpu_moe 0 ok; boundary at 0" in search
+    assert sum(bool(re.fullmatch(rf"short [12]/2: prefill {tps}, decode {tps}", line)) for line in search) == 2
+    assert any(line.startswith("calibration: n_cpu_moe 3 (the most expert layers on the CPU)") for line in search)
+    assert "loaded and stopped (no workloads: a calibration)" in search
+    assert "probe 1: n_cpu_moe 0 ok; boundary at 0" in search
     assert "search done: boundary n_cpu_moe 0, use 0, 2 server starts" in search
     failed = re.compile(r"^\[measure tiny [0-9a-f]{10}\] (.*)$", re.M).findall(console)
     assert any(line.startswith("starting llama-server: tiny ") and "--no-such-flag" in line for line in failed)
@@ -208,8 +209,8 @@ def test_the_workflow_console_shows_each_job_as_it_happens(tmp_path, server_prov
     assert f"measurement {refused}" in "\n".join(failed)
     # each line is in the job's log as well, once
     (log,) = (tmp_path / "results" / "logs" / "search" / "tiny").glob("*.log")
-    assert log.read_text().count("probe 2: n_cpu_moe 0 ok; boundary at 0") == 1
-    assert console.count("probe 2: n_cpu_moe 0 ok; boundary at 0") == 1
+    assert log.read_text().count("probe 1: n_cpu_moe 0 ok; boundary at 0") == 1
+    assert console.count("probe 1: n_cpu_moe 0 ok; boundary at 0") == 1
 
 
 def test_a_job_waiting_for_a_lock_says_so_again_every_interval(tmp_path, capsys, monkeypatch):

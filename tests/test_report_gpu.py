@@ -225,7 +225,8 @@ def test_html_report_in_a_real_browser(rendered, tmp_path):
 
 def test_search_replayed_on_the_h200_records(tmp_path, monkeypatch):
     """The workflow's search, each probe answered by the H200's record for that n_cpu_moe (11761 MiB budget,
-    ubatch 2048): it calibrates at 28, predicts 27, probes 27 then 26, and no value clears the margin."""
+    ubatch 2048): it calibrates at 28 (loaded and stopped), predicts 27, probes 27 then 26, then measures 28 for
+    the margin, and no value clears it."""
 
     def h200(*, item, **_):
         return derived_again(RECORDS_11761 / f"ncmoe{item['settings']['n_cpu_moe']}-ub2048.json", 11761)
@@ -246,7 +247,7 @@ def test_search_replayed_on_the_h200_records(tmp_path, monkeypatch):
     assert (summary["compute_mib"], summary["rest_mib"]) == ({2048: 476.05}, 590.9)
     assert (summary["predicted_lowest"], summary["boundary"], summary["recommended_n_cpu_moe"]) == (27, 27, None)
     assert summary["probes"] == [{"n_cpu_moe": 27, "survived": True}, {"n_cpu_moe": 26, "survived": False}]
-    assert summary["server_starts"] == 3  # calibration at 28, then 27 and 26
+    assert summary["server_starts"] == 4  # calibration at 28, then 27 and 26, then 28 with its workloads
     statuses = {v["n_cpu_moe"]: v["status"] for v in summary["values"]}
     assert statuses[25] == "skipped: predicted to need 365 MiB more than the budget"  # 12126 predicted
     assert statuses[28] == statuses[27] == statuses[26] == "measured" and len(statuses) == 29

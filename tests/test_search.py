@@ -57,14 +57,25 @@ def test_search_on_cpu_writes_probes_summary_and_report(tmp_path, tiny_moe, serv
     assert summary["probes"] == [{"n_cpu_moe": 0, "survived": True}]
     assert summary["server_starts"] == 2  # calibration at 4, then 0
     statuses = {v["n_cpu_moe"]: v["status"] for v in summary["values"]}
-    assert statuses[0] == statuses[4] == "measured" and statuses[2].startswith("not measured")
-    records = sorted((out / "records").glob("*/measure.json"))
-    assert len(records) == 2
+    assert statuses[0] == "measured" and statuses[2].startswith("not measured")
+    assert statuses[4] == "calibration: started and stopped once ready, no workloads"
+    # the calibration loaded 4 and stopped it: no workloads, a record of its own beside the probes', not a probe
+    calib = records.load(out / "records" / summary["calibration"] / "measure.json", "measure")
+    assert calib["load_only"] and calib["outcome"] == "ok" and calib["workloads"] == []
+    assert calib["settings"]["n_cpu_moe"] == 4 and calib["placement"]["buffers_mib"]
+    assert summary["calibration_time_budget_s"]["server_start"] > 0 and "workloads" not in summary["records"]
+    probes = sorted((out / "records").glob("*/measure.json"))
+    assert len(probes) == 1 and summary["records"] == [probes[0].parent.name]
     configs, measurements = aggregate.write(
-        records, tmp_path / "c.parquet", tmp_path / "m.parquet", [out / "search.json"], tmp_path / "s.parquet"
+        probes, tmp_path / "c.parquet", tmp_path / "m.parquet", [out / "search.json"], tmp_path / "s.parquet"
     )
-    assert sorted(configs["s_n_cpu_moe"]) == [0, 4] and (configs["outcome"] == "ok").all()
-    assert pd.read_parquet(tmp_path / "s.parquet")["server_starts"].tolist() == [2]
+    assert sorted(configs["s_n_cpu_moe"]) == [0] and (configs["outcome"] == "ok").all()
+    searches = pd.read_parquet(tmp_path / "s.parquet")
+    assert searches["server_starts"].tolist() == [2]
+    # the cost counts the calibration's start and clock beside the probe's
+    spent = report.cost(configs, None, {}, searches)
+    assert spent["server_starts"] == 2 and spent["calibrations"] == 1
+    assert spent["measure_s"] == pytest.approx(configs["job_s"].sum() + searches["calibration_job_s"].sum(), abs=0.1)
     write_json(tmp_path / "prov.json", server_provenance)
     report.render(
         tmp_path / "c.parquet",
@@ -77,7 +88,10 @@ def test_search_on_cpu_writes_probes_summary_and_report(tmp_path, tiny_moe, serv
     )
     md = (tmp_path / "r.md").read_text()
     assert "**Planner**" in md and "Probed in this order: 0." in md and "use n_cpu_moe 0" in md
-    assert "- 0 ✓ chosen\n- 1–3 fit by the same prediction (not measured)\n- 4 ✓\n" in md  # every value, in runs
+    assert (  # every value, in runs
+        "- 0 ✓ chosen\n- 1–3 fit by the same prediction (not measured)\n"
+        "- 4 calibration: started and stopped once ready, no workloads\n"
+    ) in md
 
 
 def test_search_climbs_then_starts_the_finalists_again_interleaved(tmp_path, tiny_moe, server_provenance):
@@ -135,8 +149,9 @@ def test_search_climbs_then_starts_the_finalists_again_interleaved(tmp_path, tin
         rule = "slower" if s.high < b.low else "faster" if s.low > b.high else "within noise"
         assert c["verdict"] == rule
         best = max((best, c["n_cpu_moe"]), key=lambda v: (speed(cid[v]).median, v))
-    measured = {4, 0, *(c["n_cpu_moe"] for c in climbed)}
+    measured = {0, *(c["n_cpu_moe"] for c in climbed)}  # 4, the calibration, was loaded and stopped only
     assert {v["n_cpu_moe"] for v in summary["values"] if v["status"] == "measured"} == measured
+    assert summary["calibration"].endswith("/calibration") and summary["calibration"] not in summary["records"]
 
     # The finalists: chosen from the first starts by the rule, at least two; a challenger may have joined.
     first = {v: speed(cid[v]) for v in sorted(measured, key=lambda v: rec(cid[v])["started_at"])}
@@ -150,7 +165,7 @@ def test_search_climbs_then_starts_the_finalists_again_interleaved(tmp_path, tin
         assert all(rec(r)["config_id"] == f["config_id"] == cid[f["n_cpu_moe"]] for r in f["records"])
     starts_2 = [f"{cid[v]}/start-2" for v in finals]
     assert summary["records"] == sorted([cid[v] for v in measured] + starts_2)
-    assert summary["server_starts"] == len(measured) + len(finals)
+    assert summary["server_starts"] == len(measured) + len(finals) + 1  # and the calibration
 
     # Interleaved: every finalist's first start, then every second start, in the same order (A B ... A B ...).
     paths = {r: out / "records" / r / "measure.json" for f in summary["finalists"] for r in f["records"]}
@@ -171,7 +186,7 @@ def test_search_climbs_then_starts_the_finalists_again_interleaved(tmp_path, tin
         [out / "search.json"],
         tmp_path / "s.parquet",
     )
-    assert len(aggregate_paths) == summary["server_starts"] and configs["config_id"].is_unique
+    assert len(aggregate_paths) == summary["server_starts"] - 1 and configs["config_id"].is_unique
     rows = measurements.set_index("s_n_cpu_moe")
     assert sorted(rows.index) == sorted(measured) and (configs["outcome"] == "ok").all()
     for v in measured:

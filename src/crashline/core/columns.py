@@ -271,6 +271,8 @@ SEARCHES: dict[str, pa.DataType] = {
     "lowest_with_margin": INT,  # the lowest value that survived every workload with the margin
     "recommended_n_cpu_moe": INT,  # the winner: the fastest finalist (without a climb, lowest_with_margin)
     "server_starts": INT,  # every record the search used, starts 2, 3, ... of finalists included
+    "calibration_job_s": FLOAT,  # the calibration's start (no workloads, no record in the configs table): its clock
+    "calibration_serving_s": FLOAT,  # and the part of it starting the server
     "probe_rows": PROBE_ROWS,
     "value_rows": VALUE_ROWS,
     "objective_metric": TEXT,  # what the climb and the finalists are ranked by (empty without a climb)

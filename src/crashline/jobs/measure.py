@@ -549,7 +549,8 @@ def _run_each(server, sampler, client, prompts, workloads, runs, request_timeout
 
 def measure(*, model_name: str, item: dict, **job) -> dict:
     """Start the server for one configuration, run the workloads, stop it, write the record (``_measure`` takes
-    the job's other inputs and paths), saying its outcome on the console."""
+    the job's other inputs and paths, and ``load_only``: start it and stop it once ready, for a search's
+    calibration), saying its outcome on the console."""
     with progress.job(f"measure {model_name} {item['id']}"):
         record = _measure(model_name=model_name, item=item, **job)
         progress.say(_final_text(record))
@@ -559,6 +560,8 @@ def measure(*, model_name: str, item: dict, **job) -> dict:
 def _final_text(record: dict) -> str:
     if record["outcome"] != Outcome.OK:
         return f"measurement {outcome_text(record)}"
+    if record.get("load_only"):
+        return "loaded and stopped (no workloads: a calibration)"
     names = ", ".join(w["name"] for w in [*record["workloads"], *record["conversations"]])
     return f"measurement ok: every workload survived ({names})"
 
@@ -575,6 +578,7 @@ def _measure(
     log_path: Path,
     draft_path: str | None = None,
     telemetry_path: Path | None = None,
+    load_only: bool = False,
 ) -> dict:
     clock = Stopwatch()
     server_cfg = config["server"]
@@ -596,6 +600,7 @@ def _measure(
         "page_cache": page_cache_state(fetch_record, draft_path, resolved["page_cache"]),
         "cpu_memory_bandwidth_gbs": host.memory_bandwidth_from(provenance),
         "started_at": _now(),
+        **({"load_only": True} if load_only else {}),
     }
     record["page_cache_resident_at_start"] = record["page_cache"]["resident"][model_path]
     server = ServerProcess(command, log_path, host_ram_mib=config["budget"].get("host_ram_mib"))
@@ -625,9 +630,10 @@ def _measure(
                     if state == "ready":
                         record["load_s"] = round(server.ready_after_s, 2)
                         say_loaded(server, None)
-                        workloads, talks, soaked, failure = run_workloads(
-                            server, sampler, config, resolved, vram_limit_mib(budget_mib, record["host"]), clock
-                        )
+                        if not load_only:
+                            workloads, talks, soaked, failure = run_workloads(
+                                server, sampler, config, resolved, vram_limit_mib(budget_mib, record["host"]), clock
+                            )
                     else:
                         failure = server_failure(server, "load", timed_out=(state == "timeout"))
                         say_loaded(server, failure)

@@ -2,9 +2,11 @@
 n_cpu_moe that survives every workload with headroom, with a few server starts instead of one per
 value.
 
-1. Calibrate: measure the highest n_cpu_moe of the range (every expert on the CPU: the load most
-   likely to fit). Its log gives the compute buffer at this ubatch; its peak VRAM less its
-   buffers gives the rest (CUDA context, small buffers).
+1. Calibrate: start the highest n_cpu_moe of the range (every expert on the CPU: the load most
+   likely to fit) and stop it once it is ready, without workloads (recorded under
+   ``records/ID/calibration/``): its log gives the compute buffer at this ubatch; its peak VRAM at load
+   less its buffers gives the rest (CUDA context, small buffers). Its workloads, the slowest of the
+   range, would decide nothing unless every lower value fails, and then the search measures it.
 2. Predict every value's VRAM from the manifest (planner.predict) and start at the lowest value
    predicted to fit the budget.
 3. Search: gallop from the prediction and bisect (planner.search_lowest), each probe a full
@@ -177,6 +179,7 @@ class _Search:
         self.starts_of: dict[int, list[dict]] = {}  # n_cpu_moe -> the record of each server start, the first first
         self.ids_of: dict[int, list[str]] = {}  # n_cpu_moe -> its records: "ID" (the first start), "ID/start-2", ...
         self.results: dict[int, bool] = {}  # n_cpu_moe -> survived every workload (its first start)
+        self.calibration_record = ""  # "ID/calibration": the start that gave the compute buffer, no workloads
 
     # -- measuring ---------------------------------------------------------------------------------------------------
 
@@ -209,13 +212,29 @@ class _Search:
         progress.say(f"start {k}/{self.starts}: n_cpu_moe {n} {self.words()} {text}")
         return speed
 
-    def _measure(self, n: int, record_id: str) -> dict:
+    def calibrate(self, n: int) -> dict:
+        """Start n_cpu_moe ``n`` and stop it once ready (no workloads): the compute buffer and the rest."""
+        cid = self.measured.setdefault(n, settings_mod.config_id(self.model_name, settings_mod.resolve(self.given(n))))
+        self.calibration_record = f"{cid}/calibration"
+        progress.say(
+            f"calibration: n_cpu_moe {n} (the most expert layers on the CPU), configuration {cid}, started and "
+            "stopped once ready: its log gives the compute buffer, its load peak the rest"
+        )
+        rec = self._measure(n, self.calibration_record, load_only=True)
+        if rec["outcome"] != Outcome.OK:  # it failed before any workload: that is n's probe too
+            self.ids_of[n], self.starts_of[n], self.results[n] = [self.calibration_record], [rec], False
+        return rec
+
+    def _measure(self, n: int, record_id: str, load_only: bool = False) -> dict:
         """One server start of n_cpu_moe ``n``, recorded under ``records/RECORD_ID/`` (reused when this search
         measured it before under the same job key: workloads, budget, limits, build)."""
         folder = SearchFolder(self.out_dir).probe(record_id)
         record_path = folder / "measure.json"
         earlier = records.load(record_path, "measure") if record_path.exists() else {}
-        if earlier.get("job_key") == job_key(self.config, self.provenance, self.fetch_record):
+        if (
+            earlier.get("job_key") == job_key(self.config, self.provenance, self.fetch_record)
+            and bool(earlier.get("load_only")) == load_only
+        ):
             progress.say(f"n_cpu_moe {n}: measured by this search before ({record_id}), record reused")
             return earlier
         given = self.given(n)
@@ -229,6 +248,7 @@ class _Search:
             record_path=record_path,
             log_path=folder / "server.log",
             telemetry_path=folder / "telemetry.parquet",
+            load_only=load_only,
         )
 
     # -- speeds ------------------------------------------------------------------------------------------------------
@@ -260,7 +280,7 @@ class _Search:
         clipped = f" (the model has {self.manifest['layers']} layers)" if hi < self.group["range"][1] else ""
         goal = "fastest n_cpu_moe that survives with the margin" if self.climb else "lowest n_cpu_moe that survives"
         progress.say(f"search for the {goal}, in {lo}..{hi}{clipped}")
-        calib = self.probe(hi, "calibration: the most expert layers on the CPU")
+        calib = self.calibrate(hi)
         resolved = settings_mod.resolve(self.given(hi))
         compute, rest = calibration(calib, resolved["ubatch"])
         # the prediction is of the whole model: against the budget on each of its GPUs together
@@ -292,8 +312,10 @@ class _Search:
         for n in range(lo, hi + 1):
             p = predictions[n]
             entry = {"n_cpu_moe": n, "predicted_mib": p["total_mib"]}
-            if n in self.measured:
+            if n in self.starts_of:
                 entry["status"] = "measured"
+            elif n in self.measured:
+                entry["status"] = "calibration: started and stopped once ready, no workloads"
             elif boundary is not None and n < boundary and limit and p["total_mib"] > limit:
                 entry["status"] = f"skipped: predicted to need {p['total_mib'] - limit:,.0f} MiB more than the budget"
             elif boundary is not None and n < boundary:
@@ -301,6 +323,7 @@ class _Search:
             else:
                 entry["status"] = "not measured: above the boundary, fits by the same prediction"
             values.append(entry)
+        all_ids = [r for ids in self.ids_of.values() for r in ids]
         summary = {
             "model": self.model_name,
             "group": self.group["id"],
@@ -328,11 +351,14 @@ class _Search:
             "lead_pairs": fastest.get("pairs"),
             "lead_held": fastest.get("lead_held"),
             "recommended_n_cpu_moe": fastest.get("winner", lowest),
-            "server_starts": sum(map(len, self.ids_of.values())),
-            "records": sorted(r for ids in self.ids_of.values() for r in ids),
+            "server_starts": sum(map(len, self.ids_of.values())) + (self.calibration_record not in all_ids),
+            "records": sorted(all_ids),
+            "calibration": self.calibration_record,
+            # its clock, for the cost: a calibration that was also n's probe is in the configs table already
+            "calibration_time_budget_s": None if self.calibration_record in all_ids else calib.get("time_budget_s"),
             "values": values,
         }
-        set_aside(self.out_dir, summary["records"])
+        set_aside(self.out_dir, [*summary["records"], summary["calibration"]])
         return records.write(SearchFolder(self.out_dir).summary(), "search", summary)
 
     def fastest(self, lowest: int, hi: int) -> dict:

@@ -657,6 +657,7 @@ def context(
     config: dict,
     needle: pd.DataFrame | None = None,
     conversations: pd.DataFrame | None = None,
+    searches: pd.DataFrame | None = None,
 ) -> dict:
     """What the report says, section by section, as data (``report.sections`` lays it out)."""
     conversations = conversations if conversations is not None else pd.DataFrame()
@@ -683,7 +684,7 @@ def context(
             for env, machine in machines(configs, model)
         ],
         "recall_uninformative": uninformative(needle),
-        "cost": cost(configs, needle, provenance),
+        "cost": cost(configs, needle, provenance, searches),
         "suspect_columns": SUSPECT_COLUMNS,
         "objective_workload": workload,
     }
@@ -764,14 +765,22 @@ def rechecked(config: dict, configs: pd.DataFrame, measurements: pd.DataFrame) -
     return {"against": str(against), "rows": rows, "headline": recheck_mod.headline(rows)}
 
 
-def cost(configs: pd.DataFrame, needle: pd.DataFrame | None, provenance: dict) -> dict | None:
+def cost(
+    configs: pd.DataFrame, needle: pd.DataFrame | None, provenance: dict, searches: pd.DataFrame | None = None
+) -> dict | None:
     """What the answer cost, from the jobs' own clocks: server starts, the measurements' time (searches' probes
-    included) and the part of it spent starting servers and serving requests, the recall checks' time, the GPU
-    minutes where jobs held one, and the llama-server build (once per machine)."""
+    and calibration starts included) and the part of it spent starting servers and serving requests, the recall
+    checks' time, the GPU minutes where jobs held one, and the llama-server build (once per machine)."""
     if "job_s" not in configs or configs["job_s"].dropna().empty:
         return None  # records written before the jobs' clocks were tabled
     measured = configs.dropna(subset=["job_s"])
-    measure_s, serving_s = float(measured["job_s"].sum()), float(measured["serving_s"].sum())
+    calibrations = (
+        searches.dropna(subset=["calibration_job_s"])
+        if searches is not None and "calibration_job_s" in searches
+        else pd.DataFrame(columns=["calibration_job_s", "calibration_serving_s"])
+    )
+    measure_s = float(measured["job_s"].sum()) + float(calibrations["calibration_job_s"].sum())
+    serving_s = float(measured["serving_s"].sum()) + float(calibrations["calibration_serving_s"].sum())
     recall = pd.DataFrame()
     if needle is not None and not needle.empty and "job_s" in needle:
         recall = needle.drop_duplicates(["model", "config_id", "environment"])
@@ -781,7 +790,8 @@ def cost(configs: pd.DataFrame, needle: pd.DataFrame | None, provenance: dict) -
     restarts = int(measured["server_starts"].sum()) - len(measured)
     return {
         "measurements": len(measured),
-        "server_starts": int(measured["server_starts"].sum()) + recall_starts,
+        "server_starts": int(measured["server_starts"].sum()) + len(calibrations) + recall_starts,
+        "calibrations": len(calibrations),
         "restarts": restarts,
         "recall_starts": recall_starts,
         "measure_s": round(measure_s, 1),
@@ -964,9 +974,9 @@ def render(
     needle_table = _table(needle_path)
     talks = _table(conversations_path)
     checked = read_json(validity_path) if validity_path and Path(validity_path).exists() else {}
-    ctx = context(configs, measurements, read_json(provenance_path), config, needle_table, talks)
-    ctx["recheck"] = rechecked(config, configs, measurements)
     search_table = _table(searches_path)
+    ctx = context(configs, measurements, read_json(provenance_path), config, needle_table, talks, search_table)
+    ctx["recheck"] = rechecked(config, configs, measurements)
     winners: dict[str, list[str]] = {}  # a model measured on several machines: every section's winners
     for m in ctx["per_model"]:
         winners.setdefault(m["name"], []).extend(r["winner"] for r in m["recommendations"] if r["winner"])

@@ -188,6 +188,7 @@ def cost_text(c: dict | None) -> str | None:
         return None
     text = (
         f"{c['server_starts']:,} llama-server starts ({c['measurements']:,} measurements"
+        + (f", {c['calibrations']:,} search calibrations" if c.get("calibrations") else "")
         + (f", {c['restarts']:,} restart cases" if c["restarts"] else "")
         + (f", {c['recall_starts']:,} recall checks" if c["recall_starts"] else "")
         + f"); measurements {c['measure_s'] / 60:,.1f} min, of which {c['serving_s'] / 60:,.1f} starting servers and "

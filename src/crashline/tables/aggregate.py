@@ -369,6 +369,14 @@ def _finalist_row(f: dict) -> dict:
     return {k: f.get(k) for k in cols.FINALISTS.value_type.names}
 
 
+def _calibration_time(laps: dict | None) -> dict:
+    """A search's calibration start (no record in the configs table): its whole time and its server start."""
+    if not laps:
+        return {"calibration_job_s": None, "calibration_serving_s": None}
+    spent = _time_columns({"time_budget_s": laps})
+    return {"calibration_job_s": spent["job_s"], "calibration_serving_s": spent["serving_s"]}
+
+
 def _search_row(s: dict) -> dict:
     """One search; the keys a search from before the climb lacks are empty (its recommendation was the lowest
     value with the margin)."""
@@ -393,6 +401,7 @@ def _search_row(s: dict) -> dict:
         "lowest_with_margin": s.get("lowest_with_margin", s["recommended_n_cpu_moe"]),
         "recommended_n_cpu_moe": s["recommended_n_cpu_moe"],
         "server_starts": s["server_starts"],
+        **_calibration_time(s.get("calibration_time_budget_s")),
         "probe_rows": s["probes"],
         "value_rows": s["values"],
         "objective_metric": objective.get("metric"),
