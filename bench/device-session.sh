@@ -54,7 +54,7 @@ build)
   mkdir -p /tmp/res && cp /tmp/build.log /tmp/res/ && cat /tmp/write-*.log 2>/dev/null | tail -5
   ;;
 tune)
-  name=$1 vram=--vram=$2; [ "$2" = - ] && vram=
+  name=$1 vram=--vram=$2 pack=$1; [ "$2" = - ] && vram=
   mkdir -p /tmp/res/$name
   begun=$(date +%s.%N)
   # SIGTERM short of the call's limit: tune stops its jobs at a safe point, and the same step again resumes
@@ -65,7 +65,7 @@ tune)
   tail -25 /tmp/res/$name/tune-console.txt
   ;;
 grid)
-  name=$1
+  name=$1 pack=$1
   timeout 560 python bench/answer_grid.py run /tmp/res/$name/tune/tune.yaml --out /tmp/res/$name/grid \
     >> /tmp/res/$name/grid-console.txt 2>&1 || true
   grep "^pass" /tmp/res/$name/grid-console.txt | tail -30
@@ -97,4 +97,5 @@ s.write_moe_gguf(Path(sys.argv[1]), s.resolve_shape({}, 'qwen3-30b-a3b'))" $mode
   ;;
 esac
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > /tmp/res/gpu.txt 2>/dev/null || true
-tar czf $OUT/results.tgz -C /tmp/res .
+# tune and grid pack their shape's folder only: everything at once would pass the 16 MiB a file may bring back
+tar czf $OUT/results.tgz -C /tmp/res ${pack:-.} $( [ -n "${pack:-}" ] && echo gpu.txt build.log )
