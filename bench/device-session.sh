@@ -63,12 +63,13 @@ tune)
   python -c "import json, sys; print(json.dumps({'begun': float(sys.argv[1]), 'ended': float(sys.argv[2]), 'rc': int(sys.argv[3])}))" \
     "$begun" "$(date +%s.%N)" "$rc" >> /tmp/res/$name/tune-wall.jsonl
   tail -25 /tmp/res/$name/tune-console.txt
+  step_rc=$rc
   ;;
 grid)
   name=$1 pack=$1
   timeout 560 python bench/answer_grid.py run /tmp/res/$name/tune/tune.yaml --out /tmp/res/$name/grid \
-    >> /tmp/res/$name/grid-console.txt 2>&1 || true
-  grep "^pass" /tmp/res/$name/grid-console.txt | tail -30
+    >> /tmp/res/$name/grid-console.txt 2>&1 && step_rc=0 || step_rc=$?
+  grep "^pass" /tmp/res/$name/grid-console.txt | tail -30; tail -3 /tmp/res/$name/grid-console.txt
   ;;
 measure)
   config=$1 model=$2; shift 2
@@ -99,3 +100,4 @@ esac
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > /tmp/res/gpu.txt 2>/dev/null || true
 # tune and grid pack their shape's folder only: everything at once would pass the 16 MiB a file may bring back
 tar czf $OUT/results.tgz -C /tmp/res ${pack:-.} $( [ -n "${pack:-}" ] && echo gpu.txt build.log )
+exit ${step_rc:-0}  # the step's own status (tune's, the grid's), after its results are packed
