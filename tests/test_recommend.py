@@ -300,3 +300,17 @@ def test_a_winner_whose_soak_reaches_a_limit_within_must_survive_h_is_not_recomm
     assert lenient["winner"] == before["winner"]
     (silent,) = recommend(leaky, measurements, "decode_tps", "depth-16k", margin_mib=1024)
     assert silent["winner"] == before["winner"]
+
+
+def test_no_recommendation_names_why_none_survived(tables):
+    """The headline counts the reasons: it said only "no configuration survived every workload with the margin"
+    whether they crashed, ran out of memory or survived with too little room."""
+    configs, measurements = tables
+    (r,) = recommend(configs, measurements, "decode_tps", "depth-16k", margin_mib=20000)
+    assert r["winner"] is None and r["no_winner"] == (
+        "no configuration survived every workload with the margin: 3 load_failed at load, 5 under the 20,000 MiB margin"
+    )
+    failed = configs[configs["outcome"] != "ok"]
+    (r,) = recommend(failed, measurements, "decode_tps", "depth-16k")
+    first = failed.iloc[0]
+    assert r["no_winner"] == f"every configuration failed the same way (load_failed at load: {first['message']})"

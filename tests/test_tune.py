@@ -65,6 +65,16 @@ def test_a_prompt_longer_than_the_context_is_refused_before_anything_runs(tmp_pa
     assert raw["objective"] == {"workload": "prompt-4096"} and len(raw["configurations"]) == 2
 
 
+def test_a_prompt_past_the_models_training_context_is_refused_at_once(tmp_path, tiny_moe):
+    """llama-server caps each slot's context at the model's training context whatever -c says: tiny-moe (trained
+    for 8,192) at --ctx 32768 --prompt 16000 ran every configuration into context_exceeded (#27)."""
+    for model in (str(tiny_moe), "synthetic:tiny-moe"):
+        with pytest.raises(ConfigError, match=r"trained for a context of 8,192 tokens.*give --prompt 8128 or less"):
+            config(model, 32768, 16000, None, None, tmp_path)
+    assert config(str(tiny_moe), 32768, 8128, None, None, tmp_path)["objective"] == {"workload": "prompt-8128"}
+    assert config("synthetic:qwen3-30b-a3b", 32768, 16000, None, None, tmp_path)  # trained for 40,960
+
+
 @pytest.mark.e2e
 def test_tune_runs_the_workflow_and_prints_the_answer(tmp_path, tiny_moe, server_provenance):
     def tune():

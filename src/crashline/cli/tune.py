@@ -99,6 +99,7 @@ def config(
             "give a smaller margin or a larger card"
         )
     name, source = model_source(model)
+    check_trained_context(model, source, prompt)
     budget = {"vram_budget_mib": vram_mib}
     if margin_mib is not None:
         budget["margin_mib"] = margin_mib
@@ -121,6 +122,38 @@ def config(
     }
     config_mod.validate(raw, config_mod.load_schema())  # a bad combination is named before anything runs
     return raw
+
+
+def trained_context(source: str) -> int | None:
+    """The context the model was trained for, where it is known before a fetch: a local GGUF's header, a synthetic
+    shape's ``ctx``; None for a download."""
+    kind, _, rest = source.partition(":")
+    if kind == "file":
+        from ..models.manifest import ManifestError, inspect_gguf
+
+        try:
+            found = inspect_gguf(Path(rest))["context_length"]
+        except (ManifestError, OSError):
+            return None  # the fetch names what is wrong with the file
+        return int(found) if isinstance(found, (int, float)) and found > 0 else None
+    if kind == "synthetic":
+        from ..config.shape import resolve_shape
+
+        return int(resolve_shape({}, rest)["ctx"])
+    return None
+
+
+def check_trained_context(model: str, source: str, prompt: int) -> None:
+    """llama-server gives a request at most the model's training context (it caps each slot's context there,
+    whatever -c says): a longer request is refused at once instead of failing in every configuration."""
+    trained = trained_context(source)
+    if trained is not None and prompt + GEN_TOKENS > trained:
+        raise ConfigError(
+            f"--prompt {prompt}: {model} was trained for a context of {trained:,} tokens, and llama-server gives a "
+            f"request at most that (it caps each slot's context there, whatever -c says), so a request of "
+            f"{prompt:,} + {GEN_TOKENS} generated tokens cannot run; give --prompt {trained - GEN_TOKENS} or less, "
+            "or a model trained for a longer context"
+        )
 
 
 def _check_gpu(vram: str | None, gpu: str | None) -> bool:

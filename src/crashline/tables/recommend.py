@@ -387,7 +387,16 @@ def recommend(
                 "winner_row": group[group["config_id"] == winner].iloc[0].to_dict() if winner else None,
                 "winner_measured": _medians(speeds.loc[winner]) if winner else None,
                 "tie": tie,
-                "no_winner": None if winner else _no_winner(survivors, pool, at_load, load, workload),
+                "no_winner": None
+                if winner
+                else _no_winner(
+                    survivors,
+                    pool,
+                    at_load,
+                    load,
+                    workload,
+                    _not_surviving(group, margin_mib, recall_failures, must_survive_h) if survivors.empty else "",
+                ),
                 "others": sorted(verdicts, key=lambda v: (v["failed"], -(v.get("speed") or 0), _natural(v["label"]))),
                 "tradeoff": tradeoff(group, ours, shown, eligible, winner),
             }
@@ -448,10 +457,39 @@ def _medians(row) -> dict:
     }
 
 
-def _no_winner(survivors: pd.DataFrame, pool: list, at_load: list, load: int, workload: str) -> str:
-    """Why no configuration is recommended, in words."""
+def _not_surviving(group: pd.DataFrame, margin_mib: int, recall_failures: dict, must_survive_h) -> str:
+    """Why no configuration of ``group`` survived, counted by reason: "every configuration failed the same way
+    (context_exceeded at prompt-16000: ...)", or "2 failed (oom at load), 1 with less than the 1,024 MiB margin"."""
+    failed = group[group["outcome"] != Outcome.OK]
+    ways = failed.groupby(["outcome", "phase"], dropna=False, sort=False)
+    if len(failed) == len(group) and ways.ngroups == 1:
+        row = failed.iloc[0]
+        how = failure_reason(row["outcome"], None if pd.isna(row["phase"]) else row["phase"], row["message"])
+        return f"every configuration failed the same way ({how})"
+    parts = []
+    for (outcome, phase), part in ways:
+        parts.append(f"{len(part)} {outcome}" + (f" at {phase}" if not pd.isna(phase) else ""))
+    ok = group[group["outcome"] == Outcome.OK]
+    model = group["model"].iloc[0] if len(group) else None
+    counts = (
+        (
+            ok.apply(_too_tight, axis=1, margin_mib=margin_mib).sum() if len(ok) else 0,
+            f"under the {margin_mib:,} MiB margin",
+        ),
+        (ok["config_id"].map(lambda c: (model, c) in recall_failures).sum() if len(ok) else 0, "failed needle recall"),
+        (
+            ok.apply(lambda row: bool(_short_lived(row, must_survive_h)), axis=1).sum() if len(ok) else 0,
+            f"would not last {must_survive_h:g} h" if must_survive_h is not None else "would not last",
+        ),
+    )
+    parts += [f"{int(n)} {what}" for n, what in counts if n]
+    return "no configuration survived every workload with the margin: " + ", ".join(parts)
+
+
+def _no_winner(survivors: pd.DataFrame, pool: list, at_load: list, load: int, workload: str, why_none: str) -> str:
+    """Why no configuration is recommended, in words (``why_none``: why none survived, ``_not_surviving``)."""
     if survivors.empty:
-        return "no configuration survived every workload with the margin"
+        return why_none
     if not pool:
         return f"no configuration that survived has a speed at workload {workload}"
     if not at_load:
