@@ -54,6 +54,19 @@ def test_specs_hold_what_each_job_reads_and_nothing_else():
     assert jobs.spec("needle", edited, item["model"], item["id"]) != needle
 
 
+def test_what_changed_names_each_leaf_by_its_path():
+    from crashline.core.changes import what_changed
+
+    old = {"workloads": [{"name": "depth-2k", "prompt_tokens": 2048}, {"name": "short", "prompt_tokens": 128}]}
+    new = {"workloads": [{"name": "depth-2k", "prompt_tokens": 1536}], "repetitions": 3}
+    assert what_changed(old, new) == [
+        "repetitions (none) → 3",
+        "workloads.depth-2k.prompt_tokens 2048 → 1536",
+        "workloads.short.prompt_tokens 128 → (none)",
+    ]
+    assert what_changed(new, new) == [] and what_changed({}, {str(i): i for i in range(9)}, most=2)[-1] == "and 7 more"
+
+
 def search_config(tiny_moe, workloads, budget=None):
     return C.validate(
         {
@@ -78,7 +91,7 @@ SHORT = [{"name": "short", "prompt_tokens": 16, "gen_tokens": 4}]
         {"model": "another file"},  # the same name and shape, other weights (#26: m1's probes answered for m2)
     ],
 )
-def test_search_probes_are_measured_again_after_an_edit(tmp_path, tiny_moe, server_provenance, edit):
+def test_search_probes_are_measured_again_after_an_edit(tmp_path, tiny_moe, server_provenance, edit, capfd):
     out = tmp_path / "search"
     if "model" in edit:
         other = tmp_path / "other" / tiny_moe.name
@@ -105,8 +118,12 @@ def test_search_probes_are_measured_again_after_an_edit(tmp_path, tiny_moe, serv
 
     first, _ = search()
     assert first and search()[0] == first  # the same spec: the probes are reused, not measured again
+    capfd.readouterr()
     edited, summary = search(**edit)
     assert set(edited) & set(first) and all(edited[c] != first[c] for c in set(edited) & set(first))
+    if "workloads" in edit:  # each probe measured again says what changed, not the whole spec (#27)
+        said = "measuring again, since the record was made: config.workloads.short.gen_tokens 4 → 8"
+        assert capfd.readouterr().err.count(said) == len(set(edited) & set(first)) + 1  # and the calibration
     # what the folder holds is this search's: an earlier search's other probes are set aside, not left beside (#26)
     kept = {p.parent.relative_to(out / "records").as_posix() for p in (out / "records").rglob("measure.json")}
     assert kept == {*summary["records"], summary["calibration"]}

@@ -547,11 +547,29 @@ def _run_each(server, sampler, client, prompts, workloads, runs, request_timeout
     return results, None
 
 
+def said_why_again(record_path: Path, inputs: dict) -> None:
+    """Before a job measures again over its record: what changed since, in a line (``core.changes``)."""
+    from ..core.changes import what_changed
+
+    try:
+        old = json.loads(Path(record_path).read_text())
+    except (OSError, ValueError):
+        return  # none yet, or unreadable: nothing to compare
+    before = {"item": {k: old.get(k) for k in ("id", "settings")}, "config": old.get("job_config")}
+    if before["config"] is None:
+        return  # a record from before the job config was kept
+    now = {"item": {k: inputs["item"].get(k) for k in ("id", "settings")}, "config": inputs["config"]}
+    changed = what_changed(before, now)
+    if changed:
+        progress.say(f"measuring again, since the record was made: {'; '.join(changed)}")
+
+
 def measure(*, model_name: str, item: dict, **job) -> dict:
     """Start the server for one configuration, run the workloads, stop it, write the record (``_measure`` takes
     the job's other inputs and paths, and ``load_only``: start it and stop it once ready, for a search's
     calibration), saying its outcome on the console."""
     with progress.job(f"measure {model_name} {item['id']}"):
+        said_why_again(job["record_path"], {"item": item, "config": job["config"]})
         record = _measure(model_name=model_name, item=item, **job)
         progress.say(_final_text(record))
         return record
@@ -593,6 +611,7 @@ def _measure(
         "given": item["given"],
         "flags_left_out": left_out,
         "job_key": job_key(config, provenance, fetch_record),
+        "job_config": config,  # what the job read besides its settings: what changed is said on a rerun
         "server": {k: provenance.get(k) for k in SERVER_FIELDS},
         "host": host.describe(),
         "budget": config["budget"],
