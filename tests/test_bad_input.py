@@ -16,6 +16,7 @@ import yaml
 
 from crashline.config import claims as K
 from crashline.config import plan as C
+from crashline.jobs import spec as jobs
 from crashline.engine import provision
 from crashline.core import settings as S
 
@@ -395,13 +396,29 @@ def test_concurrency_slots_and_claims_workloads_are_not_above_the_slots():
     ):
         C.validate(cfg, SCHEMA)
     cfg["workloads"].pop()
-    cfg["claims"] = [str(MIXED)]  # a published row of 4 users adds a workload of 4 requests at once: as published
-    assert C.validate(cfg, SCHEMA)["workloads"][-1] == {
+    cfg["claims"] = [str(MIXED)]  # a published row of 4 users adds a workload of 4 requests at once: as published,
+    added = C.validate(cfg, SCHEMA)["workloads"][-1]  # on that row's configuration (4 slots) only
+    assert {k: v for k, v in added.items() if k != "configs"} == {
         "name": "claim-pp512-tg64-c4",
         "prompt_tokens": 512,
         "gen_tokens": 64,
         "concurrency": 4,
     }
+    (row,) = [i for i in C.expand(C.validate(cfg, SCHEMA)) if i["id"] in added["configs"]]
+    assert row["settings"]["parallel"] == 4
+
+
+def test_a_workload_scoped_to_no_configuration_is_refused():
+    cfg = base()
+    (item, *_) = C.expand(C.validate(cfg, SCHEMA))
+    cfg["workloads"].append({"name": "mine", "prompt_tokens": 8, "gen_tokens": 8, "configs": [item["id"], "0123abcd"]})
+    with pytest.raises(C.ConfigError, match=r"workloads.1.configs.1 = '0123abcd': no configuration has that id"):
+        C.validate(cfg, SCHEMA)
+    cfg["workloads"][-1]["configs"].pop()
+    valid = C.validate(cfg, SCHEMA)
+    assert [w["name"] for w in jobs.spec("measure", valid, item["model"], item["id"])["config"]["workloads"]] == [
+        *(w["name"] for w in cfg["workloads"])
+    ]
 
 
 def test_the_same_configuration_twice_is_measured_once():

@@ -16,6 +16,7 @@ import yaml
 from crashline.config.plan import load_schema
 from crashline.tables import aggregate, claims as KC
 from crashline.config import claims as K, plan as C
+from crashline.jobs import spec as jobs
 from crashline.core import settings as S
 from crashline.report import correction as KP
 
@@ -25,16 +26,17 @@ SCHEMA = load_schema()
 MIXED = FIXTURES / "claims" / "mixed.yaml"
 
 
+def _raw() -> dict:
+    return {
+        "models": {"m": {"source": "file:/x.gguf"}},
+        "defaults": {"threads": 2},
+        "configurations": [{"grid": {"ubatch": [128, 512]}}, {"settings": {"parallel": 4, "ctx": 16384}}],
+        "workloads": [{"name": "short", "prompt_tokens": 128, "gen_tokens": 16}],
+    }
+
+
 def run_config() -> dict:
-    return C.validate(
-        {
-            "models": {"m": {"source": "file:/x.gguf"}},
-            "defaults": {"threads": 2},
-            "configurations": [{"grid": {"ubatch": [128, 512]}}, {"settings": {"parallel": 4, "ctx": 16384}}],
-            "workloads": [{"name": "short", "prompt_tokens": 128, "gen_tokens": 16}],
-        },
-        SCHEMA,
-    )
+    return C.validate(_raw(), SCHEMA)
 
 
 @pytest.fixture
@@ -122,14 +124,57 @@ def test_identical_sweep_configuration_shares_the_id(mixed):
 def test_claim_workloads_added_once_and_only_where_missing(mixed):
     cfg = run_config()
     added = K.claim_workloads([mixed], cfg["workloads"])
-    assert added == [
-        {"name": "claim-pp512-tg64", "prompt_tokens": 512, "gen_tokens": 64, "concurrency": 1},
-        {"name": "claim-pp512-tg64-c4", "prompt_tokens": 512, "gen_tokens": 64, "concurrency": 4},
+    ub512, ub128, np4 = (i["id"] for i in K.claim_configurations([mixed]))
+    assert added == [  # each runs on its rows' configurations only
+        {
+            "name": "claim-pp512-tg64",
+            "prompt_tokens": 512,
+            "gen_tokens": 64,
+            "concurrency": 1,
+            "configs": [ub512, ub128],
+        },
+        {"name": "claim-pp512-tg64-c4", "prompt_tokens": 512, "gen_tokens": 64, "concurrency": 4, "configs": [np4]},
     ]
     assert K.claim_workloads([mixed], cfg["workloads"] + added) == []  # idempotent: a reload adds nothing
     # "slots" sends one request per slot: it covers the 4-slot row at 4 requests and the others at 1
     slots = [{"name": "w", "prompt_tokens": 512, "gen_tokens": 64, "concurrency": "slots"}]
     assert K.claim_workloads([mixed], slots) == []
+
+
+def test_a_claims_workload_runs_on_its_rows_configurations_only(tmp_path):
+    """A claims row at 100K tokens made every configuration, the user's own too, context_exceeded (#26): its
+    workload runs on the row's configuration, and the user's configurations measure their own workloads alone."""
+
+    def mutate(c):
+        c["rows"][0]["stated"].update(ctx=131072)
+        c["rows"][0]["unknown"].remove("ctx")
+
+    path = write_claims(tmp_path, mutate)
+    raw = {**_raw(), "claims": [str(path)], "defaults": {"threads": 2}}
+    cfg = C.validate(raw, SCHEMA)
+    row = K.claim_configurations(K.load_claims([path], cfg))[0]
+    added = next(w for w in cfg["workloads"] if w["name"] == "claim-pp512-tg64")
+    assert added["configs"][0] == row["id"] and len(added["configs"]) == 2  # rows 0 and 1
+    for item in C.expand(cfg):
+        names = [w["name"] for w in jobs.spec("measure", cfg, item["model"], item["id"])["config"]["workloads"]]
+        wanted = ["short"] + [w["name"] for w in cfg["workloads"] if item["id"] in w.get("configs", [])]
+        assert names == wanted, item["id"]
+        assert all("configs" not in w for w in jobs.spec("measure", cfg, "m", item["id"])["config"]["workloads"])
+    own = [i for i in C.expand(cfg) if not any(i["id"] in w.get("configs", []) for w in cfg["workloads"])]
+    assert len(own) == 1  # the sweep's ub 512 point, row 0's settings at another context: the user's own only
+    assert C.objective_workload(cfg) == "short"
+
+
+def test_a_claims_row_sending_more_requests_than_its_slots_is_refused(tmp_path):
+    path = write_claims(tmp_path, lambda c: c["rows"][2]["stated"].update(parallel=2))
+    with pytest.raises(K.ClaimsError) as err:
+        C.validate({**_raw(), "claims": [str(path)]}, SCHEMA)
+    assert (
+        "key rows.2.workload.concurrency = 4: the row sends 4 requests at once, but its configuration has "
+        in (str(err.value))
+        and "parallel = 2 slot(s)" in str(err.value)
+        and str(path) in str(err.value)
+    )
 
 
 def test_example_claims_match_the_default_sweep():

@@ -212,15 +212,30 @@ def workload_name(workload: dict) -> str:
     return name + (f"-c{workload['concurrency']}" if workload.get("concurrency", 1) != 1 else "")
 
 
-def _covered(row: dict, workloads: list[dict]) -> bool:
+def _covering(row: dict, workloads: list[dict]) -> dict | None:
     """A workload of the row's prompt and generated tokens that sends as many requests at once."""
     w = row["workload"]
-    return any(
-        x["prompt_tokens"] == w["prompt_tokens"]
-        and x["gen_tokens"] == w["gen_tokens"]
-        and settings_mod.concurrency(x, row["resolved"]) == w["concurrency"]
-        for x in workloads
+    return next(
+        (
+            x
+            for x in workloads
+            if x["prompt_tokens"] == w["prompt_tokens"]
+            and x["gen_tokens"] == w["gen_tokens"]
+            and settings_mod.concurrency(x, row["resolved"]) == w["concurrency"]
+        ),
+        None,
     )
+
+
+def _check_slots(row: dict, path: str) -> None:
+    """A row's workload sends no more requests at once than its configuration has slots, as in the config."""
+    sent, slots = row["workload"]["concurrency"], row["resolved"]["parallel"] or 1
+    if sent != "slots" and sent > slots:
+        raise ClaimsError(
+            f"claims file {path}: key rows.{row['index']}.workload.concurrency = {sent}: the row sends {sent} "
+            f"requests at once, but its configuration has parallel = {slots} slot(s), so {sent - slots} would wait "
+            f"in the queue; state parallel: {sent} for the row (or in the file's defaults) if that is what was run"
+        )
 
 
 def claim_workloads(claims: list[dict], workloads: list[dict]) -> list[dict]:
@@ -235,9 +250,17 @@ def claim_workloads(claims: list[dict], workloads: list[dict]) -> list[dict]:
     names = {w["name"]: w for w in have}
     for c in claims:
         for r in c["rows"]:
-            if _covered(r, have):
+            _check_slots(r, c["path"])
+            found = _covering(r, have)
+            if found is not None:
+                if "configs" in found and r["id"] not in found["configs"]:  # another row's: runs here too
+                    found["configs"].append(r["id"])
                 continue
-            new = {"name": workload_name(r["workload"]), **{k: r["workload"][k] for k in WORKLOAD_KEYS}}
+            new = {
+                "name": workload_name(r["workload"]),
+                **{k: r["workload"][k] for k in WORKLOAD_KEYS},
+                "configs": [r["id"]],  # the rows' configurations only: never everyone's workload
+            }
             if new["name"] in names:
                 raise ClaimsError(
                     f"claims file {c['path']}: key rows.{r['index']}.workload: the workload name {new['name']!r} "

@@ -235,8 +235,24 @@ def _check_references(config: dict) -> None:
     entries = list(_resolved_entries(config))  # every combination resolves (ubatch <= batch, fit alone)
     expand_searches(config)  # every search range is LOW <= HIGH
     _check_concurrency(config["workloads"], entries)
+    _check_scopes(config)
     resolve_objective(config)  # its load, limits and workload fit together and the configurations
     _check_needle(config)
+
+
+def _check_scopes(config: dict) -> None:
+    """A workload's ``configs`` name configurations of the plan: an id that none has would leave it unmeasured."""
+    scoped = [(j, w) for j, w in enumerate(config["workloads"]) if "configs" in w]
+    if not scoped:
+        return
+    known = {item["id"] for item in expand(config)}
+    for j, w in scoped:
+        for k, cid in enumerate(w["configs"]):
+            if cid not in known:
+                raise ConfigError(
+                    f"config key workloads.{j}.configs.{k} = {cid!r}: no configuration has that id, so workload "
+                    f"{w['name']!r} would run nowhere; `python -m crashline plan` lists the ids"
+                )
 
 
 def _resolved_entries(config: dict):

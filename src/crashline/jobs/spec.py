@@ -39,7 +39,7 @@ def measure_spec(config: dict, model: str, cid: str) -> dict:
         "job": "measure",
         "model": model,
         "item": config_mod.find(config, model, cid),
-        "config": _measurement_config(config),
+        "config": _measurement_config(config, cid),
     }
 
 
@@ -101,11 +101,21 @@ def search_needle_spec(config: dict, model: str, gid: str) -> dict:
     }
 
 
-def _measurement_config(config: dict) -> dict:
+def workloads_of(config: dict, cid: str | None) -> list[dict]:
+    """The workloads configuration ``cid`` runs (a search's probes: None): those without ``configs`` and those whose
+    ``configs`` name it (a claims file's, for its rows' configurations), as the server runs them (without the key)."""
+    return [
+        {k: v for k, v in w.items() if k != "configs"}
+        for w in config["workloads"]
+        if "configs" not in w or cid in w["configs"]
+    ]
+
+
+def _measurement_config(config: dict, cid: str | None = None) -> dict:
     """A config without conversations has no key for them: records measured before they existed stay current."""
     return {
         "server": _server(config),
-        "workloads": config["workloads"],
+        "workloads": workloads_of(config, cid),
         **({"conversations": config["conversations"]} if config["conversations"] else {}),
         **({"soak": _soak(config)} if config["soak"]["requests"] else {}),
         "repetitions": config["repetitions"],
