@@ -45,6 +45,47 @@ except crashline_config.ConfigError as exc:
 
 LAYOUT = Layout(CFG["results_dir"])
 RESULTS = CFG["results_dir"]
+
+
+def report_not_made(layout, log_dir: Path) -> str | None:
+    """Why `snakemake --report FILE` cannot pack the report yet (it packs what a finished run made; Snakemake itself
+    says only "marked for report but does not exist"): None once the report is there."""
+    if Path(layout.report_md()).exists():
+        return None
+    logs = [  # runs that executed jobs (this --report run and other dry ones have no job stats)
+        p
+        for p in sorted(
+            log_dir.glob("*.snakemake.log"), key=lambda p: p.stat().st_mtime
+        )
+        if "Job stats:" in p.read_text(errors="replace")
+    ]
+    if not logs:
+        return (
+            f"snakemake --report packs a finished run's report, and there is none: {layout.report_md()} does not "
+            "exist and no run is logged here; run `snakemake --cores 1 report` first"
+        )
+    text = logs[-1].read_text(errors="replace")
+    error = next(
+        (
+            line.strip()
+            for line in text.splitlines()
+            if line.startswith("Error in rule")
+        ),
+        None,
+    )
+    how = (
+        f"it failed ({error.rstrip(':')})" if error else "it stopped before the report"
+    )
+    return (
+        f"snakemake --report packs a finished run's report, and {layout.report_md()} does not exist: the last run "
+        f"did not make it, {how}; see {logs[-1]}, fix that and run `snakemake --cores 1 report` again"
+    )
+
+
+if any(a == "--report" or a.startswith("--report=") for a in sys.argv):
+    why = report_not_made(LAYOUT, Path(".snakemake") / "log")
+    if why:
+        raise WorkflowError(why)
 CONFIGURATIONS = crashline_config.expand(CFG)
 CONFIG_BY_KEY = {(c["model"], c["id"]): c for c in CONFIGURATIONS}
 

@@ -557,3 +557,38 @@ def test_tune_stopped_mid_run_leaves_no_job_and_the_same_command_resumes(tmp_pat
     text, _ = again.communicate(timeout=900)
     assert again.returncode == 0, text[-4000:]
     assert "tiny-moe: use " in text and not servers_of(tmp_path)
+
+
+# -- snakemake --report before a report exists (#26) ------------------------------------------------------------------
+
+
+def test_snakemake_report_before_a_report_names_the_run_that_failed(tmp_path):
+    """`snakemake --report FILE` packs a finished run's report; after a failed run Snakemake itself said only "File
+    results/report.md marked for report but does not exist"."""
+    copy_workflow(tmp_path)
+    (tmp_path / "gone.yaml").write_text(
+        "models:\n  tiny:\n    source: file:/nowhere/tiny.gguf\nconfigurations:\n  - settings: {ubatch: 128}\n"
+        "workloads:\n  - {name: short, prompt_tokens: 32, gen_tokens: 4}\nrepetitions: 1\n"
+    )
+
+    def snakemake(*args):
+        return subprocess.run(
+            [sys.executable, "-m", "snakemake", *args, "--configfile", "gone.yaml"],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=300,
+            env={**os.environ, "PYTHONPATH": str(REPO / "src")},
+        )
+
+    before = snakemake("--report", "r.zip")
+    said = before.stdout + before.stderr
+    assert before.returncode != 0 and "marked for report but does not exist" not in said
+    assert "results/report.md does not exist and no run is logged here; run `snakemake --cores 1 report`" in said
+    failed = snakemake("--cores", "1", "report")
+    assert failed.returncode != 0
+    after = snakemake("--report", "r.zip")
+    said = after.stdout + after.stderr
+    assert after.returncode != 0 and not (tmp_path / "r.zip").exists()
+    assert "the last run did not make it, it failed (Error in rule fetch_model)" in said, said[-2000:]
+    assert ".snakemake/log/" in said
