@@ -4,6 +4,10 @@ and the report says it."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import time
+
 import pyarrow.parquet as pq
 import pytest
 
@@ -90,3 +94,34 @@ def test_llama_bench_beside_crashline_on_gemma(tmp_path, gemma_fetch, server_pro
     workload, decode = table.header.index("workload"), table.header.index("decode")
     assert [row[workload] for row in table.rows] == ["short (128 + 32)", "long (1,024 + 32)"]
     assert f"({checked['rows'][1]['decode_ratio']:.2f})" in table.rows[1][decode].content
+    # each side's competition, as for a measurement: llama-bench's own cores and every other process's (#27)
+    for r in checked["rows"]:
+        assert r["bench_decode"]["cpu_bench_cores"] > 0.5 and r["bench_decode"]["cpu_other_cores"] >= 0
+        assert r["crashline_cpu_other_cores"] == measured[r["workload"]]["cpu_other_cores"]
+    others = table.header.index("others' cores")
+    assert all(row[others].content.startswith("llama-bench ") for row in table.rows)
+
+
+@pytest.mark.server
+def test_a_busy_machine_is_named_as_the_side_disturbed(tiny_moe, server_provenance):
+    """A llama-bench check at 31.7x on a busy machine concluded "that gap is the server's" (#27): the other
+    processes' CPU is recorded for each test, and a row where they competed says which side, not a conclusion."""
+    binary = server_provenance["bench_binary"]
+    test = ["-p", "256", "-n", "0", "-d", "0"]
+    hog = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        time.sleep(0.5)
+        busy = validity.run_bench(binary, str(tiny_moe), ["-t", "1"], test, 20, 120)
+    finally:
+        hog.kill()
+        hog.wait()
+    assert busy["cpu_other_cores"] > 0.5 and busy["cpu_bench_cores"] > 0.3, busy
+    row = {"bench_prefill": busy, "bench_decode": None, "crashline_cpu_other_cores": 0.0}
+    assert validity.disturbed(row) == ["llama-bench"]
+    assert validity.disturbed({**row, "bench_prefill": {**busy, "cpu_other_cores": 0.1}}) == []
+    assert validity.disturbed({**row, "crashline_cpu_other_cores": 1.2}) == ["llama-bench", "crashline"]
+    text, flagged = report._others_cpu({**row, "bench_decode": {}})
+    assert (
+        flagged
+        and text == f"llama-bench {busy['cpu_other_cores']:.1f}, crashline 0.0: llama-bench disturbed, not concluded"
+    )

@@ -190,7 +190,8 @@ def _faults(pid: int) -> tuple[int, int]:
     return int(fields[7]), int(fields[9])
 
 
-def _busy_seconds(t) -> float:
+def busy_seconds(t) -> float:
+    """Busy CPU seconds of a psutil cpu_times() reading (user, system, nice, interrupts)."""
     return t.user + t.system + getattr(t, "nice", 0) + getattr(t, "irq", 0) + getattr(t, "softirq", 0)
 
 
@@ -288,7 +289,7 @@ class Sampler:
             "server_minflt": minflt,
             "server_majflt": majflt,
             "server_read_bytes": io.read_bytes if io else None,
-            "machine_busy_s": _busy_seconds(machine),
+            "machine_busy_s": busy_seconds(machine),
             "machine_steal_s": getattr(machine, "steal", 0.0),
             "swap_in_bytes": swap.sin,
             "swap_out_bytes": swap.sout,
@@ -338,7 +339,7 @@ class Sampler:
             return None
         machine = psutil.cpu_times()
         own = t.user + t.system + t.children_user + t.children_system
-        return time.monotonic(), _busy_seconds(machine), own, getattr(machine, "steal", 0.0)
+        return time.monotonic(), busy_seconds(machine), own, getattr(machine, "steal", 0.0)
 
     def _run(self) -> None:
         while True:

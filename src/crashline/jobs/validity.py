@@ -16,10 +16,15 @@ from __future__ import annotations
 
 import contextlib
 import json
+import resource
 import subprocess
 import time
 
+import psutil
+
 from ..core.records import Outcome
+from ..core.thresholds import shared
+from ..engine.telemetry import busy_seconds
 
 TOLERANCE = 0.10  # a ratio further than this from 1 is flagged
 # crashline setting -> llama-bench flag; what is not here llama-bench cannot express (``left_out`` says which)
@@ -72,15 +77,49 @@ def run_bench(binary: str, model_path: str, args: list[str], test: list[str], re
     """One llama-bench test (``test``: ``-p P -n 0 -d 0`` or ``-p 0 -n G -d P``): its mean, standard deviation and
     samples in tokens per second, and the command."""
     command = [binary, "-m", model_path, *args, *test, "-r", str(repetitions), "-o", "json"]
+    started, machine, own = time.monotonic(), busy_seconds(psutil.cpu_times()), _children_cpu_s()
     try:
         done = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s)
     except subprocess.TimeoutExpired as exc:
         raise BenchError(f"llama-bench ran past {timeout_s} s: {' '.join(command)}") from exc
+    wall = max(time.monotonic() - started, 1e-3)
+    bench = (_children_cpu_s() - own) / wall
+    other = max(0.0, (busy_seconds(psutil.cpu_times()) - machine) / wall - bench)
     if done.returncode != 0:
         tail = " | ".join(done.stderr.strip().splitlines()[-3:])
         raise BenchError(f"llama-bench exited with status {done.returncode}: {tail}")
     (row,) = json.loads(done.stdout)
-    return {"command": command, "mean_tps": row["avg_ts"], "stddev_tps": row["stddev_ts"], "samples": row["samples_ts"]}
+    return {
+        "command": command,
+        "mean_tps": row["avg_ts"],
+        "stddev_tps": row["stddev_ts"],
+        "samples": row["samples_ts"],
+        # as for a measurement's workload: the cores llama-bench used, and every other process meanwhile
+        "cpu_bench_cores": round(bench, 2),
+        "cpu_other_cores": round(other, 2),
+    }
+
+
+def _children_cpu_s() -> float:
+    """CPU seconds of this process's waited-for children (llama-bench, once it has ended)."""
+    used = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return used.ru_utime + used.ru_stime
+
+
+def disturbed(row: dict) -> list[str]:
+    """The sides of a cross-check row that other processes competed with (``thresholds.shared``): "llama-bench"
+    (its prefill or decode test), "crashline" (its measurement of the workload). A gap there says nothing of the
+    server: the row is not concluded."""
+    sides = []
+    if any(shared((row[f"bench_{k}"] or {}).get("cpu_other_cores")) for k in ("prefill", "decode")):
+        sides.append("llama-bench")
+    if shared(row.get("crashline_cpu_other_cores")):
+        sides.append("crashline")
+    return sides
+
+
+def _number(value) -> float | None:
+    return None if value is None or value != value else float(value)  # NaN: not sampled
 
 
 def _ratio(ours, theirs) -> float | None:
@@ -111,6 +150,7 @@ def compare(config: dict, workloads: list[dict], model_path: str, binary: str, r
                 "gen_tokens": gen,
                 "crashline_prefill_tps": w["prefill_tps_median"],
                 "crashline_decode_tps": w["decode_tps_median"],
+                "crashline_cpu_other_cores": _number(w.get("cpu_other_cores")),
                 "bench_prefill": prefill,
                 "bench_decode": decode,
                 "prefill_ratio": ratios["prefill"],

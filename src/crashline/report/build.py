@@ -521,6 +521,25 @@ def _checkpoints_text(row: dict) -> str:
     return f"{made:,.0f}, {row['checkpoints_held']:,.0f}, {row['checkpoint_mib']:,.1f}"
 
 
+def _others_cpu(row: dict) -> tuple[str, bool]:
+    """Other processes' cores during each side of a cross-check row, and whether either side was disturbed."""
+    from ..jobs.validity import disturbed
+
+    bench = [(row[f"bench_{k}"] or {}).get("cpu_other_cores") for k in ("prefill", "decode")]
+    bench = [b for b in bench if b is not None]
+    ours = row.get("crashline_cpu_other_cores")
+    if not bench and ours is None:
+        return "–", False  # a check recorded before these were sampled
+    sides = disturbed(row)
+    text = ", ".join(
+        (
+            f"llama-bench {max(bench):.1f}" if bench else "llama-bench –",
+            f"crashline {ours:.1f}" if ours is not None else "crashline –",
+        )
+    )
+    return (f"{text}: {' and '.join(sides)} disturbed, not concluded" if sides else text), bool(sides)
+
+
 def validity_rows(record: dict, model: str) -> dict:
     """llama-bench beside crashline for one model, as the report says it: each workload of each configuration
     checked, the two speeds and their ratio, flagged past the tolerance; what llama-bench could not express."""
@@ -542,6 +561,7 @@ def validity_rows(record: dict, model: str) -> dict:
                     "server_args": c["server_args"],
                     "workload": f"{r['workload']} ({r['prompt_tokens']:,} + {r['gen_tokens']:,})",
                     "cells": cells,
+                    "others": _others_cpu(r),
                     "left_out": ", ".join(c["left_out"]),
                     "command": " ".join(r["bench_decode"]["command"]),
                 }

@@ -710,23 +710,27 @@ def validity(v: dict | None) -> list:
             f" (crashline's median / llama-bench's mean, t/s, and their ratio; ⚠ further than "
             f"{v['tolerance']:.0%} from 1). llama-bench times the engine alone: no HTTP, no sampling, a context "
             "of exactly its test's tokens. crashline reports the server's own timings of each request, what a "
-            "client of llama-server gets; where they differ, that gap is the server's.",
+            "client of llama-server gets; where they differ on a quiet machine, that gap is the server's. Where other "
+            f"processes used more than {CONTENTION_CORES} cores beside either side (the cores they used are in the "
+            "last column), the row says which side was disturbed and concludes nothing.",
         ]
     )
     if v["message"]:
         return [lead, Para(v["message"], "warn")]
-    header = ["config", "llama-server settings", "workload", "prefill", "decode", "not in llama-bench"]
+    header = ["config", "llama-server settings", "workload", "prefill", "decode", "not in llama-bench", "others' cores"]
     table = []
     for r in v["rows"]:
         if "error" in r:
-            table.append([Code(r["config_id"]), Code(r["server_args"]), Cell(r["error"], "fail"), "", "", ""])
+            table.append([Code(r["config_id"]), Code(r["server_args"]), Cell(r["error"], "fail"), "", "", "", ""])
             continue
         cells = [
             Cell(text + (" ⚠" if flagged else ""), "warn" if flagged else None) for text, flagged in r["cells"].values()
         ]
-        table.append([Code(r["config_id"]), Code(r["server_args"]), r["workload"], *cells, r["left_out"]])
+        others, busy = r.get("others", ("–", False))
+        row = [Code(r["config_id"]), Code(r["server_args"]), r["workload"], *cells, r["left_out"]]
+        table.append([*row, Cell(others, "warn" if busy else None)])
     commands = "\n".join(dict.fromkeys(r["command"] for r in v["rows"] if "command" in r))
-    shown = compacted(header, table, frozenset({2, 3, 4}), frozenset({3, 4}))
+    shown = compacted(header, table, frozenset({2, 3, 4, 6}), frozenset({3, 4}))
     return [lead, *shown, Details("llama-bench commands (decode tests)", commands)]
 
 
