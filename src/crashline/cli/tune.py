@@ -22,13 +22,12 @@ import yaml
 from ..config import plan as config_mod
 from ..core.atomic import atomic_path
 from ..config.file import ConfigError
-from ..engine.suggest import default_margin_mib, parse_size_mib
+from ..engine.suggest import DEFAULT_UBATCHES as UBATCHES, default_margin_mib, parse_size_mib
 
 SHORTHAND_RE = re.compile(r"^([A-Za-z0-9][\w.-]*)/([A-Za-z0-9][\w.-]*):([\w.-]+)$")
 SOURCE_KINDS = ("hf:", "pypi:", "https://", "http://", "file:", "synthetic:")
 SHORT = {"name": "short", "prompt_tokens": 128, "gen_tokens": 64}
 GEN_TOKENS = 64  # generated after the long prompt: enough steady decode to sample
-UBATCHES = (512, 2048)
 WORKFLOW_FILES = ("Snakefile", "rules", "scripts", "profiles")
 
 

@@ -19,6 +19,7 @@ Versions (bump one, and add its upgrade, whenever a field is renamed, removed or
 
 from __future__ import annotations
 
+import datetime as dt
 import enum
 import json
 import os
@@ -92,6 +93,11 @@ UPGRADES: dict[tuple[str, int], Callable[[dict], dict]] = {
     ("needle", 1): _schema_renamed,
     ("search", 0): _search_defaults,
 }
+
+
+def utc_now() -> str:
+    """Now, as every record stamps its times (UTC, to the second)."""
+    return dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
 
 
 def supported() -> str:

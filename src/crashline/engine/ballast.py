@@ -10,8 +10,8 @@ the ballast lands on the job's GPUs whatever CUDA_VISIBLE_DEVICES said when CUDA
 from __future__ import annotations
 
 import ctypes
+from ..core.units import MIB
 
-MIB = 1 << 20
 TOLERANCE_MIB = 64
 _CHUNK = 4096 * MIB  # allocate in pieces so the last one can be sized precisely
 

@@ -12,6 +12,7 @@ partly busy, the answer is serial execution: each waits for the other.
 from __future__ import annotations
 
 from . import logparse, planner
+from ..core.units import MIB
 
 SATURATED = 0.85  # of the limit
 BUSY = 0.5
@@ -157,7 +158,6 @@ def overall(rows: list[dict], gpu: bool) -> str:
     return "no single suspect saturated"
 
 
-MIB = 1 << 20
 # llama-server arguments that move tensors or the KV cache: with one of them in extra_args (or with --fit on or
 # -ot), the settings alone do not say where the weights went; only the server's log does.
 PLACEMENT_FLAGS = frozenset(

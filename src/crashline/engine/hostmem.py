@@ -18,10 +18,10 @@ import time
 from pathlib import Path
 
 from .ballast import BudgetError
+from ..core.units import MIB
 
 MOUNTS = Path("/proc/self/mounts")
 OWN_CGROUPS = Path("/proc/self/cgroup")
-MIB = 1 << 20
 _names = itertools.count()
 
 # The line note_exit writes; logparse finds it by OOM_MARK (one wording, two ends).

@@ -17,8 +17,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from ..core.units import MIB
 
-MIB = 1 << 20
 # Bytes per element of each KV cache type (block formats: bytes per 32-element block / 32).
 CACHE_TYPE_BYTES = {
     "f32": 4.0,

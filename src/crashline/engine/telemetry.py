@@ -26,8 +26,7 @@ from pathlib import Path
 
 import pandas as pd
 import psutil
-
-MIB = 1 << 20
+from ..core.units import MIB
 
 
 class _Nvml:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import json
 import hashlib
-import datetime as dt
 import signal
 import statistics
 import subprocess
@@ -30,6 +29,7 @@ from ..models.sources import SourceError, check_unchanged
 from ..core.supervision import exit_with_workflow
 from ..engine.telemetry import Sampler, window_summary, write_frame
 from ..engine.workloads import Client, PromptSource, RequestFailed, check_run, concurrency, one_run, summarize, windows
+from ..core.records import utc_now
 
 # a workload that failed
 NO_SPEEDS = {
@@ -38,10 +38,6 @@ NO_SPEEDS = {
 }
 SERVER_FIELDS = ("binary", "obtained", "sha256", "version", "backend", "source", "build_flags")  # of provenance
 ENDING_S = 3  # how long a server that refused or dropped a request may take to die of it
-
-
-def _now() -> str:
-    return dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
 
 
 def outcome_text(failure: dict) -> str:
@@ -618,7 +614,7 @@ def _measure(
         "repetitions": config["repetitions"],
         "page_cache": page_cache_state(fetch_record, draft_path, resolved["page_cache"]),
         "cpu_memory_bandwidth_gbs": host.memory_bandwidth_from(provenance),
-        "started_at": _now(),
+        "started_at": utc_now(),
         **({"load_only": True} if load_only else {}),
     }
     record["page_cache_resident_at_start"] = record["page_cache"]["resident"][model_path]
@@ -713,7 +709,7 @@ def _measure(
         workloads=workloads,
         conversations=talks,
         soak=soaked,
-        finished_at=_now(),
+        finished_at=utc_now(),
     )
     clock.lap("analysis")
     record["time_budget_s"] = clock.budget()

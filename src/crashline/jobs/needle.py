@@ -19,7 +19,6 @@ from __future__ import annotations
 import bisect
 import contextlib
 import dataclasses
-import datetime as dt
 import random
 import re
 from dataclasses import dataclass, field
@@ -65,6 +64,7 @@ from ..core.paths import SearchFolder
 from ..engine.server import ServerProcess
 from ..core.supervision import exit_with_workflow
 from ..engine.workloads import Client, RequestFailed, prose_text
+from ..core.records import utc_now
 
 CONTENT_MARK = "\u2063crashline-needle-content\u2063"
 
@@ -73,10 +73,6 @@ SENTENCE_END_RE = re.compile(r"[.!?][\"'\u2019\u201d)\]]*$")
 ABBREVIATION_RE = re.compile(
     r"(?:\b(?:Mr|Mrs|Ms|Dr|St|Jr|Sr|Messrs|Mme|Mlle|Prof|Rev|Capt|Col|Gen|Lt|No|vol|viz|etc)|\b[A-Z])\.$"
 )
-
-
-def _now() -> str:
-    return dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
 
 
 # --------------------------------------------------------------------------- server client
@@ -511,7 +507,7 @@ def _record_head(model_name, item, config, fetch_record, provenance, manifest, n
         "wording": dataclasses.asdict(wording(ns["kind"])),
         "budget": config.get("budget"),
         "requests": {"cache_prompt": False, "temperature": 0.0, "top_k": 1, "prompt": "token ids"},
-        "started_at": _now(),
+        "started_at": utc_now(),
     }
 
 
@@ -529,7 +525,7 @@ def _not_applicable(record: dict, slot_ctx, model_name: str, record_path: Path, 
         grid=[],
         recall="not_applicable",
         failed_required=[],
-        finished_at=_now(),
+        finished_at=utc_now(),
     )
     _note(log_path, f"crashline: no llama-server started for {model_name}: {NOT_APPLICABLE_REASON}\n")
     return records.write(record_path, "needle", record)
@@ -600,7 +596,7 @@ def _finish(record: dict, server: ServerProcess, run: _Run, ns: dict, log_path: 
         grid=grid(trials, ns),
         recall=recall,
         failed_required=failed_required,
-        finished_at=_now(),
+        finished_at=utc_now(),
     )
 
 

@@ -176,7 +176,12 @@ def shard_paths(path: Path, count: int) -> list[Path]:
         return [path]
     if not m:
         raise ValueError(f"{path}: split.count is {count} but the name is not NAME-00001-of-{count:05d}.gguf")
-    return [path.with_name(f"{m['stem']}-{i:05d}-of-{count:05d}.gguf") for i in range(1, count + 1)]
+    return [path.with_name(name) for name in shard_names(m["stem"], count)]
+
+
+def shard_names(stem: str, count: int) -> list[str]:
+    """llama.cpp's names of a split model's shards: ``STEM-00001-of-00003.gguf`` ..."""
+    return [f"{stem}-{i:05d}-of-{count:05d}.gguf" for i in range(1, count + 1)]
 
 
 # The sliding-window layout llama.cpp 11434 gives each architecture that has one, where the GGUF does not

@@ -47,7 +47,7 @@ import requests
 from ..core import progress
 from ..core.atomic import read_json, write_json
 from ..core.locks import held
-from .manifest import ManifestError, check_complete
+from .manifest import SPLIT_RE, ManifestError, check_complete, shard_names
 from ..config.source import SourceError, parse_source  # noqa: F401 - importers read them from here
 
 BLOCK = 8 * 1024 * 1024
@@ -64,7 +64,6 @@ ORIGINS = {
     "hub metadata": "the hub's metadata",
     "package SHA256SUMS": "the package's SHA256SUMS",
 }
-SPLIT_RE = re.compile(r"^(?P<stem>.+)-(?P<index>\d{5})-of-(?P<count>\d{5})\.gguf$")
 SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
 
 
@@ -171,8 +170,7 @@ def _shard_names(name: str) -> list[str]:
     m = SPLIT_RE.match(name)
     if not m or int(m["index"]) != 1:
         return [name]
-    count = int(m["count"])
-    return [f"{m['stem']}-{i:05d}-of-{count:05d}.gguf" for i in range(1, count + 1)]
+    return shard_names(m["stem"], int(m["count"]))
 
 
 # --------------------------------------------------------------------------- verification
