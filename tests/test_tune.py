@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import subprocess
 import sys
 import time
@@ -15,6 +16,7 @@ import pytest
 
 from crashline.config.file import ConfigError
 from crashline.cli.tune import _hf_file, config, model_source
+from crashline.config import plan as C
 from crashline.core.host import gpus
 
 
@@ -73,6 +75,41 @@ def test_a_prompt_past_the_models_training_context_is_refused_at_once(tmp_path, 
             config(model, 32768, 16000, None, None, tmp_path)
     assert config(str(tiny_moe), 32768, 8128, None, None, tmp_path)["objective"] == {"workload": "prompt-8128"}
     assert config("synthetic:qwen3-30b-a3b", 32768, 16000, None, None, tmp_path)  # trained for 40,960
+
+
+def test_the_levers_tried_are_the_users_to_choose(tmp_path, tiny_moe):
+    """tune --ubatch --cache-type --threads (#22): each combination is a search of n_cpu_moe, --fit on runs once per
+    KV cache type; a quantised KV cache only where asked, and the default is the config as before."""
+    from crashline.cli.tune import levers
+
+    tried = levers("1024,256", "f16,q8_0", "8,4")
+    assert tried == {"ubatch": [256, 1024], "cache_type": ["f16", "q8_0"], "threads": [4, 8]}
+    cfg = C.validate(config(str(tiny_moe), 8192, 4096, 12288, None, tmp_path, True, tried), C.load_schema())
+    groups = C.expand_searches(cfg)
+    combos = {(g["given"]["ubatch"], g["given"].get("cache_type_k", "f16"), g["given"]["threads"]) for g in groups}
+    assert combos == {(u, k, t) for u in (256, 1024) for k in ("f16", "q8_0") for t in (4, 8)}
+    assert all(g["given"].get("cache_type_v", "f16") == g["given"].get("cache_type_k", "f16") for g in groups)
+    fits = [i["settings"] for i in C.expand(cfg) if i["settings"].get("fit") == "on"]
+    assert sorted((f["ubatch"], f.get("cache_type_k", "f16")) for f in fits) == [(1024, "f16"), (1024, "q8_0")]
+    default = config(str(tiny_moe), 8192, 4096, 12288, None, tmp_path)
+    assert default["configurations"] == [
+        {"grid": {"ubatch": [512, 2048]}, "search": {"n_cpu_moe": [0, 1000]}},
+        {"settings": {"ubatch": 2048, "fit": "on"}},
+    ]
+    assert config(str(tiny_moe), 8192, 4096, None, None, tmp_path, False, tried)["configurations"] == [
+        {"grid": {"ubatch": [256, 1024], "threads": [4, 8]}},
+        {
+            "settings": {"cache_type_k": "q8_0", "cache_type_v": "q8_0"},
+            "grid": {"ubatch": [256, 1024], "threads": [4, 8]},
+        },
+    ]
+    for bad, said in (
+        (("256,x", None, None), "--ubatch '256,x': 'x' is not a positive integer"),
+        ((None, "f16,q3", None), "--cache-type 'f16,q3': q3 is not a KV cache type of llama.cpp"),
+        ((None, None, "8,0"), "--threads '8,0': '0' is not a positive integer"),
+    ):
+        with pytest.raises(ConfigError, match=re.escape(said)):
+            levers(*bad)
 
 
 @pytest.mark.e2e

@@ -247,7 +247,18 @@ def cmd_tune(args) -> int:
     from .tune import TuneStopped, tune
 
     try:
-        lines = tune(args.model, args.ctx, args.prompt, args.vram, args.margin, args.gpu, args.out)
+        lines = tune(
+            args.model,
+            args.ctx,
+            args.prompt,
+            args.vram,
+            args.margin,
+            args.gpu,
+            args.out,
+            args.ubatch,
+            args.cache_type,
+            args.threads,
+        )
     except TuneStopped as exc:
         print(exc, file=sys.stderr)
         return exc.exit_code
@@ -423,6 +434,13 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--margin", help="VRAM headroom to keep (default 1024 MiB)")
     s.add_argument("--gpu", help="the GPU to use (its CUDA index, in nvidia-smi's order)")
     s.add_argument("--out", default="tune", help="folder for the config and the results (default ./tune)")
+    s.add_argument("--ubatch", help="the ubatch sizes to try, e.g. 256,512,2048 (default 512,2048)")
+    s.add_argument(
+        "--cache-type",
+        help="the KV cache types to try, K and V alike, e.g. f16,q8_0,q4_0 (default f16: a quantised KV cache "
+        "changes the answers, so only where you allow it)",
+    )
+    s.add_argument("--threads", help="the thread counts (-t) to try, e.g. 8,16 (default llama.cpp's own)")
     s = verb(
         "recheck",
         cmd_recheck,

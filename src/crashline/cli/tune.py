@@ -83,12 +83,47 @@ def model_source(model: str) -> tuple[str, str]:
     return name, source
 
 
+def levers(ubatch: str | None, cache_type: str | None, threads: str | None) -> dict:
+    """The levers ``tune`` tries beside n_cpu_moe, from its options: ubatch sizes (default 512 and 2048), KV cache
+    types (K and V alike; default f16 only: a quantised KV cache is the user's call) and thread counts (default
+    llama.cpp's own). ConfigError names the option and the value."""
+    from ..core.settings import CACHE_TYPES
+    from ..engine.suggest import SuggestError, parse_ubatches
+
+    try:
+        ubatches = parse_ubatches(ubatch) if ubatch else UBATCHES
+    except SuggestError as exc:
+        raise ConfigError(str(exc)) from None
+    types = tuple(dict.fromkeys(t.strip() for t in (cache_type or "f16").split(",")))
+    bad = [t for t in types if t not in CACHE_TYPES]
+    if bad or not types:
+        raise ConfigError(
+            f"--cache-type {cache_type!r}: {bad[0] if bad else 'none'} is not a KV cache type of "
+            f"llama.cpp; give some of {', '.join(CACHE_TYPES)}, e.g. f16,q8_0"
+        )
+    counts = []
+    for item in threads.split(",") if threads else []:
+        if not item.strip().isdigit() or int(item) < 1:
+            raise ConfigError(f"--threads {threads!r}: {item!r} is not a positive integer; write e.g. 8,16")
+        counts.append(int(item))
+    return {"ubatch": list(ubatches), "cache_type": list(types), "threads": sorted(set(counts))}
+
+
 def config(
-    model: str, ctx: int, prompt: int, vram_mib: int | None, margin_mib: int | None, out: Path, on_gpu: bool = True
+    model: str,
+    ctx: int,
+    prompt: int,
+    vram_mib: int | None,
+    margin_mib: int | None,
+    out: Path,
+    on_gpu: bool = True,
+    tried: dict | None = None,
 ) -> dict:
-    """The config ``tune`` runs: a search of n_cpu_moe per ubatch and --fit on, at ``ctx``; a short workload
-    and one of ``prompt`` tokens (the objective); the budget. Without a GPU (``on_gpu`` False) every weight is in
-    host memory whatever n_cpu_moe and --fit say: only the ubatch values are measured."""
+    """The config ``tune`` runs: a search of n_cpu_moe per combination of the levers tried (``levers``: ubatch,
+    KV cache type, threads) and --fit on per KV cache type, at ``ctx``; a short workload and one of ``prompt`` tokens
+    (the objective); the budget. Without a GPU (``on_gpu`` False) every weight is in host memory whatever n_cpu_moe
+    and --fit say: only the levers' combinations are measured."""
+    tried = tried or levers(None, None, None)
     if prompt + GEN_TOKENS > ctx:
         raise ConfigError(f"--prompt {prompt} plus {GEN_TOKENS} generated tokens does not fit --ctx {ctx}")
     margin = default_margin_mib() if margin_mib is None else margin_mib
@@ -103,17 +138,27 @@ def config(
     if margin_mib is not None:
         budget["margin_mib"] = margin_mib
     long = {"name": f"prompt-{prompt}", "prompt_tokens": prompt, "gen_tokens": GEN_TOKENS}
+    configurations = []
+    for kv in tried["cache_type"]:
+        kv_settings = {} if kv == "f16" else {"cache_type_k": kv, "cache_type_v": kv}  # f16: the ids as before
+        grid = {"ubatch": tried["ubatch"], **({"threads": tried["threads"]} if tried["threads"] else {})}
+        if on_gpu:
+            configurations += [
+                # the search clamps the range to the model's layers
+                {
+                    **({"settings": kv_settings} if kv_settings else {}),
+                    "grid": grid,
+                    "search": {"n_cpu_moe": [0, 1000]},
+                },
+                {"settings": {**kv_settings, "ubatch": tried["ubatch"][-1], "fit": "on"}},
+            ]
+        else:
+            configurations.append({**({"settings": kv_settings} if kv_settings else {}), "grid": grid})
     raw = {
         "results_dir": str(out / "results"),
         "models": {name: {"source": source}},
         "defaults": {"ctx": ctx},
-        "configurations": [
-            # the search clamps the range to the model's layers
-            {"grid": {"ubatch": list(UBATCHES)}, "search": {"n_cpu_moe": [0, 1000]}},
-            {"settings": {"ubatch": UBATCHES[-1], "fit": "on"}},
-        ]
-        if on_gpu
-        else [{"grid": {"ubatch": list(UBATCHES)}}],
+        "configurations": configurations,
         "workloads": [SHORT, long] if prompt > SHORT["prompt_tokens"] else [long],
         "repetitions": 3,
         "budget": budget,
@@ -352,12 +397,16 @@ def tune(
     margin: str | None = None,
     gpu: str | None = None,
     out: str | Path = "tune",
+    ubatch: str | None = None,
+    cache_type: str | None = None,
+    threads: str | None = None,
 ) -> list[str]:
     """Write the config, run the workflow (``run_folder``), return the answer's lines."""
     out = Path(out).resolve()
     vram_mib = parse_size_mib(vram, "--vram") if vram else None
     margin_mib = parse_size_mib(margin, "--margin", minimum=0) if margin else None
+    tried = levers(ubatch, cache_type, threads)
     on_gpu = _check_gpu(vram, gpu)
-    raw = config(model, ctx, prompt, vram_mib, margin_mib, out, on_gpu)
+    raw = config(model, ctx, prompt, vram_mib, margin_mib, out, on_gpu, tried)
     path = run_folder(raw, out, "tune", gpu)
     return [f"config: {path}", *answer(config_mod.validate(raw, config_mod.load_schema()))]
