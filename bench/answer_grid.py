@@ -6,7 +6,8 @@
 CONFIG is the config a finished run used (``crashline tune`` writes ``tune.yaml``); its results folder holds the
 searches (one per ubatch) and ``recommendation.json``.
 
-``run`` measures the grid from each search's boundary to boundary + SPAN, so that every value there has at least
+``run`` measures the grid from each search's boundary to boundary + SPAN (or to the highest value the search measured,
+where that is higher: its pick is in the grid), so that every value there has at least
 STARTS server starts: the search's own probes and finalist starts count, and the rest are started here through the
 same measure job the search runs (same settings, workloads, budget and build), interleaved: pass 1 over every value
 that has none, then pass 2 over every value with fewer than two, ... Records go to GRID/records/MODEL/ID/pass-K/.
@@ -75,7 +76,8 @@ def _targets(cfg: dict, span: int) -> list[dict]:
             continue
         have = _probe_records(cfg, model, group, summary)
         lo, hi = summary["range"]
-        for n in range(summary["boundary"], min(summary["boundary"] + span, hi) + 1):
+        top = max([summary["boundary"] + span, *have])  # and every value the search measured above (its pick)
+        for n in range(summary["boundary"], min(top, hi) + 1):
             given = {**group["given"], "n_cpu_moe": n}
             cid = S.config_id(model, S.resolve(given))
             targets.append({"model": model, "group": group, "n": n, "id": cid, "given": given, "have": have.get(n, [])})
@@ -86,8 +88,14 @@ def _grid_path(grid: Path, model: str, cid: str, k: int) -> Path:
     return grid / "records" / model / cid / f"pass-{k}"
 
 
-def run(args) -> None:
+def _config(args) -> dict:
+    """The run's config, its results folder where ``--results`` says (a run copied off the machine it ran on)."""
     cfg = C.load(args.config)
+    return {**cfg, "results_dir": args.results} if args.results else cfg
+
+
+def run(args) -> None:
+    cfg = _config(args)
     layout = Layout(cfg["results_dir"])
     grid = Path(args.out)
     targets = _targets(cfg, args.span)
@@ -169,7 +177,7 @@ def bias(recs: list[dict]) -> dict:
 
 
 def analyse(args) -> None:
-    cfg = C.load(args.config)
+    cfg = _config(args)
     layout = Layout(cfg["results_dir"])
     grid = Path(args.grid)
     objective = jobs.search_objective(cfg)
@@ -261,6 +269,7 @@ def main() -> None:
         else:
             p.add_argument("grid")
             p.add_argument("--out")
+        p.add_argument("--results", help="the run's results folder, where it is not the config's results_dir")
         p.add_argument("--span", type=int, default=4, help="the grid runs from the boundary to the boundary + SPAN")
         p.add_argument("--starts", type=int, default=2, help="server starts per grid value, the search's included")
     args = parser.parse_args()

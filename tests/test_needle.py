@@ -448,3 +448,26 @@ def test_a_configuration_that_runs_the_same_server_shares_its_twin_s_recall():
     assert (
         items[(model, warm)]["settings"]["page_cache"] == "warm" and items[(model, warm)]["settings"]["ubatch"] == 512
     )
+
+
+@pytest.mark.server
+def test_a_model_that_recalls_nothing_at_the_shortest_length_is_not_asked_longer_ones(
+    tmp_path, tiny_moe, server_provenance
+):
+    """The baseline first: random weights recall no needle at the shortest length, so the longer (slower) trials
+    say nothing of the configuration and are not run. On the H200 the three recall checks of one tune spent 115 s
+    on a model that cannot recall (#25)."""
+    rec = run(
+        tmp_path,
+        fetch_record(tiny_moe),
+        server_provenance,
+        {"ctx": 2048},
+        {"lengths": [0.9, 512], "depths": [0.1, 0.5]},
+        source=f"file:{tiny_moe}",
+        name="tiny",
+        rng=random.Random(7),
+    )
+    assert rec["applicable"] and rec["outcome"] == "ok", rec.get("message")
+    assert [(t["length_target"], t["depth"]) for t in rec["trials"]] == [(512, 0.1), (512, 0.5)]  # shortest first
+    assert all(t["answer"] is not None and not t["passed"] for t in rec["trials"])
+    assert rec["recall"] == "fail"

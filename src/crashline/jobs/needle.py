@@ -257,7 +257,8 @@ def run_trials(
     sample = client.tokenize(words.needle(new_value(ns["kind"], rng)))
     asker = _Asker(client, haystack, fr, rng, ns["kind"], slot_ctx, max(ns["gen_tokens"], len(sample) + 2))
     trials = [] if trials is None else trials
-    planned = planned_trials(ns)
+    shortest = _shortest(ns["lengths"], slot_ctx, asker.answer_tokens)
+    planned = sorted(planned_trials(ns), key=lambda p: p[0] != shortest)  # the baseline first, else in order
     for k, (spec, depth, index) in enumerate(planned, 1):
         trial = _trial_base(spec, depth, index, slot_ctx)
         trials.append(trial)
@@ -267,7 +268,26 @@ def run_trials(
         verdict_text = "pass" if trial["passed"] else f"fail ({trial['reason']})"
         length = f"{trial['length_target']:,} tokens" if trial["length_target"] else repr(spec)
         progress.say(f"needle {k}/{len(planned)}: length {length}, depth {depth}: {verdict_text}")
+        at_shortest = [t for t in trials if same_length(t["length"], shortest)]
+        last_of_shortest = k < len(planned) and not same_length(planned[k][0], shortest)
+        if last_of_shortest and all(t.get("answer") is not None and not t["passed"] for t in at_shortest):
+            progress.say(
+                f"needle: no needle recalled at {length}, the shortest length: the model cannot recall here, so "
+                f"the {len(planned) - k} longer trial(s) are not run (recall cannot rank configurations)"
+            )
+            break
     return trials
+
+
+def _shortest(lengths: list, slot_ctx: int | None, answer_tokens: int):
+    """The length spec that resolves to the fewest tokens (a fraction without the slot's context: last)."""
+
+    def tokens(spec) -> float:
+        if is_fraction(spec):
+            return resolve_length(spec, slot_ctx, answer_tokens) if slot_ctx else float("inf")
+        return int(spec)
+
+    return min(lengths, key=tokens)
 
 
 def _target(trial: dict, asker: _Asker) -> int | None:

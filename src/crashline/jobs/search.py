@@ -11,7 +11,9 @@ value.
    predicted to fit the budget.
 3. Search: gallop from the prediction and bisect (planner.search_lowest), each probe a full
    measurement with every workload.
-4. Step up from the boundary until the headroom clears the margin: the lowest value to use.
+4. The lowest value whose headroom clears the margin, found the same way (headroom only grows with
+   n_cpu_moe): from the value the planner predicts to clear it, corrected by what it missed at the
+   boundary, instead of a start per value up from the boundary.
 5. Climb (``climb`` values at most, planner.climb): speed is not monotonic in n_cpu_moe near the
    boundary, so measure the values above it while the objective's speed improves or stays within
    noise (the ranges of the requests overlap).
@@ -99,6 +101,16 @@ def speed_of(recs: list[dict], objective: dict, margin_mib: int) -> planner.Spee
         if objective.get(key) is not None and (median is None or not meets(median, objective[key])):
             return None
     return planner.Speed.of(stats.get(objective["metric"]))
+
+
+def margin_guess(at_boundary: dict, boundary: int, predictions: dict, limit, margin: int, hi: int) -> int:
+    """The lowest n_cpu_moe predicted to keep the margin: the planner's prediction of each value, moved by what it
+    missed at the boundary (its measured headroom against the predicted one). Without a limit: the boundary."""
+    headroom = (at_boundary.get("memory") or {}).get("headroom_mib")
+    if not limit or headroom is None:
+        return boundary
+    missed = (limit - predictions[boundary]["total_mib"]) - headroom  # MiB the prediction was short at the boundary
+    return next((n for n in range(boundary, hi + 1) if limit - predictions[n]["total_mib"] - missed >= margin), hi)
 
 
 def bound_text(results: dict[int, bool], lo: int, hi: int) -> str:
@@ -302,11 +314,13 @@ class _Search:
         survives = lambda n: self.probe(n, "search")["outcome"] == Outcome.OK  # noqa: E731
         boundary, probes = planner.search_lowest(survives, start, lo, hi)
         lowest = None
-        if boundary is not None:
-            for n in range(boundary, hi + 1):
-                if _headroom_ok(self.probe(n, f"headroom: the margin is {margin:,} MiB"), margin):
-                    lowest = n
-                    break
+        if boundary is not None:  # the lowest value with the margin: the same search, from the predicted value
+
+            def roomy(n: int) -> bool:
+                return _headroom_ok(self.probe(n, f"headroom: the margin is {margin:,} MiB"), margin)
+
+            guess = margin_guess(self.starts_of[boundary][0], boundary, predictions, limit, margin, hi)
+            lowest, _ = planner.search_lowest(roomy, guess, boundary, hi)
         fastest = self.fastest(lowest, hi) if lowest is not None and self.climb else {}
         values = []
         for n in range(lo, hi + 1):
