@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import html as markup
 import re
+from pathlib import Path
 
 import pandas as pd
 import pytest
+import yaml
 
 from crashline.config.plan import load_schema
 from crashline.tables import aggregate
@@ -23,7 +25,7 @@ from crashline.core.atomic import read_json, write_json
 from crashline.jobs.measure import memory_summary
 from crashline.tables.recommend import recommend
 
-from conftest import FIXTURES, console_messages, open_in_chromium
+from conftest import FIXTURES, REPO, console_messages, open_in_chromium
 
 RECORDS = FIXTURES / "h200-records"
 RECORDS_11761 = FIXTURES / "h200-records-11761"  # the same model and settings under an 11761 MiB budget
@@ -288,3 +290,42 @@ def test_the_memory_of_a_configuration_on_two_gpus_is_said_per_gpu_with_the_full
     one = {"vram_limit_mib": 12288, "vram_limit_is": "budget", "headroom_mib": 1954.0, "peak_gpus_mib": None}
     assert memory_text(one, 10334.0) == "peak VRAM 10,334 MiB, 1,954 MiB below the 12,288 MiB budget"
     assert memory_text(one, None) is None
+
+
+TUNE_H200 = REPO / "bench" / "results" / "tune-h200" / "qwen3-30b-a3b" / "tune"
+
+
+def test_the_margin_is_searched_from_the_prediction_on_the_h200_search(tmp_path, monkeypatch):
+    """The -ub 2048 search of this session's H200 tune (12,288 MiB, margin 1,024), each start answered by the record
+    it made there: the boundary is 25, and the lowest value with the margin, 29, was found by a start per value up
+    from 25 (26, 27, 28, 29). From the planner's prediction, corrected by what it missed at 25, it takes 29 and 28:
+    the same answer with two starts fewer."""
+    from crashline.jobs import spec as jobs
+
+    (folder,) = [p.parent for p in TUNE_H200.glob("results/search/*/*/search.json") if "4a7dabea11" in str(p)]
+    real = read_json(folder / "search.json")
+
+    def h200(*, record_path, **_):
+        return read_json(
+            folder / "records" / Path(record_path).parent.relative_to(tmp_path / "records") / "measure.json"
+        )
+
+    monkeypatch.setattr(search, "measure", h200)
+    cfg = C.validate(
+        {**yaml.safe_load((TUNE_H200 / "tune.yaml").read_text()), "results_dir": str(tmp_path)}, C.load_schema()
+    )
+    spec = jobs.spec("search", cfg, "qwen3-30b-a3b", real["group"])
+    summary = search.run_search(
+        model_name="qwen3-30b-a3b",
+        group=spec["group"],
+        config=spec["config"],
+        fetch_record={},
+        manifest=read_json(TUNE_H200 / "results" / "models" / "qwen3-30b-a3b" / "manifest.json"),
+        provenance={},
+        out_dir=tmp_path,
+    )
+    assert (real["boundary"], real["lowest_with_margin"], real["recommended_n_cpu_moe"]) == (25, 29, 30)
+    assert [p["n_cpu_moe"] for p in real["probes"]] == [25, 24]
+    assert (summary["boundary"], summary["lowest_with_margin"], summary["recommended_n_cpu_moe"]) == (25, 29, 30)
+    assert real["server_starts"] - summary["server_starts"] == 2  # 26 and 27 never started
+    assert {"26", "27"}.isdisjoint(str(v["n_cpu_moe"]) for v in summary["values"] if v["status"] == "measured")
