@@ -53,3 +53,20 @@ def test_the_h200_search_run_spent_a_third_outside_server_starts_and_requests():
     assert c["measurements"] == len(records) == 20
     assert c["measure_s"] == round(sum(t["total"] for t in laps), 1)
     assert 1.2 < c["overhead_ratio"] < 1.4 and c["gpu_s"] == c["measure_s"]
+
+
+TUNE_H200 = REPO / "bench" / "results" / "tune-h200" / "qwen3-30b-a3b" / "tune" / "results"
+
+
+def test_the_h200_tune_counts_its_calibrations_and_what_a_grid_would_take():
+    """This session's H200 tune (bench/results/tune-h200): its two searches' 25 starts, calibrations included,
+    against a grid of every value of their ranges (0..48, two ubatches) started as often as a finalist (2)."""
+    configs = pd.read_parquet(TUNE_H200 / "tables" / "configs.parquet")
+    searches = pd.read_parquet(TUNE_H200 / "tables" / "searches.parquet")
+    c = cost(configs, None, {}, searches)
+    assert (c["calibrations"], c["search_starts"], c["grid_starts"]) == (2, 25, 196)
+    assert 1.0 < c["overhead_ratio"] < 1.1  # #25 item 2's goal, met on the GPU machine
+    said = cost_text(c)
+    assert "2 search calibrations" in said
+    grid = "the searches took 25 of the starts, where every value of their ranges, started as often as a finalist, "
+    assert grid + "would take 196" in said

@@ -786,6 +786,16 @@ def rechecked(config: dict, configs: pd.DataFrame, measurements: pd.DataFrame) -
     return {"against": str(against), "rows": rows, "headline": recheck_mod.headline(rows)}
 
 
+def _search_starts(searches: pd.DataFrame | None) -> dict:
+    """The searches' server starts, and what a grid would take: every value of their ranges, each started as often
+    as a finalist is (#22: the starts the planner saves)."""
+    if searches is None or searches.empty or "range_lo" not in searches:
+        return {}
+    values = searches["range_hi"] - searches["range_lo"] + 1
+    grid = (values * searches["starts_per_finalist"].fillna(1).clip(lower=1)).sum()
+    return {"search_starts": int(searches["server_starts"].sum()), "grid_starts": int(grid)}
+
+
 def cost(
     configs: pd.DataFrame, needle: pd.DataFrame | None, provenance: dict, searches: pd.DataFrame | None = None
 ) -> dict | None:
@@ -813,6 +823,7 @@ def cost(
         "measurements": len(measured),
         "server_starts": int(measured["server_starts"].sum()) + len(calibrations) + recall_starts,
         "calibrations": len(calibrations),
+        **_search_starts(searches),
         "restarts": restarts,
         "recall_starts": recall_starts,
         "measure_s": round(measure_s, 1),

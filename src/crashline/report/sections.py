@@ -199,6 +199,11 @@ def cost_text(c: dict | None) -> str | None:
             else "serving requests (no server served one)"
         )
     )
+    if c.get("grid_starts"):
+        text += (
+            f"; the searches took {c['search_starts']:,} of the starts, where every value of their ranges, started "
+            f"as often as a finalist, would take {c['grid_starts']:,}"
+        )
     if c["recall_s"]:
         text += f"; recall checks {c['recall_s'] / 60:,.1f} min"
     if c["gpu_s"]:
