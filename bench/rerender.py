@@ -19,6 +19,7 @@ import yaml
 
 from crashline.cli.main import needle_records_from, records_from
 from crashline.config import plan as C
+from crashline.core.paths import Layout
 from crashline.report.build import render
 from crashline.tables import aggregate
 from crashline.tables.needle import write_table
@@ -56,8 +57,13 @@ def rerender(results: Path, out: Path | None = None) -> Path:
     out = out or results
     tables = out / "tables"
     tables.mkdir(parents=True, exist_ok=True)
-    searches = sorted(results.glob("search/*/*/search.json"))
-    measured = sorted(results.glob("records/*/*/measure.json"))
+    layout = Layout(results)
+
+    def every(where) -> list[Path]:  # every model's and id's file of the layout's kind
+        return sorted(results.glob(str(where("*", "*").relative_to(results))))
+
+    searches = every(layout.search)
+    measured = every(layout.record)
     aggregate.write(
         records_from([*measured, *searches]),
         tables / "configs.parquet",
@@ -66,7 +72,7 @@ def rerender(results: Path, out: Path | None = None) -> Path:
         tables / "searches.parquet",
         tables / "conversations.parquet",
     )
-    needles = needle_records_from([*results.glob("needle/*/*/needle.json"), *results.glob("search/*/*/recall.json")])
+    needles = needle_records_from([*every(layout.needle_record), *every(layout.search_recall)])
     write_table([p for p in needles if p.exists()], tables / "needle.parquet")
     if out != results:
         for name in ("server", "validity", "models"):

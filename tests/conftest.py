@@ -7,6 +7,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
+import chromium
 import pytest
 
 from crashline.engine import provision
@@ -73,40 +74,31 @@ def tiny_moe(tmp_path_factory) -> Path:
     return path
 
 
-def open_in_chromium(html_path: Path, profile: Path) -> tuple[str, str]:
-    """Headless Chromium loads the page: (the DOM it built, its log with the page's console messages).
-    Skips where Chromium is not installed (.ci/run installs it)."""
-    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
-    if chromium is None:
+@pytest.fixture
+def browser(tmp_path):
+    """Headless Chromium with one page, over the DevTools pipe (tests/chromium.py). Skips where Chromium is not
+    installed (.ci/run installs it)."""
+    if chromium.binary() is None:
         pytest.skip("chromium is not installed (.ci/run installs it)")
-    proc = subprocess.run(
-        [
-            chromium,
-            "--headless",
-            "--no-sandbox",
-            "--disable-gpu",
-            "--disable-background-networking",
-            "--disable-component-update",
-            "--disable-sync",
-            "--no-first-run",
-            "--enable-logging=stderr",
-            "--v=0",
-            f"--user-data-dir={profile}",
-            "--dump-dom",
-            html_path.as_uri(),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return proc.stdout, proc.stderr
+    with chromium.Chromium(tmp_path / "chromium-profile") as page:
+        yield page
 
 
-def console_messages(log: str) -> list[str]:
-    """What the page wrote to its console, uncaught exceptions included, from Chromium's log (which gives
-    every level as INFO: a report writes nothing there, so any line is a fault)."""
-    return [line for line in log.splitlines() if ":CONSOLE" in line]
+# The window widths a report is read at: a laptop and a desktop screen (#27 item 6).
+WIDTHS = (1280, 1920)
+
+
+def unreadable(browser, html_path: Path) -> dict[int, list[dict]]:
+    """What the layout audit (tests/layout_audit.js) finds on the page at each of WIDTHS: text cut or past the
+    window's edge, figure labels outside their figure or on each other, characters no font draws. Empty when a
+    reader sees everything."""
+    found = {}
+    for width in WIDTHS:
+        browser.open(html_path.as_uri(), width)
+        problems = browser.audit()["problems"]
+        if problems:
+            found[width] = problems
+    return found
 
 
 SMALL_RUN_CONFIG = """\

@@ -377,8 +377,8 @@ def test_table_and_section_show_the_grid(tmp_path, gemma_fetch, server_provenanc
 
     md = markdown.block(NR.section(ctx))
     assert "| length (prompt tokens) | depth 50% |" in md
-    assert "| 2048 ★ | ❌ length 2048 exceeds the configuration's context of 1024 tokens per slot |" in md
-    assert re.search(r"\| 512 \| ✅ `\d{7}` \|", md)
+    assert "| 2048 ★ | ✗ length 2048 exceeds the configuration's context of 1024 tokens per slot |" in md
+    assert re.search(r"\| 512 \| ✓ recalled `\d{7}` \|", md)
     assert "Not applicable: random-weight synthetic model" in md
     page = html.block(NR.section(ctx))
     assert '<td class="fail"' in page and "exceeds the configuration&#39;s context" in page

@@ -5,7 +5,7 @@ Inline content is a ``str``, one of the spans below, or a list of them. Blocks a
 ``Bullets``, ``Table``, ``CodeBlock``, ``Details``, ``Box`` and ``Section``; a ``Document`` is a
 title and blocks. A mark ("ok", "fail", "warn", "risky", "rec", "winner") is data, not prose: the
 HTML printer colours it, the Markdown printer leaves it out. What a reader must see in both
-formats (✅ ❌ ⚠ ★, "risky:") is content.
+formats (✓ ✗ ⚠ ★, "risky:") is content.
 """
 
 from __future__ import annotations

@@ -237,7 +237,12 @@ def _legend(fig: MplFigure, axes: list) -> None:
                 handles.append(handle)
                 labels.append(label)
     if handles:
-        fig.legend(handles, labels, loc="outside lower center", ncols=2 if len(labels) > 3 else 1)
+        ncols = 2 if len(labels) > 3 else 1
+        # A label as long as the settings that tell its series apart is wrapped to its column (8 pt: about 56
+        # characters in one of two columns of the 7.6 in figure), never cut at the figure's edge.
+        width = 56 if ncols == 2 else 110
+        wrapped = ["\n".join(textwrap.wrap(label, width, break_on_hyphens=False)) or label for label in labels]
+        fig.legend(handles, wrapped, loc="outside lower center", ncols=ncols)
 
 
 _ID = re.compile(r'(\bid="|href="#|url\(#)([^")]+)')
@@ -631,6 +636,31 @@ def phases(frame: pd.DataFrame) -> list[tuple[str, float, float]]:
     return out
 
 
+# The width a 7 pt label turned upright takes along the time axis, with room to the next one.
+PHASE_LABEL_GAP_IN = 0.16
+
+
+def _phase_labels(spans: list[tuple[str, float, float]], ax, fig: MplFigure) -> list[tuple[float, str]]:
+    """One upright label per phase at its start, where it has room; phases that begin closer to the last label
+    than a label is wide share it ("load · warm-up request", "workload chat:turn-1 … chat:turn-5"), so that no
+    label lies on another."""
+    lo, hi = ax.get_xlim()
+    axes_in = fig.get_size_inches()[0] * ax.get_position().width
+    gap = PHASE_LABEL_GAP_IN * (hi - lo) / axes_in if axes_in > 0 and hi > lo else 0.0
+    groups: list[tuple[float, list[str]]] = []
+    for name, start, _end in spans:
+        text = PHASE_NAMES.get(name, f"workload {name}")
+        if groups and start - groups[-1][0] < gap:
+            groups[-1][1].append(text)
+        else:
+            groups.append((start, [text]))
+    out = []
+    for start, texts in groups:
+        shown = [texts[0], *(t.removeprefix("workload ") for t in texts[1:])]
+        out.append((start, " · ".join(shown) if len(shown) <= 3 else f"{shown[0]} … {shown[-1]}"))
+    return out
+
+
 def _memory(model: str, configs: pd.DataFrame, telemetry: Mapping[str, pd.DataFrame], budget: dict) -> list[Figure]:
     out = []
     rows = configs[configs["model"] == model] if _has(configs, "model", "config_id") else pd.DataFrame()
@@ -663,10 +693,9 @@ def _memory(model: str, configs: pd.DataFrame, telemetry: Mapping[str, pd.DataFr
             limit, limit_is = _limit(match, budget)
             if limit is not None:
                 _limit_lines(ax, limit, limit_is, budget.get("margin_mib"))
-        spans = phases(frame)
-        for k, (name, start, end) in enumerate(spans):
+        for k, (_name, start, end) in enumerate(phases(frame)):
             ax.axvspan(start, end, color=PHASE_SHADES[k % 2], zorder=0, linewidth=0)
-            text = PHASE_NAMES.get(name, f"workload {name}")
+        for start, text in _phase_labels(phases(frame), ax, fig):
             ax.text(
                 start,
                 0.98,

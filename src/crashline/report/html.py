@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 from .doc import (
     Abbr,
     Box,
@@ -26,8 +28,10 @@ body { font-family: system-ui, sans-serif; margin: 2rem auto; max-width: 1400px;
 table { border-collapse: collapse; margin: 0.8rem 0 1.5rem; font-size: 0.8rem; }
 th, td { border: 1px solid #ccc; padding: 0.25rem 0.4rem; text-align: left; vertical-align: top; }
 th { background: #f0f0f0; }
-td code { white-space: nowrap; }
+td code, td code.flags span, td small span { white-space: nowrap; }
+td code.flags { white-space: normal; }
 td.num { text-align: right; font-variant-numeric: tabular-nums; white-space: nowrap; }
+td.num small { white-space: normal; }
 code, pre { font-family: ui-monospace, monospace; font-size: 0.85rem; }
 pre { background: #f6f6f6; padding: 0.6rem; white-space: pre-wrap; overflow-wrap: anywhere; }
 .fail { color: #b00020; font-weight: 600; }
@@ -67,24 +71,39 @@ def _attrs(**values) -> str:
     return "".join(f' {k}="{escape(v)}"' for k, v in values.items() if v)
 
 
-def inline(content) -> str:
-    """Inline content as HTML."""
+# A flag and its value: a table cell breaks a command line between them, never inside one.
+_SPLIT = re.compile(r"\S+(?: (?!-)\S+)*|\s+")
+
+
+def _cell_code(text: str) -> str:
+    """Code in a table cell: a command line breaks between flags, never inside a flag and its values; other
+    code does not break (the text copied is the same)."""
+    parts = _SPLIT.findall(text)
+    if len([p for p in parts if p.strip()]) < 2:
+        return f"<code>{escape(text)}</code>"
+    groups = "".join(f"<span>{escape(p)}</span>" if p.strip() else escape(p) for p in parts)
+    return f'<code class="flags">{groups}</code>'
+
+
+def inline(content, in_cell: bool = False) -> str:
+    """Inline content as HTML (IN_CELL: inside a table cell, where command lines may wrap between flags)."""
     if isinstance(content, list):
-        return "".join(inline(c) for c in content)
+        return "".join(inline(c, in_cell) for c in content)
     if isinstance(content, Code):
-        return f"<code>{escape(content.text)}</code>"
+        return _cell_code(content.text) if in_cell else f"<code>{escape(content.text)}</code>"
     if isinstance(content, Strong):
-        return f"<b>{inline(content.content)}</b>"
+        return f"<b>{inline(content.content, in_cell)}</b>"
     if isinstance(content, Mark):
-        return f'<span class="{escape(content.kind)}">{inline(content.content)}</span>'
+        return f'<span class="{escape(content.kind)}">{inline(content.content, in_cell)}</span>'
     if isinstance(content, Link):
         return f'<a href="{escape(content.url)}">{escape(content.text)}</a>'
     if isinstance(content, Ref):
         return f"<small>({escape(content.text)})</small>"
     if isinstance(content, Stat):
-        return f"{escape(content.median)}<br><small>{escape(content.spread)}</small>"
+        words = " ".join(f"<span>{escape(w)}</span>" for w in str(content.spread).split(" "))
+        return f"{escape(content.median)}<br><small>{words}</small>"
     if isinstance(content, Abbr):
-        return f"<span{_attrs(title=content.full)}>{inline(content.content)}</span>"
+        return f"<span{_attrs(title=content.full)}>{inline(content.content, in_cell)}</span>"
     return escape(content)
 
 
@@ -92,7 +111,7 @@ def _cell(cell, numeric: bool) -> str:
     mark = cell.mark if isinstance(cell, Cell) else None
     content = cell.content if isinstance(cell, Cell) else cell
     classes = " ".join(c for c in ("num" if numeric else None, mark) if c)
-    return f"<td{_attrs(**{'class': classes})}>{inline(content)}</td>"
+    return f"<td{_attrs(**{'class': classes})}>{inline(content, in_cell=True)}</td>"
 
 
 def _table(table: Table) -> str:

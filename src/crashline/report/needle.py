@@ -9,17 +9,24 @@ from .doc import Abbr, Cell, Code, Mark, Para, Section, Strong, Table
 LEGEND = (
     "A configuration's long-context numbers count only if the model, served with exactly that configuration, "
     "recalled a random value buried in a prompt of that length. Each cell is one depth of the needle in a haystack "
-    "of public-domain prose: ✅ the answer contained the value, ❌ it did not or the prompt was refused or cut (the "
+    "of public-domain prose: ✓ the answer contained the value, ✗ it did not or the prompt was refused or cut (the "
     "reason is given). Lengths are prompt tokens as the server counted them ("
 )
 LEGEND_END = "); greedy, prompt cache off; ★ marks lengths that must pass for a configuration to be recommended."
 
 
-def short(answer, limit: int = 48) -> str | None:
+def printable(answer) -> str:
+    """An answer as text a page can show: line breaks as ⏎, other control characters as \\xNN (a model
+    with random weights answers with any token)."""
+    text = str(answer).replace("\r", "").replace("\n", "⏎")
+    return "".join(ch if ch.isprintable() else f"\\x{ord(ch):02x}" for ch in text)
+
+
+def short(answer, limit: int = 24) -> str | None:
     """An answer on one line, cut to ``limit`` characters."""
     if answer is None:
         return None
-    text = str(answer).strip().replace("\r", "").replace("\n", "⏎")
+    text = printable(str(answer).strip())
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
@@ -74,11 +81,11 @@ def _cell(cell: dict | None):
         return "–"
     of = f"{cell['n_passed']}/{cell['n']}"
     if cell["passed"]:
-        return Cell(["✅ ", Code(cell["value"]), f" {of}" if cell["n"] > 1 else ""], "ok")
+        return Cell(["✓ recalled ", Code(cell["value"]), f" {of}" if cell["n"] > 1 else ""], "ok")
     answer = short(cell["answer"])
     if answer is None or not cell["value"]:
-        return Cell("❌ " + (cell["reason"] or "no answer"), "fail")
-    out = ["❌ answered ", Abbr(Code(answer), str(cell["answer"])), ", expected ", Code(cell["value"])]
+        return Cell("✗ " + (cell["reason"] or "no answer"), "fail")
+    out = ["✗ answered ", Abbr(Code(answer), printable(cell["answer"])), ", expected ", Code(cell["value"])]
     if cell["n"] > 1:
         out.append(f" ({of} passed)")
     if cell["reason"] and cell["reason"] != not_recalled(cell["value"]):
