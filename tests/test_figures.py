@@ -340,3 +340,15 @@ def test_a_configuration_on_two_gpus_is_drawn_by_its_fullest_gpu_against_one_gpu
     assert drawn["peak_gpu_mib"].tolist() == [11000.0, 9000.0]
     assert drawn["vram_limit_mib"].tolist() == [12288.0, 12288.0]
     assert rows["peak_gpu_mib"].tolist() == [18000.0, 9000.0]  # the table itself is left as it is
+
+
+def test_a_configuration_that_failed_is_no_trade_off(sweep):
+    """The configuration at -np 4 survived its workloads at 4 at once but failed the run (as -c 1024 did on the
+    machine of #27: the table lists it as failed): the figure leaves it out, never as a best trade-off."""
+    configs, measurements = sweep
+    failed = measurements.copy()
+    four = failed["concurrency"] == 4
+    failed.loc[four, "outcome"] = "crashed"
+    pareto = by_kind(F.figures(configs, failed, None, BUDGET, OBJECTIVE)["moe-synthetic"])["concurrency"]
+    assert "4 at once, -np 4" not in set(texts(pareto.svg))
+    assert [len(markers(pareto.svg, f"series-{i}")) for i in (0, 1)] == [2, 2]

@@ -478,8 +478,10 @@ def _speed(model: str, measurements: pd.DataFrame, workload: str) -> list[Figure
 def _depth(model: str, measurements: pd.DataFrame, workload: str, recommended: set[str]) -> list[Figure]:
     if not _has(measurements, "prompt_tokens", "concurrency", "workload_outcome", "decode_tps_median"):
         return []
-    rows = measurements[
+    survived = measurements["outcome"] == Outcome.OK if "outcome" in measurements else True
+    rows = measurements[  # a configuration that failed is no trade-off, whatever its workloads here did
         (measurements["model"] == model)
+        & survived
         & (measurements["workload_outcome"] == Outcome.OK)
         & (measurements["concurrency"].fillna(1) == 1)
     ]
@@ -568,8 +570,10 @@ def _concurrency(model: str, measurements: pd.DataFrame) -> list[Figure]:
     need = ("concurrency", "prompt_tokens", "gen_tokens", "aggregate_tps_median", "decode_tps_median")
     if not _has(measurements, *need):
         return []
-    rows = measurements[
+    survived = measurements["outcome"] == Outcome.OK if "outcome" in measurements else True
+    rows = measurements[  # a configuration that failed is no trade-off, whatever its workloads here did
         (measurements["model"] == model)
+        & survived
         & (measurements["workload_outcome"] == Outcome.OK)
         & measurements["aggregate_tps_median"].notna()
         & measurements["decode_tps_median"].notna()
