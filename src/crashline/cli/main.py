@@ -279,6 +279,19 @@ def cmd_recheck(args) -> int:
     return 0
 
 
+def cmd_compare(args) -> int:
+    from ..report.compare import compare, short
+    from ..tables.compare import CompareError
+
+    try:
+        page, rows = compare(args.results, Path(args.out))
+    except CompareError as exc:
+        raise config_mod.ConfigError(str(exc)) from exc
+    print(short(rows))
+    print(f"written: {page}, {page.with_suffix('.html')}, {page.with_suffix('.json')}")
+    return 0
+
+
 def cmd_publish(args) -> int:
     from ..publish import run
 
@@ -451,6 +464,17 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("results", help="the earlier run's results folder (its results_dir)")
     s.add_argument("--binary", required=True, help="the other llama-server build to run them on")
     s.add_argument("--out", default="recheck", help="folder for this run's config and results (default ./recheck)")
+    s = verb(
+        "compare",
+        cmd_compare,
+        "set finished runs side by side: each one's answer, its speed against the first run's (tied within the "
+        "noise), one figure across them",
+        config=False,
+    )
+    s.add_argument("results", nargs="+", help="results folders of finished runs, as RESULTS or NAME=RESULTS")
+    s.add_argument(
+        "--out", default="compare", help="folder for compare.md, .html, .json and figures (default ./compare)"
+    )
     s = verb(
         "publish",
         cmd_publish,

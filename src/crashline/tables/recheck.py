@@ -13,7 +13,7 @@ from ..core.records import Outcome
 from .recommend import overlap, spread_of
 
 
-def _build(row) -> str:
+def build_of(row) -> str:
     sha = row.get("server_sha256")
     return f"{row.get('server_version') or 'unknown build'}" + (f" ({sha[:12]})" if isinstance(sha, str) else "")
 
@@ -24,12 +24,12 @@ def _failure(row) -> str | None:
     return f"{row['outcome']}" + (f" at {row['phase']}" if isinstance(row.get("phase"), str) else "")
 
 
-def _number(value) -> float | None:
+def number(value) -> float | None:
     return None if value is None or value != value else float(value)
 
 
 def _difference(now, then) -> float | None:
-    now, then = _number(now), _number(then)
+    now, then = number(now), number(then)
     return None if now is None or then is None else round(now - then, 1)
 
 
@@ -60,7 +60,7 @@ def compare(
             continue
         failed_then, failed_now = _failure(then), _failure(now)
         a, b = speeds_then.get(key), speeds_now.get(key)
-        ok_speeds = a is not None and b is not None and _number(a.get(median)) and _number(b.get(median))
+        ok_speeds = a is not None and b is not None and number(a.get(median)) and number(b.get(median))
         ratio = round(float(b[median]) / float(a[median]), 3) if ok_speeds else None
         if failed_now and failed_then:
             verdict = "fails in both"
@@ -70,7 +70,7 @@ def compare(
             verdict = "survives now"
         elif ratio is None:
             verdict = "tied"  # nothing to compare at the objective's workload
-        elif min(_number(a.get(count)) or 0, _number(b.get(count)) or 0) < 2:
+        elif min(number(a.get(count)) or 0, number(b.get(count)) or 0) < 2:
             verdict = "cannot tell"  # one request on a side: no range to judge the noise by
         elif overlap(spread_of(a, metric), spread_of(b, metric)):
             verdict = "tied"
@@ -81,16 +81,16 @@ def compare(
                 "model": now["model"],
                 "config_id": now["config_id"],
                 "server_args": now.get("server_args"),
-                "build_then": _build(then),
-                "build_now": _build(now),
+                "build_then": build_of(then),
+                "build_now": build_of(now),
                 "failed_then": failed_then,
                 "failed_now": failed_now,
-                "first_request_s_then": _number(then.get("first_request_s")),
-                "first_request_s_now": _number(now.get("first_request_s")),
+                "first_request_s_then": number(then.get("first_request_s")),
+                "first_request_s_now": number(now.get("first_request_s")),
                 "metric": metric,
                 "workload": workload,
-                "median_then": _number(a.get(median)) if a is not None else None,
-                "median_now": _number(b.get(median)) if b is not None else None,
+                "median_then": number(a.get(median)) if a is not None else None,
+                "median_now": number(b.get(median)) if b is not None else None,
                 "ratio": ratio,
                 "peak_gpu_mib_change": _difference(now.get("peak_gpu_mib"), then.get("peak_gpu_mib")),
                 "peak_rss_mib_change": _difference(now.get("peak_rss_mib"), then.get("peak_rss_mib")),
