@@ -243,3 +243,20 @@ def test_a_job_waiting_for_a_lock_says_so_again_every_interval(tmp_path, capsys,
     said = capsys.readouterr().err
     assert "this job waits for pid 1 (the other job)" in said and 2.5 < waited < 10
     assert said.count("this job still waits for pid 1 (the other job)") >= 2 and "got the lock after" in said
+
+
+def test_a_llama_bench_run_that_prints_nothing_for_minutes_is_said_to_be_running(tmp_path, capsys, monkeypatch):
+    """#27 item 8: the llama-bench check was silent for 5 minutes. A stand-in binary that answers after 0.5 s
+    (as llama-bench, only at its end), with the heartbeat every 0.1 s: lines while it runs, none after."""
+    from crashline.jobs import validity
+
+    bench = tmp_path / "llama-bench"
+    bench.write_text('#!/bin/sh\nsleep 0.5\necho \'[{"avg_ts": 10.0, "stddev_ts": 0.5, "samples_ts": [10.0]}]\'\n')
+    bench.chmod(0o755)
+    monkeypatch.setattr(progress, "HEARTBEAT_S", 0.1)
+    result = validity.run_bench(str(bench), "m.gguf", [], ["-p", "8", "-n", "0", "-d", "0"], 1, 5)
+    assert result["mean_tps"] == 10.0
+    lines = [x for x in capsys.readouterr().err.splitlines() if "still running" in x]
+    assert len(lines) >= 3 and lines[0].startswith("[crashline] llama-bench -p 8 -n 0 -d 0 (up to 5 s): still running")
+    time.sleep(0.3)
+    assert "still running" not in capsys.readouterr().err  # the heartbeat ended with the run

@@ -21,6 +21,7 @@ import time
 from collections.abc import Callable, Iterator
 
 EVERY_S = 10.0  # at most one Meter line this often
+HEARTBEAT_S = 30.0  # at least one line this often from a step that prints nothing by itself
 MAX_CHARS = 1000  # a line longer than this is cut (progress lines are one line, not a log tail)
 
 _lock = threading.Lock()
@@ -174,6 +175,26 @@ class Meter:
             amount = size(self.done) if self.unit == "bytes" else ""
             said = ", ".join(x for x in (amount, f"in {duration(self.clock() - self.started)}", note) if x)
             say(f"{self.what}: done, {said}")
+
+
+@contextlib.contextmanager
+def heartbeat(what: str, every_s: float | None = None, clock: Callable[[], float] = time.monotonic):
+    """Say "WHAT: still running, T so far" every ``every_s`` seconds (HEARTBEAT_S) from a thread while the block
+    runs (a child process that prints nothing until it ends, as llama-bench; a user sees a line that often)."""
+    every_s = HEARTBEAT_S if every_s is None else every_s
+    stop, started = threading.Event(), clock()
+
+    def run() -> None:
+        while not stop.wait(every_s):
+            say(f"{what}: still running, {duration(clock() - started)} so far")
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
 
 
 @contextlib.contextmanager

@@ -22,6 +22,7 @@ import time
 
 import psutil
 
+from ..core import progress
 from ..core.records import Outcome
 from ..core.thresholds import shared
 from ..engine.telemetry import busy_seconds
@@ -78,8 +79,10 @@ def run_bench(binary: str, model_path: str, args: list[str], test: list[str], re
     samples in tokens per second, and the command."""
     command = [binary, "-m", model_path, *args, *test, "-r", str(repetitions), "-o", "json"]
     started, machine, own = time.monotonic(), busy_seconds(psutil.cpu_times()), _children_cpu_s()
+    what = f"llama-bench {' '.join(test)} (up to {timeout_s:.0f} s)"
     try:
-        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s)
+        with progress.heartbeat(what):
+            done = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s)
     except subprocess.TimeoutExpired as exc:
         raise BenchError(f"llama-bench ran past {timeout_s} s: {' '.join(command)}") from exc
     wall = max(time.monotonic() - started, 1e-3)
@@ -246,7 +249,6 @@ def this_machine(table, here: str | None = None):
 def _check_each(wanted, rows, measurements, model_paths, binary, reps, config, record) -> None:
     """llama-bench for each configuration wanted, under one lease (the GPUs of the one that needs the most, the
     host-memory lock where any reads weights from host memory); each one's result goes into ``record``."""
-    from ..core import progress
     from ..core.locks import lease
     from ..core.settings import gpu_count, weights_on_cpu
 
