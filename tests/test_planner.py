@@ -244,3 +244,14 @@ def test_a_finalist_that_fails_a_start_cannot_win():
     start, pooled, _ = starts_from({30: [first[30], None], 31: [first[31], None]})
     result = planner.settle(start, pooled, first, starts=2)
     assert result["winner"] is None and result["lead_held"] == "no finalist survived every start with the margin"
+
+
+def test_the_probes_a_search_has_left_are_the_bisection_of_what_is_not_bracketed():
+    """The search's time left (#27 item 8) counts its boundary probes from what it has seen: nothing seen in 0..28,
+    29 values; a survivor at 27 alone leaves 0..26; a failure at 26 brackets it; a failure alone gallops up."""
+    assert planner.probes_left({}, 0, 28) == 5  # log2(30)
+    assert planner.probes_left({27: True}, 0, 28) == 5  # 27 values below 27: log2(28)
+    assert planner.probes_left({27: True, 26: False}, 0, 28) == 0
+    assert planner.probes_left({27: True, 20: False}, 0, 28) == 3  # 21..26
+    assert planner.probes_left({20: False}, 0, 28) == 4  # 21..28, no survivor yet
+    assert planner.probes_left({30: False, 27: True}, 0, 28) == 5  # a failure above a survivor brackets nothing

@@ -227,10 +227,10 @@ def test_html_report_in_a_real_browser(rendered, browser):
     assert "<b>Use <code>--n-cpu-moe 31 --fit off</code></b>" in dom and "llama.cpp's own choice" in dom
 
 
-def test_search_replayed_on_the_h200_records(tmp_path, monkeypatch):
+def test_search_replayed_on_the_h200_records(tmp_path, monkeypatch, capsys):
     """The workflow's search, each probe answered by the H200's record for that n_cpu_moe (11761 MiB budget,
     ubatch 2048): it calibrates at 28 (loaded and stopped), predicts 27, probes 27 then 26, then measures 28 for
-    the margin, and no value clears it."""
+    the margin, and no value clears it. Each probe's line says how many starts are left by the usual course."""
 
     def h200(*, item, **_):
         return derived_again(RECORDS_11761 / f"ncmoe{item['settings']['n_cpu_moe']}-ub2048.json", 11761)
@@ -258,6 +258,12 @@ def test_search_replayed_on_the_h200_records(tmp_path, monkeypatch):
     (row,) = aggregate.search_table([tmp_path / "search.json"]).to_dict("records")
     assert (row["boundary"], list(row["probe_rows"])) == (27, summary["probes"])
     assert pd.isna(row["recommended_n_cpu_moe"])
+    said = capsys.readouterr().err
+    probed = [line for line in said.splitlines() if re.search(r"probe \d: n_cpu_moe \d+ [^,]", line)]
+    assert len(probed) == 3, said
+    # 27 survived: 0..26 unbracketed (5 probes) and one for the margin; 26 failed: the margin's probe; 28 ends it
+    assert [re.search(r"about (\d+) more server start", line) for line in probed][2] is None
+    assert [int(re.search(r"about (\d+) more", line).group(1)) for line in probed[:2]] == [6, 1], probed
 
 
 def test_planner_reproduces_the_live_h200_search():

@@ -15,6 +15,8 @@ Prediction, as a person would do it on paper:
 
 from __future__ import annotations
 
+import math
+
 from collections.abc import Callable
 from dataclasses import dataclass
 from ..core.units import MIB
@@ -249,6 +251,17 @@ def search_lowest(
         else:
             bad = mid
     return good, probes
+
+
+def probes_left(seen: dict[int, bool], lo: int, hi: int) -> int:
+    """About how many more probes ``search_lowest`` needs to pin the boundary, from what it has seen (n -> survived):
+    the bisection of the values not yet bracketed (from the highest failure below the lowest survivor; without a
+    survivor, every value above the highest failure up to ``hi``)."""
+    ok = [n for n, survived in seen.items() if survived]
+    top = min(ok) if ok else hi + 1
+    failed = [n for n, survived in seen.items() if not survived and n < top]
+    unknown = top - (max(failed) if failed else lo - 1) - 1
+    return math.ceil(math.log2(unknown + 1)) if unknown > 0 else 0
 
 
 # -- the fastest value near the boundary: the climb, the finalists, the interleaved starts -------------------------

@@ -33,6 +33,7 @@ Values below the boundary that were never started are reported as skipped with t
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 from ..config import plan as config_mod
@@ -192,6 +193,9 @@ class _Search:
         self.ids_of: dict[int, list[str]] = {}  # n_cpu_moe -> its records: "ID" (the first start), "ID/start-2", ...
         self.results: dict[int, bool] = {}  # n_cpu_moe -> survived every workload (its first start)
         self.calibration_record = ""  # "ID/calibration": the start that gave the compute buffer, no workloads
+        self.took: list[float] = []  # seconds of each server start so far, for the time left
+        self.stage, self.climbed, self.finalist_starts = "boundary", 0, 0  # where the search is, for the time left
+        self.boundary = lo  # the lowest value that survived, once found
 
     # -- measuring ---------------------------------------------------------------------------------------------------
 
@@ -209,7 +213,9 @@ class _Search:
             self.starts_of[n] = [rec]
             self.results[n] = rec["outcome"] == Outcome.OK
             said = "ok" if self.results[n] else outcome_text(rec)
-            progress.say(f"probe {len(self.starts_of)}: n_cpu_moe {n} {said}; {bound_text(self.results, lo, hi)}")
+            progress.say(
+                f"probe {len(self.starts_of)}: n_cpu_moe {n} {said}; {bound_text(self.results, lo, hi)}{self.left()}"
+            )
         return self.starts_of[n][0]
 
     def again(self, n: int, k: int) -> planner.Speed | None:
@@ -219,9 +225,10 @@ class _Search:
         self.ids_of[n].append(f"{cid}/start-{k}")
         rec = self._measure(n, self.ids_of[n][-1])
         self.starts_of[n].append(rec)
+        self.finalist_starts = max(0, self.finalist_starts - 1)
         speed = self.speed([rec])
         text = speed.text() if speed else f"{outcome_text(rec)}: out, every start must survive with the margin"
-        progress.say(f"start {k}/{self.starts}: n_cpu_moe {n} {self.words()} {text}")
+        progress.say(f"start {k}/{self.starts}: n_cpu_moe {n} {self.words()} {text}{self.left()}")
         return speed
 
     def calibrate(self, n: int) -> dict:
@@ -237,6 +244,31 @@ class _Search:
             self.ids_of[n], self.starts_of[n], self.results[n] = [self.calibration_record], [rec], False
         return rec
 
+    def roomy(self) -> dict[int, bool]:
+        """Each value measured above the boundary: did it survive with the margin (what the margin's search has seen;
+        the boundary's own headroom is its first probe)."""
+        return {
+            n: _headroom_ok(recs[0], self.margin) for n, recs in self.starts_of.items() if n > self.boundary and recs
+        }
+
+    def left(self) -> str:
+        """ "; about N more server starts, T left" by the usual course of a search from here: the boundary's bisection,
+        the margin's above the boundary, the whole climb, two finalists' further starts (none where nothing is
+        left)."""
+        lo, hi = self.range
+        climb = self.climb if self.climb else 0
+        finals = 2 * (self.starts - 1) if self.climb else 0
+        left = {
+            "boundary": planner.probes_left(self.results, lo, hi) + 1 + climb + finals,
+            "margin": planner.probes_left(self.roomy(), self.boundary + 1, hi) + climb + finals,
+            "climb": max(0, climb - self.climbed) + finals,
+            "finalists": self.finalist_starts,
+        }[self.stage]
+        if not left or not self.took:
+            return ""
+        each = sum(self.took) / len(self.took)
+        return f"; about {left} more server start(s), {progress.duration(left * each)} left"
+
     def _measure(self, n: int, record_id: str, load_only: bool = False) -> dict:
         """One server start of n_cpu_moe ``n``, recorded under ``records/RECORD_ID/`` (reused when this search
         measured it before under the same job key: workloads, budget, limits, build)."""
@@ -249,8 +281,8 @@ class _Search:
         ):
             progress.say(f"n_cpu_moe {n}: measured by this search before ({record_id}), record reused")
             return earlier
-        given = self.given(n)
-        return measure(
+        given, began = self.given(n), time.monotonic()
+        rec = measure(
             model_name=self.model_name,
             item={"id": self.measured[n], "settings": settings_mod.resolve(given), "given": given},
             config=self.config,
@@ -262,6 +294,8 @@ class _Search:
             telemetry_path=folder / "telemetry.parquet",
             load_only=load_only,
         )
+        self.took.append(time.monotonic() - began)
+        return rec
 
     # -- speeds ------------------------------------------------------------------------------------------------------
 
@@ -319,6 +353,7 @@ class _Search:
             def roomy(n: int) -> bool:
                 return _headroom_ok(self.probe(n, f"headroom: the margin is {margin:,} MiB"), margin)
 
+            self.stage, self.boundary = "margin", boundary
             guess = margin_guess(self.starts_of[boundary][0], boundary, predictions, limit, margin, hi)
             lowest, _ = planner.search_lowest(roomy, guess, boundary, hi)
         fastest = self.fastest(lowest, hi) if lowest is not None and self.climb else {}
@@ -378,6 +413,7 @@ class _Search:
     def fastest(self, lowest: int, hi: int) -> dict:
         """Steps 5 and 6: the climb above the lowest value with the margin, then the finalists' interleaved starts."""
         most, starts = self.climb, self.starts
+        self.stage = "climb"
         first = self.first(lowest)
         progress.say(
             f"climb from n_cpu_moe {lowest}, the lowest with the {self.margin:,} MiB margin: {self.words()} "
@@ -391,7 +427,8 @@ class _Search:
                 going = "stop" if step.verdict == "slower" else "go on"
                 best = self.first(step.best)
                 text = f"{step.speed.text()}, {step.verdict}; best so far {step.best} ({best.text()}): {going}"
-            progress.say(f"climb {i}/{most}: n_cpu_moe {step.n_cpu_moe} {text}")
+            self.climbed = i
+            progress.say(f"climb {i}/{most}: n_cpu_moe {step.n_cpu_moe} {text}{self.left()}")
 
         steps, stop = planner.climb(self.first, lowest, hi, most, said)
         progress.say(f"climb done: {stop}")
@@ -405,6 +442,7 @@ class _Search:
         else:
             who = f"{best} (the fastest in one start), {others[0]} (the runner-up, apart in one start)"
         round_ = " ".join(str(n) for n in safe if n in chosen)
+        self.stage, self.finalist_starts = "finalists", len(chosen) * (starts - 1)
         progress.say(f"finalists: {who}; {starts} server starts each, interleaved: {', '.join([round_] * starts)}")
         result = planner.settle(self.again, self.pooled, safe, starts)
         joined = [n for n in result["finalists"] if n not in chosen]
