@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import json
 import hashlib
-import signal
 import statistics
 import subprocess
 import time
@@ -19,10 +18,8 @@ from . import conversations as conv
 from . import soak as soak_mod
 from ..core import host, progress, records
 from ..models import pagecache
-from ..engine.ballast import Ballast, BudgetError
 from ..engine.provision import supported_flags
 from ..core import settings as settings_mod
-from ..core.locks import Lease, LeaseError, lease_for
 from ..core.records import Outcome
 from ..engine.server import ServerProcess
 from ..models.sources import SourceError, check_unchanged
@@ -30,6 +27,7 @@ from ..core.supervision import exit_with_workflow
 from ..engine.telemetry import Sampler, window_summary, write_frame
 from ..engine.workloads import Client, PromptSource, RequestFailed, check_run, concurrency, one_run, summarize, windows
 from ..core.records import utc_now
+from .serve import ServerJob, outcome_text, server_failure
 
 # a workload that failed
 NO_SPEEDS = {
@@ -38,42 +36,6 @@ NO_SPEEDS = {
 }
 SERVER_FIELDS = ("binary", "obtained", "sha256", "version", "backend", "source", "build_flags")  # of provenance
 ENDING_S = 3  # how long a server that refused or dropped a request may take to die of it
-
-
-def outcome_text(failure: dict) -> str:
-    """A measurement's outcome in a progress line: "crashed (warmup: killed by SIGSEGV)",
-    "load_failed: kv_cache (load: failed to allocate ...)", "ok"."""
-    outcome, kind = str(failure["outcome"]), failure.get("failure")
-    head = f"{outcome}: {kind}" if kind and kind not in (outcome, "signal", "timeout", "exit_code") else outcome
-    message = (failure.get("message") or "").strip().splitlines()
-    detail = ": ".join(x for x in (failure.get("phase"), message[0] if message else None) if x)
-    return f"{head} ({detail})" if detail else head
-
-
-def under_lease(held: Lease, record: dict, server: ServerProcess, settings: dict) -> None:
-    """What a job's lease changes: the record names the GPUs it holds (and the lease), and the server's command
-    gets the lease's arguments (threads for its share of the CPUs)."""
-    record.update(host=host.describe(held.uuids or None), lease=held.describe())
-    server.base_command = [*server.base_command, *held.server_args(settings)]
-
-
-def start_refused(exc: BudgetError | LeaseError) -> dict:
-    """The failure of a job whose server never started: the budget could not be emulated, or its GPUs not had."""
-    kind = "budget" if isinstance(exc, BudgetError) else "gpus"
-    return {"outcome": Outcome.BUDGET_REFUSED, "failure": kind, "phase": "start", "message": str(exc)}
-
-
-def say_start(model_name: str, command: list[str], budget_mib: int | None, what: str = "") -> None:
-    """What is started: the model and every llama-server argument after the model's path."""
-    budget = f", under a VRAM budget of {budget_mib:,} MiB" if budget_mib else ""
-    progress.say(f"starting llama-server{what}: {model_name} {' '.join(command[3:])}{budget}")
-
-
-def say_loaded(server: ServerProcess, failure: dict | None) -> None:
-    if failure is None:
-        progress.say(f"llama-server ready in {server.ready_after_s:.1f} s")
-    else:
-        progress.say(f"llama-server did not start: {outcome_text(failure)}")
 
 
 def _rate(values: list) -> str:
@@ -290,32 +252,6 @@ def require_unchanged(model_name: str, fetch_record: dict) -> None:
         raise SourceError(
             f"{changed} (delete results/models/{model_name}/fetch.json, or run snakemake with --forcerun fetch_model)"
         )
-
-
-def server_failure(server: ServerProcess, phase: str, timed_out: bool = False) -> dict:
-    """Classify a server that died (or hung) during ``phase`` from its log and exit status.
-
-    A server that ended on its own is a failure even when its exit looks clean (status 0, or a
-    SIGTERM from someone else): only crashline stops a server whose work is done."""
-    if timed_out:
-        server.stop(timeout_s=5)
-    else:
-        server.proc.wait(timeout=30)
-        server.returncode = server.proc.returncode
-    found = logparse.classify(server.log_text(), server.returncode, phase_hint=phase, timed_out=timed_out)
-    own = f"the server ended on its own during {phase} (crashline did not stop it)"
-    if found["failure"] == "exit_code":  # an exit status after listening: it quit, nothing crashed it
-        return {**found, "failure": "exited", "message": f"{found['message']}: {own}"}
-    if found["outcome"] != Outcome.OK:
-        return found
-    code = server.returncode
-    how = f"killed by {signal.Signals(-code).name}" if code < 0 else f"exit status {code}"
-    return {
-        "outcome": Outcome.LOAD_FAILED if phase == "load" else Outcome.CRASHED,
-        "failure": "exited",
-        "phase": phase,
-        "message": f"{how}: {own}",
-    }
 
 
 def _ended(server: ServerProcess, within_s: float = ENDING_S) -> bool:
@@ -595,7 +531,6 @@ def _measure(
     load_only: bool = False,
 ) -> dict:
     clock = Stopwatch()
-    server_cfg = config["server"]
     resolved = item["settings"]
     model_path = fetch_record["files"][0]["path"]
     require_unchanged(model_name, fetch_record)
@@ -619,57 +554,29 @@ def _measure(
     }
     record["page_cache_resident_at_start"] = record["page_cache"]["resident"][model_path]
     server = ServerProcess(command, log_path, host_ram_mib=config["budget"].get("host_ram_mib"))
-    workloads: list[dict] = []
-    talks: list[dict] = []
-    soaked = None
-    failure = None
-    sampler = None
     budget_mib = config["budget"].get("vram_budget_mib")
+    job = ServerJob(
+        holder=f"measure {model_name} {item['id']}",
+        server=server,
+        config=config,
+        record=record,
+        telemetry=config["telemetry"]["interval_s"],
+        lap=clock.lap,
+    )
+    done: dict = {"workloads": [], "talks": [], "soaked": None}
+
+    def work(job: ServerJob) -> None:
+        if not load_only:
+            limit = vram_limit_mib(budget_mib, record["host"])
+            done["workloads"], done["talks"], done["soaked"], job.failure = run_workloads(
+                server, job.sampler, config, resolved, limit, clock
+            )
+
     exit_with_workflow()
     clock.lap("setup")
-    try:
-        with lease_for(f"measure {model_name} {item['id']}", resolved, manifest.get("layers")) as held:
-            clock.lap("lock_wait")
-            under_lease(held, record, server, resolved)
-            with Ballast(budget_mib, held.uuids) if budget_mib else contextlib.nullcontext() as ballast:
-                record["ballast"] = ballast.info if ballast else None
-                clock.lap("ballast")
-                sampler = Sampler(interval_s=config["telemetry"]["interval_s"], uuids=held.uuids or None)
-                with sampler:
-                    say_start(model_name, server.base_command, budget_mib)
-                    state = server.start_ready(
-                        server_cfg["startup_timeout_s"], lambda srv: sampler.follow(srv.proc.pid)
-                    )
-                    clock.lap("server_start")
-                    record["command"] = server.command
-                    if state == "ready":
-                        record["load_s"] = round(server.ready_after_s, 2)
-                        say_loaded(server, None)
-                        if not load_only:
-                            workloads, talks, soaked, failure = run_workloads(
-                                server, sampler, config, resolved, vram_limit_mib(budget_mib, record["host"]), clock
-                            )
-                    else:
-                        failure = server_failure(server, "load", timed_out=(state == "timeout"))
-                        say_loaded(server, failure)
-                    sampler.phase("stop")
-                    if failure is None and not server.alive():  # it answered every request, then quit by itself
-                        failure = server_failure(server, "stop")
-                    server.stop(server_cfg["stop_timeout_s"])
-                    clock.lap("stop")
-    except (BudgetError, LeaseError) as exc:
-        failure = start_refused(exc)
-        log_path.parent.mkdir(parents=True, exist_ok=True)
-        log_path.write_text(f"crashline: no llama-server started: {exc}\n")
-    except Exception as exc:  # a crashline fault still leaves a record and no server behind
-        failure = {
-            "outcome": Outcome.ERROR,
-            "failure": "crashline",
-            "phase": sampler.current if sampler else "start",
-            "message": f"{type(exc).__name__}: {exc}",
-        }
-    finally:
-        server.stop(5)
+    job.run(work, log_path)
+    workloads, talks, soaked = done["workloads"], done["talks"], done["soaked"]
+    failure, sampler = job.failure, job.sampler
     record["memory"] = (
         memory_summary(
             sampler.result(), budget_mib, record["host"], config["budget"].get("host_ram_mib"), server.host_peak_mib

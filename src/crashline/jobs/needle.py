@@ -17,7 +17,6 @@ server is started. What the prompts are made of: ``needle_prompts``.
 from __future__ import annotations
 
 import bisect
-import contextlib
 import dataclasses
 import random
 import re
@@ -29,19 +28,8 @@ import requests
 from ..core import host, progress
 from ..engine import logparse
 from ..core import records
-from ..engine.ballast import Ballast, BudgetError
-from ..core.locks import LeaseError, lease_for
-from .measure import (
-    model_summary,
-    outcome_text,
-    require_unchanged,
-    say_loaded,
-    say_start,
-    server_command,
-    server_failure,
-    start_refused,
-    under_lease,
-)
+from .measure import model_summary, require_unchanged, server_command
+from .serve import ServerJob, outcome_text, server_failure
 from ..config.needle import (
     NOT_APPLICABLE_REASON,
     Frame,
@@ -430,10 +418,9 @@ def is_synthetic(config: dict, model_name: str, fetch_record: dict | None = None
 
 @dataclass
 class _Run:
-    """How far one server run got: its phase, the trials so far, the failure (None: none yet)."""
+    """How far one server run got: the trials so far, the failure (None: none yet)."""
 
     slot_ctx: int | None
-    phase: str = "start"
     failure: dict | None = None
     trials: list[dict] = field(default_factory=list)
 
@@ -496,18 +483,17 @@ def _run_needle(model_name, item, config, fetch_record, provenance, record_path,
     require_unchanged(model_name, fetch_record)
     command, _ = server_command(provenance, fetch_record["files"][0]["path"], item, draft_path)
     server = ServerProcess(command, log_path, host_ram_mib=(config.get("budget") or {}).get("host_ram_mib"))
+    rng = rng or random.SystemRandom()
+    job = ServerJob(
+        holder=f"needle {model_name} {item['id']}",
+        server=server,
+        config=config,
+        record=record,
+        what=" for needle recall",
+    )
     exit_with_workflow()
-    try:
-        _serve(
-            server, config, f"needle {model_name} {item['id']}", ns, style, rng or random.SystemRandom(), record, run
-        )
-    except (BudgetError, LeaseError) as exc:
-        run.failure = start_refused(exc)
-    except Exception as exc:  # a crashline fault still leaves a record and no server behind
-        message = f"{type(exc).__name__}: {exc}"
-        run.failure = {"outcome": "error", "failure": "crashline", "phase": run.phase, "message": message}
-    finally:
-        server.stop(5)
+    job.run(lambda job: _trials(job, config["server"], ns, style, rng, run), log_path)
+    run.failure = job.failure
     _finish(record, server, run, ns, log_path)
     return records.write(record_path, "needle", record)
 
@@ -551,46 +537,21 @@ def _not_applicable(record: dict, slot_ctx, model_name: str, record_path: Path, 
     return records.write(record_path, "needle", record)
 
 
-def _serve(server: ServerProcess, config: dict, holder: str, ns: dict, style: str, rng, record: dict, run: _Run):
-    """Under the server lock and the same emulated card as the measurement (recall is checked in the
-    environment it counts for): start the server, run the trials, stop it."""
-    server_cfg = config["server"]
-    budget_mib = (config.get("budget") or {}).get("vram_budget_mib")
-    settings = record["settings"]
-    with (
-        lease_for(holder, settings, record["model"].get("layers")) as held,
-        Ballast(budget_mib, held.uuids) if budget_mib else contextlib.nullcontext() as ballast,
-    ):
-        under_lease(held, record, server, settings)
-        record["ballast"] = ballast.info if ballast else None
-        run.phase = "load"
-        say_start(record["model"]["name"], server.base_command, budget_mib, " for needle recall")
-        state = server.start_ready(server_cfg["startup_timeout_s"])
-        record["command"] = server.command
-        if state == "ready":
-            record["load_s"] = round(server.ready_after_s, 2)
-            say_loaded(server, None)
-            _trials(server, server_cfg, ns, style, rng, run)
-        else:
-            run.failure = server_failure(server, "load", timed_out=(state == "timeout"))
-            say_loaded(server, run.failure)
-        run.phase = "stop"
-        server.stop(server_cfg["stop_timeout_s"])
-
-
-def _trials(server: ServerProcess, server_cfg: dict, ns: dict, style: str, rng, run: _Run) -> None:
+def _trials(job: ServerJob, server_cfg: dict, ns: dict, style: str, rng, run: _Run) -> None:
+    """The trials on the ready server; a request that timed out or lost the server is the job's failure."""
+    server = job.server
     client = NeedleClient.of(server, server_cfg["request_timeout_s"])
     run.slot_ctx = client.slot_context() or run.slot_ctx
-    run.phase = "needle"
+    job.phase = "needle"
     try:
         run_trials(client, style, ns, run.slot_ctx, rng, run.trials)
     except requests.Timeout:
-        run.failure = server_failure(server, "needle", timed_out=True)
+        job.failure = server_failure(server, "needle", timed_out=True)
     except requests.ConnectionError as exc:
         if server.alive():
-            run.failure = {"outcome": "error", "failure": "request", "phase": "needle", "message": str(exc)[:300]}
+            job.failure = {"outcome": "error", "failure": "request", "phase": "needle", "message": str(exc)[:300]}
         else:
-            run.failure = server_failure(server, "needle")
+            job.failure = server_failure(server, "needle")
 
 
 def _finish(record: dict, server: ServerProcess, run: _Run, ns: dict, log_path: Path) -> None:

@@ -42,7 +42,8 @@ from ..engine import logparse
 from ..engine import planner
 from ..core import progress, records
 from ..core import settings as settings_mod
-from .measure import job_key, measure, outcome_text
+from .measure import job_key, measure
+from .serve import outcome_text
 from ..core.paths import SearchFolder
 from ..core.records import Outcome
 from ..engine.workloads import summarize
