@@ -7,7 +7,7 @@ import json
 
 import pandas as pd
 
-from crashline.report.build import cost
+from crashline.report.cost import cost
 from crashline.report.sections import cost_text
 from crashline.tables import aggregate
 

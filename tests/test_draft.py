@@ -8,7 +8,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from crashline.tables import aggregate
-from crashline.report import build as report
+from crashline.report import rows as rows_mod
 from crashline.report import sections
 from crashline.report.doc import Table
 from crashline.core.records import Outcome
@@ -42,7 +42,7 @@ def test_gemma_as_its_own_draft_is_accepted_and_recorded(tmp_path, gemma_fetch, 
     assert (row["draft_drafted"], row["draft_accepted"]) == (w["draft"]["drafted"], w["draft"]["accepted"])
     # the report's results table says it beside the speeds
     configs, measurements = (pq.read_table(tables[n]).to_pandas() for n in ("configs", "measurements"))
-    rows = [{**r, "differs": ""} for r in report._results(configs, measurements, set())]
+    rows = [{**r, "differs": ""} for r in rows_mod.result_rows(configs, measurements, set())]
     (table,) = [b for b in sections.results(rows) if isinstance(b, Table)]
     (cells,) = table.rows
     accepted = f"{w['draft']['acceptance']:.0%} of {w['draft']['drafted']:,}"

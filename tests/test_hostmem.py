@@ -10,7 +10,7 @@ import pytest
 
 from crashline.engine import hostmem, logparse
 from crashline.engine.server import ServerProcess
-from crashline.report.build import memory_text
+from crashline.report.rows import memory_text
 from crashline.tables.aggregate import tables
 
 from test_measure import measure_gemma

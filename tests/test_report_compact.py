@@ -8,7 +8,7 @@ import subprocess
 
 from crashline.report.compact import constant_columns, distinguishing, runs, setting_units, split_common, wrapped
 from crashline.report.doc import Cell, Code
-from crashline.report.build import planner_ranges
+from crashline.report.searches import planner_ranges
 
 H200_ARGS = [  # the H200 run's configurations (tests/fixtures/h200-records): one --fit on, six --n-cpu-moe
     "-c 32768 -b 2048 -ub 2048 -ctk f16 -ctv f16 -fa auto -np 1 -lm auto --fit on -cb",
@@ -119,7 +119,7 @@ def test_what_if_other_cards_from_the_h200_search_calibration():
 
     from conftest import FIXTURES
     from crashline.tables import aggregate
-    from crashline.report import build as report
+    from crashline.report import searches as report
     from crashline.report import markdown, sections
 
     table = aggregate.search_table([FIXTURES / "h200-search" / "search.json"])

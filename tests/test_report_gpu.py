@@ -287,7 +287,7 @@ def test_planner_reproduces_the_live_h200_search():
 def test_the_memory_of_a_configuration_on_two_gpus_is_said_per_gpu_with_the_fullest_s_headroom():
     """Each GPU has its own limit: the recommendation names both peaks and the room on the fullest GPU, not the sum
     against the sum of the limits (12,000 MiB of 24,576 would look roomy where one GPU has 1,288 MiB left)."""
-    from crashline.report.build import memory_text
+    from crashline.report.rows import memory_text
 
     two = {"vram_limit_mib": 24576, "vram_limit_is": "budget", "vram_budget_mib": 12288, "headroom_mib": 1288.0}
     assert memory_text({**two, "peak_gpus_mib": [11000.0, 7000.0]}, 18000.0) == (

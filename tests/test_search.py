@@ -19,6 +19,7 @@ from crashline.jobs import spec as jobs
 from crashline.engine import planner
 from crashline.core import records, settings as S
 from crashline.report import build as report
+from crashline.report import cost as cost_mod
 from crashline.core.atomic import read_json, write_json
 from crashline.models.manifest import inspect_gguf
 from crashline.jobs.search import run_search
@@ -73,7 +74,7 @@ def test_search_on_cpu_writes_probes_summary_and_report(tmp_path, tiny_moe, serv
     searches = pd.read_parquet(tmp_path / "s.parquet")
     assert searches["server_starts"].tolist() == [2]
     # the cost counts the calibration's start and clock beside the probe's
-    spent = report.cost(configs, None, {}, searches)
+    spent = cost_mod.cost(configs, None, {}, searches)
     assert spent["server_starts"] == 2 and spent["calibrations"] == 1
     assert spent["measure_s"] == pytest.approx(configs["job_s"].sum() + searches["calibration_job_s"].sum(), abs=0.1)
     write_json(tmp_path / "prov.json", server_provenance)

@@ -13,7 +13,7 @@ import pytest
 
 from crashline.tables import aggregate
 from crashline.config import plan as C
-from crashline.report import build as report
+from crashline.report import rows as rows_mod
 from crashline.jobs import validity
 from crashline.core.atomic import read_json
 from crashline.report import sections
@@ -89,7 +89,7 @@ def test_llama_bench_beside_crashline_on_gemma(tmp_path, gemma_fetch, server_pro
         assert r["decode_ratio"] == round(r["crashline_decode_tps"] / decode["mean_tps"], 4)
         assert r["flagged"] == [k for k in ("prefill", "decode") if abs(r[f"{k}_ratio"] - 1) > validity.TOLERANCE]
     # the report's table: both speeds and the ratio per workload
-    shown = report.validity_rows(written, "gemma")
+    shown = rows_mod.validity_rows(written, "gemma")
     (table,) = [b for b in sections.validity(shown) if isinstance(b, Table)]
     workload, decode = table.header.index("workload"), table.header.index("decode")
     assert [row[workload] for row in table.rows] == ["short (128 + 32)", "long (1,024 + 32)"]
@@ -120,7 +120,7 @@ def test_a_busy_machine_is_named_as_the_side_disturbed(tiny_moe, server_provenan
     assert validity.disturbed(row) == ["llama-bench"]
     assert validity.disturbed({**row, "bench_prefill": {**busy, "cpu_other_cores": 0.1}}) == []
     assert validity.disturbed({**row, "crashline_cpu_other_cores": 1.2}) == ["llama-bench", "crashline"]
-    text, flagged = report._others_cpu({**row, "bench_decode": {}})
+    text, flagged = rows_mod._others_cpu({**row, "bench_decode": {}})
     assert (
         flagged
         and text == f"llama-bench {busy['cpu_other_cores']:.1f}, crashline 0.0: llama-bench disturbed, not concluded"
