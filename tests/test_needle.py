@@ -14,6 +14,7 @@ import pytest
 from crashline.config.plan import load_schema
 from crashline.report import html, markdown, needle as NR
 from crashline.config import plan as C
+from crashline.jobs import haystack as HS
 from crashline.jobs import needle as NJ
 from crashline.config import needle as NP
 from crashline.tables import needle as NT
@@ -40,16 +41,16 @@ def gemma_server(gemma_fetch, server_provenance, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def client(gemma_server) -> NJ.NeedleClient:
-    return NJ.NeedleClient.of(gemma_server, 300)
+def client(gemma_server) -> HS.NeedleClient:
+    return HS.NeedleClient.of(gemma_server, 300)
 
 
 @pytest.fixture(scope="module")
-def haystack(client) -> NJ.Haystack:
-    return NJ.Haystack(client)
+def haystack(client) -> HS.Haystack:
+    return HS.Haystack(client)
 
 
-def detokenize(client: NJ.NeedleClient, ids: list[int]) -> str:
+def detokenize(client: HS.NeedleClient, ids: list[int]) -> str:
     return client.session.post(f"{client.url}/detokenize", json={"tokens": ids}, timeout=60).json()["content"]
 
 
@@ -171,7 +172,7 @@ def test_sentence_boundaries_end_sentences(client, haystack):
 @pytest.mark.parametrize("style", ["continuation", "chat"])
 def test_prompts_have_exactly_the_target_length(client, haystack, style):
     words = NP.wording("number")
-    fr = NJ.frame(client, style, words)
+    fr = HS.frame(client, style, words)
     bos = client.tokenize("", add_special=True)
     for target, depth, start in [(200, 0.5, 0), (2048, 0.1, 1), (2048, 0.9, 2), (8175, 0.5, 3), (150_000, 0.9, 4)]:
         needle = client.tokenize(words.needle("4821937"))
@@ -191,7 +192,7 @@ def test_prompts_have_exactly_the_target_length(client, haystack, style):
 
 def test_needle_sits_at_the_sentence_boundary_nearest_the_depth(client, haystack):
     words = NP.wording("number")
-    fr = NJ.frame(client, "continuation", words)
+    fr = HS.frame(client, "continuation", words)
     needle = client.tokenize(words.needle("7654321"))
     for depth in (0.0, 0.1, 0.5, 0.9, 1.0):
         prompt = NP.build_prompt(haystack, fr, needle, 2048, depth, haystack.start(5))
@@ -207,7 +208,7 @@ def test_needle_sits_at_the_sentence_boundary_nearest_the_depth(client, haystack
 
 
 def test_value_never_occurs_in_the_haystack(client):
-    hay = NJ.Haystack(client, text=prose_text() + "\n\nThe safe held 4821937 guineas and 5550123 pence.\n")
+    hay = HS.Haystack(client, text=prose_text() + "\n\nThe safe held 4821937 guineas and 5550123 pence.\n")
     words = NP.wording("number")
 
     class Scripted(random.Random):
@@ -217,11 +218,11 @@ def test_value_never_occurs_in_the_haystack(client):
             return next(self.values)
 
     assert hay.contains("4821937") and hay.contains("1876"), "the prose's own numbers count too"
-    assert NJ.pick_value(hay, words, Scripted()) == "7000001"
+    assert HS.pick_value(hay, words, Scripted()) == "7000001"
 
 
 def test_too_short_a_length_is_refused_before_the_server(client, haystack):
-    fr = NJ.frame(client, "continuation", NP.wording("number"))
+    fr = HS.frame(client, "continuation", NP.wording("number"))
     with pytest.raises(NP.PromptError, match="too short"):
         NP.build_prompt(haystack, fr, client.tokenize(" The special magic number is 1234567."), 40, 0.5, 0)
 
@@ -289,7 +290,7 @@ def test_a_context_too_small_for_the_length_fails_with_the_reason(tmp_path, gemm
 
 def test_a_prompt_the_server_refuses_is_a_failure(tmp_path, gemma_fetch, server_provenance, monkeypatch):
     # Pretend the server claimed a larger slot: the server itself must then refuse the prompt.
-    monkeypatch.setattr(NJ.NeedleClient, "slot_context", lambda self: 4096)
+    monkeypatch.setattr(HS.NeedleClient, "slot_context", lambda self: 4096)
     rec = run(tmp_path, gemma_fetch, server_provenance, {"ctx": 1024}, {"lengths": [2048], "depths": [0.5]})
     (trial,) = rec["trials"]
     assert not trial["passed"] and trial["prompt_n"] is None
