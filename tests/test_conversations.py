@@ -11,7 +11,7 @@ import pytest
 import pyarrow.parquet as pq
 
 from crashline.tables import aggregate
-from crashline.report import figures
+from crashline.report import memory_figures
 from crashline.core.records import Outcome
 from crashline.engine import planner
 from crashline.models.manifest import inspect_gguf
@@ -71,7 +71,7 @@ def test_a_conversation_reuses_its_history_and_survives_a_restart(tmp_path, gemm
         (str(t["turn"]), t["cache_n"], t["rss_mib"]) for t in talk["turns"]
     ]
     assert (row["restart_ttft_s"], row["rss_mib_per_1k"]) == (restart["ttft_s"], talk["rss_mib_per_1k"])
-    (figure,) = figures._conversation_memory("gemma", pq.read_table(tables["conversations"]).to_pandas())
+    (figure,) = memory_figures._conversation_memory("gemma", pq.read_table(tables["conversations"]).to_pandas())
     assert figure.kind == "conversation" and len(figure.series) == 1 and "peak host RSS" in figure.svg
 
 

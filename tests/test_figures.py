@@ -20,6 +20,7 @@ from crashline.engine import workloads
 from crashline.core.atomic import read_json
 from crashline.jobs.measure import memory_summary
 from crashline.report import figures as F
+from crashline.report import memory_figures as MF
 
 from conftest import FIXTURES
 from test_report_gpu import RECORDS, RECORDS_11761, derived_again, sampled, tables_of
@@ -230,8 +231,8 @@ def test_memory_over_time_shades_the_phases_the_sampler_marked(run):
     memory = figs["memory"]
     assert memory.name == "memory-over-time-moe-synthetic-b65d6887e2"
     assert memory.series == ["VRAM used by the server", "RSS of the server and its children"]
-    assert [name for name, *_ in F.phases(frame)] == ["load", "prepare", "short", "depth-16k", "stop"]
-    spans = F.phases(frame)
+    assert [name for name, *_ in MF.phases(frame)] == ["load", "prepare", "short", "depth-16k", "stop"]
+    spans = MF.phases(frame)
     assert all(a[2] == b[1] for a, b in zip(spans, spans[1:], strict=False))  # each phase ends where the next begins
     shown = [t.strip() for t in texts(memory.svg)]
     assert {"load", "warm-up request", "workload short", "workload depth-16k", "stop"} <= set(shown)

@@ -15,6 +15,7 @@ from ..config.plan import ConfigError
 from ..tables import compare as compare_mod
 from ..tables.compare import Run
 from . import html, markdown
+from . import drawing as D
 from . import figures as F
 from .compact import distinguishing
 from .doc import Code, Document, Figure, Para, Section, Strong, Table
@@ -38,7 +39,7 @@ def read_run(given: str) -> Run:
     )
 
 
-def _figure(model: str, rows: list[dict], runs: dict[str, Run]) -> F.Figure | None:
+def _figure(model: str, rows: list[dict], runs: dict[str, Run]) -> D.Figure | None:
     """Decode and prefill of each run's answer against prompt length, one series per run."""
     drawn = []
     for row in rows:
@@ -55,8 +56,8 @@ def _figure(model: str, rows: list[dict], runs: dict[str, Run]) -> F.Figure | No
         f"Decode and prefill speed of each run's answer for {model} against prompt length, one request at a time: "
         "median of every request, bars from min to max."
     )
-    panels = F.SPEEDS
-    fig, axes = F._new(title, len(panels))
+    panels = D.SPEEDS
+    fig, axes = D._new(title, len(panels))
     series = []
     for i, (row, data) in enumerate(drawn):
         label = row["run"] + (" (reference)" if row["verdict"] == "reference" else "")
@@ -64,8 +65,8 @@ def _figure(model: str, rows: list[dict], runs: dict[str, Run]) -> F.Figure | No
             part = data[data[cols.stat(metric, "median")].notna()]
             if part.empty:
                 continue
-            med, lo, hi = F._error_bars(part, metric)
-            colour = F.SERIES_COLOURS[i % len(F.SERIES_COLOURS)]
+            med, lo, hi = D._error_bars(part, metric)
+            colour = D.SERIES_COLOURS[i % len(D.SERIES_COLOURS)]
             bars = ax.errorbar(
                 part["prompt_tokens"], med, yerr=[lo, hi], fmt="o-", capsize=3, color=colour, label=label
             )
@@ -80,7 +81,7 @@ def _figure(model: str, rows: list[dict], runs: dict[str, Run]) -> F.Figure | No
     axes[-1].set_xticks(ticks, [f"{t:,}" for t in ticks])
     axes[-1].minorticks_off()
     axes[-1].set_xlabel("prompt length (tokens)")
-    return F._finish(fig, axes, f"compare-{model}", title, series, "compare")
+    return D._finish(fig, axes, f"compare-{model}", title, series, "compare")
 
 
 def _num(value, digits: int = 1) -> str:
@@ -141,7 +142,7 @@ def _headline(rows: list[dict]) -> str:
     return f"Against {reference['run']} ({_num(reference['median'])} {_metric(rows)}): " + "; ".join(said) + "."
 
 
-def document(rows: list[dict], drawn: dict[str, F.Figure]) -> Document:
+def document(rows: list[dict], drawn: dict[str, D.Figure]) -> Document:
     names = list(dict.fromkeys(r["run"] for r in rows))
     blocks = [
         Para(

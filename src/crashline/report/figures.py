@@ -18,11 +18,11 @@ empty):
    throughput of the workloads that send several requests at once (and of the runs of the same prompt
    and generation lengths at one at a time), each point named by its requests at once and ``-np``;
    the dashed line joins the best trade-offs (no other point is faster on both axes).
-5. ``memory-over-time-MODEL-ID``: VRAM and RSS of one configuration's run from its
+5. ``memory-over-time-MODEL-ID`` (``memory_figures``, with the conversations' memory): VRAM and RSS of one configuration's run from its
    ``telemetry.parquet`` (``read_telemetry``), the phases the sampler marked shaded: load (llama.cpp's
    own warm-up runs inside it), the untimed warm-up request (``prepare``), each workload, stop.
 
-Text stays text (``svg.fonttype`` "none"): labels are searchable and selectable, and the reader's own
+What they are drawn with (``drawing``): text stays text (``svg.fonttype`` "none"): labels are searchable and selectable, and the reader's own
 sans-serif draws them; no font is embedded and none is fetched. Ids are salted (``svg.hashsalt``) and
 prefixed with the figure's name, so the same tables give the same bytes and several figures inline in
 one page never share an id.
@@ -30,285 +30,50 @@ one page never share an id.
 
 from __future__ import annotations
 
-import io
-import re
-import textwrap
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import matplotlib
 import pandas as pd
-from matplotlib.backends.backend_svg import FigureCanvasSVG
-from matplotlib.figure import Figure as MplFigure
-from matplotlib.ticker import FuncFormatter, MaxNLocator
+from matplotlib.ticker import MaxNLocator
 
 from ..core import columns as cols
 from ..core.atomic import atomic_path
 from ..core.paths import Layout
 from ..core.records import Outcome
-from ..core.settings import SETTINGS, server_args
-from ..core.thresholds import missing
-
-N_CPU_MOE = cols.setting("n_cpu_moe")
-SETTING_COLUMNS = tuple(cols.setting(name) for name in SETTINGS)
-MAX_DEPTH_CONFIGS = 6  # curves in the speed-against-prompt-length figure
-
-SERIES_COLOURS = ("#3b6ea8", "#5b9a68", "#8a6bb0", "#b08850", "#4a9fb5", "#6f6f6f", "#b5a03a", "#2f4b7c")
-FAILURE_COLOURS = ("#c0392b", "#e06a2c", "#8e1b10", "#d64c6a", "#a0522d", "#f08a5d")
-FAILURE_MARKERS = ("X", "v", "s", "D", "^", "P", "*", "<", ">", "h")
-LIMIT_COLOUR, MARGIN_COLOUR = "#222222", "#777777"
-PHASE_SHADES = ("#eef1f5", "#f8f8f8")
-
-RC = {
-    "svg.fonttype": "none",  # text as <text>: no glyphs embedded, no font fetched; the browser's sans-serif
-    "svg.hashsalt": "crashline",  # clip-path and marker ids from their content, not from random numbers
-    "font.family": "sans-serif",
-    "font.size": 9,
-    "axes.titlesize": 9,
-    "axes.labelsize": 9,
-    "axes.spines.top": False,
-    "axes.spines.right": False,
-    "axes.edgecolor": "#888888",
-    "axes.grid": True,
-    "grid.color": "#e4e4e4",
-    "grid.linewidth": 0.6,
-    "xtick.color": "#444444",
-    "ytick.color": "#444444",
-    "legend.frameon": False,
-    "legend.fontsize": 8,
-    "lines.linewidth": 1.4,
-    "lines.markersize": 5,
-}
-NO_METADATA = {"Creator": None, "Date": None, "Format": None, "Type": None}  # no date: the same input, the same bytes
-PHASE_NAMES = {"load": "load", "prepare": "warm-up request", "stop": "stop"}
-
-
-@dataclass
-class Figure:
-    """One figure of the report."""
-
-    name: str  # file stem, unique within a report: "vram-vs-n-cpu-moe-MODEL"
-    title: str  # a sentence saying what it shows (the caption; the SVG's <title> and its heading too)
-    svg: str  # the whole <svg> element, no XML declaration or doctype: ready to inline in HTML
-    series: list[str] = field(default_factory=list)  # labels of the plotted data series, in legend order
-    kind: str = ""  # vram | speed | depth | concurrency | memory | conversation
-
-    @property
-    def file(self) -> str:
-        return f"{self.name}.svg"
-
-
-# -- values and labels ---------------------------------------------------------------------------
-
-
-def _value(value):
-    """A table value as plain Python: None for a missing one, an int for a whole float (NaN-padded ints)."""
-    if missing(value):
-        return None
-    if hasattr(value, "item"):
-        value = value.item()
-    if isinstance(value, float) and value.is_integer():
-        return int(value)
-    return value
-
-
-def _mib(value) -> str:
-    return f"{value:,.0f} MiB"
-
-
-def _setting_text(name: str, value) -> str:
-    """One setting as llama-server would be given it (``-ub 512``, ``-kvu``), or in words where it has no flag."""
-    value = _value(value)
-    if name == "page_cache":
-        return f"{value} page cache" if value else "page cache unknown"
-    if name == "extra_args":
-        return f"extra arguments {value}" if value else "no extra arguments"
-    if value is None:
-        flag = SETTINGS[name].flag
-        return f"no {flag}" if flag else f"{name.replace('_', ' ')}: llama.cpp's default"
-    return " ".join(server_args({name: value})) or f"{name.replace('_', ' ')} {value}"
-
-
-def _present(frame: pd.DataFrame, names: Iterable[str]) -> list[str]:
-    return [c for c in names if c in frame.columns]
-
-
-def _varying(rows: pd.DataFrame, names: Iterable[str]) -> list[str]:
-    """The setting columns whose values differ between the rows (a missing value counts as one value)."""
-    return [c for c in names if len({_value(v) for v in rows[c]}) > 1]
-
-
-def _not_default(rows: pd.DataFrame, names: Iterable[str]) -> list[str]:
-    """The setting columns where some row differs from crashline's default."""
-    out = []
-    for c in names:
-        default = SETTINGS[c.removeprefix(cols.SETTING_PREFIX)].default
-        default = " ".join(default) if isinstance(default, (list, tuple)) else default
-        given = [v for v in map(_value, rows[c]) if v not in (None, "")]  # unset: not a difference
-        if any(v != default for v in given):
-            out.append(c)
-    return out
-
-
-def _label(row, names: list[str]) -> str:
-    if not names:
-        return "crashline's default settings"
-    return ", ".join(_setting_text(c.removeprefix(cols.SETTING_PREFIX), row[c]) for c in names)
-
-
-def _label_columns(rows: pd.DataFrame, names: list[str]) -> list[str]:
-    """What tells the rows apart: the settings that vary, or (all alike) those that are not crashline's defaults."""
-    return _varying(rows, names) or _not_default(rows, names)
-
-
-def _order(value) -> tuple:
-    """A sort key for values of mixed kinds: numbers by size, then texts, then missing."""
-    value = _value(value)
-    if value is None:
-        return (2, "")
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return (0, value)
-    return (1, str(value))
-
-
-def _groups(rows: pd.DataFrame, names: list[str]) -> list[tuple[tuple, pd.DataFrame]]:
-    """The rows grouped by the values of ``names`` (missing values alike), in a stable order."""
-    if not names:
-        return [((), rows)] if len(rows) else []
-    keys = rows[names].apply(lambda r: tuple(_value(v) for v in r), axis=1)
-    groups: dict[tuple, list] = {}
-    for index, key in zip(rows.index, keys, strict=True):
-        groups.setdefault(key, []).append(index)
-    ordered = sorted(groups, key=lambda k: tuple(_order(v) for v in k))
-    return [(key, rows.loc[groups[key]]) for key in ordered]
-
-
-def _failure_text(row) -> str:
-    """How a configuration failed, in the report's words: "oom at warmup", "load_failed (weights) at load"."""
-    outcome, failure, phase = (_value(row.get(c)) for c in ("outcome", "failure", "phase"))
-    kind = f"{outcome} ({failure})" if failure and failure != outcome else str(outcome)
-    return f"{kind} at {phase}" if phase else kind
-
-
-def _environments(rows: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
-    if "environment" not in rows or rows.empty:
-        return [("", rows)]
-    return [(str(env), part) for env, part in rows.groupby(rows["environment"].fillna(""), sort=True)]
-
-
-def _env_text(rows: pd.DataFrame) -> str:
-    """A short name of a machine: its GPU and the budget it ran under."""
-    gpu = _value(rows["gpu"].iloc[0]) if "gpu" in rows else None
-    budget = _value(rows["vram_budget_mib"].iloc[0]) if "vram_budget_mib" in rows else None
-    return f"{gpu or 'unknown GPU'}" + (f", budget {_mib(budget)}" if budget else "")
-
-
-def _with_env(rows: pd.DataFrame, names: list[str]) -> tuple[list[str], bool]:
-    """Rows of several machines (or budgets) are never one series: the environment joins the key."""
-    several = "environment" in rows and rows["environment"].nunique(dropna=False) > 1
-    return (["environment", *names] if several else names), several
-
-
-def _series_label(rows: pd.DataFrame, names: list[str], several_envs: bool) -> str:
-    settings = [c for c in names if c != "environment"]
-    text = _label(rows.iloc[0], settings)
-    return f"{text} ({_env_text(rows)})" if several_envs else text
-
-
-# -- drawing -------------------------------------------------------------------------------------
-
-
-def _new(title: str, panels: int = 1, height: float = 3.8) -> tuple[MplFigure, list]:
-    fig = MplFigure(figsize=(7.6, height + 1.9 * (panels - 1)), layout="constrained")
-    FigureCanvasSVG(fig)
-    axes = fig.subplots(panels, 1, sharex=True, squeeze=False)[:, 0].tolist()
-    fig.suptitle("\n".join(textwrap.wrap(title, 105)), x=0.01, ha="left", fontsize=9.5)
-    for ax in axes:
-        ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _pos: f"{v:,.0f}" if abs(v) >= 10 else f"{v:g}"))
-    return fig, axes
-
-
-def _legend(fig: MplFigure, axes: list) -> None:
-    handles, labels = [], []
-    for ax in axes:
-        for handle, label in zip(*ax.get_legend_handles_labels(), strict=True):
-            if label not in labels:
-                handles.append(handle)
-                labels.append(label)
-    if handles:
-        ncols = 2 if len(labels) > 3 else 1
-        # A label as long as the settings that tell its series apart is wrapped to its column (8 pt: about 56
-        # characters in one of two columns of the 7.6 in figure), never cut at the figure's edge.
-        width = 56 if ncols == 2 else 110
-        wrapped = ["\n".join(textwrap.wrap(label, width, break_on_hyphens=False)) or label for label in labels]
-        fig.legend(handles, wrapped, loc="outside lower center", ncols=ncols)
-
-
-_ID = re.compile(r'(\bid="|href="#|url\(#)([^")]+)')
-
-
-def _svg(fig: MplFigure, name: str, title: str) -> str:
-    """The figure as an <svg> element: every id prefixed with the figure's name, a <title> for readers."""
-    buf = io.StringIO()
-    fig.savefig(buf, format="svg", metadata=NO_METADATA)
-    text = buf.getvalue()
-    text = text[text.index("<svg") :]
-    prefix = re.sub(r"[^A-Za-z0-9_-]", "_", name)
-    text = _ID.sub(lambda m: f"{m.group(1)}{prefix}-{m.group(2)}", text)
-    head = text.index(">") + 1
-    caption = title.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
-    return f"{text[:head]}\n <title>{caption}</title>{text[head:]}".rstrip() + "\n"
-
-
-def _finish(fig: MplFigure, axes: list, name: str, title: str, series: list[str], kind: str) -> Figure:
-    _legend(fig, axes)
-    return Figure(name=name, title=title, svg=_svg(fig, name, title), series=series, kind=kind)
-
-
-def _error_bars(rows: pd.DataFrame, metric: str) -> tuple[list, list, list]:
-    """Medians and the distances to min and max (none where min or max is missing)."""
-    med = [float(v) for v in rows[cols.stat(metric, "median")]]
-    lo = [m - v if not missing(v) else 0.0 for m, v in zip(med, rows[cols.stat(metric, "min")], strict=True)]
-    hi = [v - m if not missing(v) else 0.0 for m, v in zip(med, rows[cols.stat(metric, "max")], strict=True)]
-    return med, [max(0.0, d) for d in lo], [max(0.0, d) for d in hi]
-
-
-SPEEDS = (("decode_tps", "decode"), ("prefill_tps", "prefill"))
-
-
-def _speed_panels(rows: pd.DataFrame) -> list[tuple[str, str]]:
-    return [(m, word) for m, word in SPEEDS if rows[cols.stat(m, "median")].notna().any()]
-
-
-def _has(frame: pd.DataFrame | None, *names: str) -> bool:
-    return frame is not None and not frame.empty and all(n in frame.columns for n in names)
-
+from .drawing import (
+    FAILURE_COLOURS,
+    FAILURE_MARKERS,
+    Figure,
+    MAX_DEPTH_CONFIGS,
+    N_CPU_MOE,
+    RC,
+    SERIES_COLOURS,
+    SETTING_COLUMNS,
+    _env_text,
+    _environments,
+    _error_bars,
+    _failure_text,
+    _finish,
+    _groups,
+    _has,
+    _label,
+    _label_columns,
+    _limit,
+    _limit_lines,
+    _new,
+    _not_default,
+    _present,
+    _series_label,
+    _setting_text,
+    _speed_panels,
+    _value,
+    _varying,
+    _with_env,
+)
+from .memory_figures import _conversation_memory, _memory
 
 # -- 1. peak VRAM against --n-cpu-moe ------------------------------------------------------------
-
-
-def _limit(rows: pd.DataFrame, budget: dict) -> tuple[float | None, str]:
-    """The VRAM limit the rows ran under, and what it is: the budget, else the card's total memory."""
-    limits = rows["vram_limit_mib"].dropna() if "vram_limit_mib" in rows else pd.Series(dtype=float)
-    budgets = rows["vram_budget_mib"].dropna() if "vram_budget_mib" in rows else pd.Series(dtype=float)
-    if budget.get("vram_budget_mib") and (budgets.empty or (budgets == budget["vram_budget_mib"]).all()):
-        return float(budget["vram_budget_mib"]), "VRAM budget"
-    if limits.empty:
-        return None, "VRAM budget"
-    kinds = set(rows["vram_limit_is"].dropna()) if "vram_limit_is" in rows else set()  # "budget" or "card"
-    card = kinds == {"card"} if kinds else budgets.empty
-    return float(limits.max()), "card's memory" if card else "VRAM budget"
-
-
-def _limit_lines(ax, limit: float, limit_is: str, margin) -> None:
-    """The limit, and the limit less the margin, as labelled horizontal lines (ids ``limit``, ``margin``)."""
-    line = ax.axhline(limit, color=LIMIT_COLOUR, linewidth=1.0, label=f"{limit_is} ({_mib(limit)})")
-    line.set_gid("limit")
-    if margin:
-        label = f"{limit_is} − margin ({_mib(limit - margin)}; margin {_mib(margin)})"
-        line = ax.axhline(limit - margin, color=MARGIN_COLOUR, linestyle="--", linewidth=1.0, label=label)
-        line.set_gid("margin")
 
 
 def _predictions(searches: pd.DataFrame | None, model: str, names: list[str], lo: int, hi: int) -> list[tuple]:
@@ -621,103 +386,6 @@ def _concurrency(model: str, measurements: pd.DataFrame) -> list[Figure]:
     return [_finish(fig, [ax], f"per-request-vs-total-throughput-{model}", title, series, "concurrency")]
 
 
-# -- 5. memory over time -------------------------------------------------------------------------
-
-
-def phases(frame: pd.DataFrame) -> list[tuple[str, float, float]]:
-    """The phases of a run from its telemetry, as (phase, start s, end s) from the first sample: each phase
-    runs from its first sample to the next phase's first (the sampler marks them as they begin)."""
-    if not _has(frame, "t", "phase") or len(frame) < 2:
-        return []
-    t0 = float(frame["t"].iloc[0])
-    t = (frame["t"].astype(float) - t0).tolist()
-    names = frame["phase"].tolist()
-    out, start = [], 0
-    for i in range(1, len(names) + 1):
-        if i == len(names) or names[i] != names[start]:
-            out.append((str(names[start]), t[start], t[i] if i < len(names) else t[i - 1]))
-            start = i
-    return out
-
-
-# The width a 7 pt label turned upright takes along the time axis, with room to the next one.
-PHASE_LABEL_GAP_IN = 0.16
-
-
-def _phase_labels(spans: list[tuple[str, float, float]], ax, fig: MplFigure) -> list[tuple[float, str]]:
-    """One upright label per phase at its start, where it has room; phases that begin closer to the last label
-    than a label is wide share it ("load · warm-up request", "workload chat:turn-1 … chat:turn-5"), so that no
-    label lies on another."""
-    lo, hi = ax.get_xlim()
-    axes_in = fig.get_size_inches()[0] * ax.get_position().width
-    gap = PHASE_LABEL_GAP_IN * (hi - lo) / axes_in if axes_in > 0 and hi > lo else 0.0
-    groups: list[tuple[float, list[str]]] = []
-    for name, start, _end in spans:
-        text = PHASE_NAMES.get(name, f"workload {name}")
-        if groups and start - groups[-1][0] < gap:
-            groups[-1][1].append(text)
-        else:
-            groups.append((start, [text]))
-    out = []
-    for start, texts in groups:
-        shown = [texts[0], *(t.removeprefix("workload ") for t in texts[1:])]
-        out.append((start, " · ".join(shown) if len(shown) <= 3 else f"{shown[0]} … {shown[-1]}"))
-    return out
-
-
-def _memory(model: str, configs: pd.DataFrame, telemetry: Mapping[str, pd.DataFrame], budget: dict) -> list[Figure]:
-    out = []
-    rows = configs[configs["model"] == model] if _has(configs, "model", "config_id") else pd.DataFrame()
-    for cid in sorted(telemetry or {}):
-        frame = telemetry[cid]
-        match = rows[rows["config_id"] == cid] if len(rows) else rows
-        if match.empty or not _has(frame, "t") or len(frame) < 2:
-            continue
-        lines = [
-            (c, text)
-            for c, text in (
-                ("gpu_mib", "VRAM used by the server"),
-                ("server_rss_mib", "RSS of the server and its children"),
-            )
-            if c in frame and frame[c].notna().any()
-        ]
-        if not lines:
-            continue
-        row = match.iloc[0]
-        args = _value(row.get("server_args")) or "crashline's default settings"
-        title = f"Memory of {model} over its run with {args} ({cid}), the phases shaded."
-        fig, (ax,) = _new(title, height=3.6)
-        t = frame["t"].astype(float) - float(frame["t"].iloc[0])
-        series = []
-        for i, (column, text) in enumerate(lines):
-            (line,) = ax.plot(t, frame[column], "-", color=SERIES_COLOURS[i], linewidth=1.3, label=text)
-            line.set_gid(f"series-{i}")
-            series.append(text)
-        if "gpu_mib" in dict(lines):
-            limit, limit_is = _limit(match, budget)
-            if limit is not None:
-                _limit_lines(ax, limit, limit_is, budget.get("margin_mib"))
-        for k, (_name, start, end) in enumerate(phases(frame)):
-            ax.axvspan(start, end, color=PHASE_SHADES[k % 2], zorder=0, linewidth=0)
-        for start, text in _phase_labels(phases(frame), ax, fig):
-            ax.text(
-                start,
-                0.98,
-                f" {text}",
-                transform=ax.get_xaxis_transform(),
-                rotation=90,
-                va="top",
-                ha="left",
-                fontsize=7,
-                color="#555555",
-            )
-        ax.set_xlabel("time since the first sample (s)")
-        ax.set_ylabel("memory (MiB)")
-        ax.set_ylim(bottom=0)
-        out.append(_finish(fig, [ax], f"memory-over-time-{model}-{cid}", title, series, "memory"))
-    return out
-
-
 # -- all of them ---------------------------------------------------------------------------------
 
 
@@ -758,48 +426,6 @@ def figures(
                 *_conversation_memory(model, conversations),
             ]
     return out
-
-
-def _conversation_memory(model: str, conversations: pd.DataFrame | None) -> list[Figure]:
-    """Peak VRAM (with a GPU) and host RSS of each turn against the history it sent, one series per
-    configuration and conversation workload; a conversation that failed ends in a marker at its last turn."""
-    if not _has(conversations, "model", "turn_rows", "conversation"):
-        return []
-    rows = conversations[conversations["model"] == model]
-    if rows.empty:
-        return []
-    names = _label_columns(rows, _present(rows, SETTING_COLUMNS))
-    several_talks = rows["conversation"].nunique() > 1
-    panels = [("gpu_mib", "peak VRAM (MiB)"), ("rss_mib", "peak host RSS (MiB)")]
-    panels = [(k, word) for k, word in panels if any(t[k] is not None for ts in rows["turn_rows"] for t in ts)]
-    if not panels:
-        return []
-    title = (
-        f"Memory of {model} as each conversation grows with the prompt cache on: the peak of each turn against "
-        "the history it sent (the restart case left out); ✕ marks the turn a conversation failed at."
-    )
-    fig, axes = _new(title, panels=len(panels))
-    series = []
-    for i, (_, row) in enumerate(rows.iterrows()):
-        label = ", ".join(t for t in (_label(row, names), row["conversation"] if several_talks else "") if t)
-        label = label or row["conversation"]
-        colour = SERIES_COLOURS[i % len(SERIES_COLOURS)]
-        turns = [t for t in row["turn_rows"] if t["turn"] != "restart"]
-        for ax, (key, _word) in zip(axes, panels, strict=True):
-            done = [t for t in turns if t["outcome"] == Outcome.OK and t[key] is not None]
-            (line,) = ax.plot(
-                [t["history_tokens"] for t in done], [t[key] for t in done], "o-", color=colour, label=label
-            )
-            line.set_gid(f"series-{len(series)}")
-            cut = [t for t in turns if t["outcome"] != Outcome.OK and t[key] is not None]
-            if cut:
-                ax.scatter([t["history_tokens"] for t in cut], [t[key] for t in cut], marker="X", s=64, color=colour)
-        series.append(label)
-    for ax, (_key, word) in zip(axes, panels, strict=True):
-        ax.set_ylabel(word)
-        ax.set_ylim(bottom=0)
-    axes[-1].set_xlabel("history sent (tokens)")
-    return [_finish(fig, axes, f"conversation-memory-{model}", title, series, "conversation")]
 
 
 def telemetry_path(results_dir: str | Path, model: str, config_id: str) -> Path | None:
