@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from crashline.cli import suggest as suggest_cli
 from crashline.engine import logparse, planner, suggest
 from crashline.models import synthetic
 from crashline.models.manifest import inspect_gguf
@@ -154,7 +155,7 @@ def test_uncalibrated_it_says_so_and_is_no_bolder_than_the_measured_answer():
     assert not result["calibrated"] and result["calibration"] is None
     n = row(result, UB)["n_cpu_moe"]
     assert SEARCH["recommended_n_cpu_moe"] <= n <= SEARCH["recommended_n_cpu_moe"] + 2
-    out = suggest.text(result)
+    out = suggest_cli.text(result)
     assert out.startswith("Prediction (not measured, uncalibrated) for qwen3-30b-a3b on a 12 GiB card (12,288 MiB)")
     assert "uncalibrated: the compute buffer is estimated" in out and f"{suggest.REST_ESTIMATE_MIB} MiB" in out
 
@@ -179,7 +180,7 @@ def test_from_a_gguf_path_lowest_all_on_gpu_and_does_not_fit(tiny_moe):
     two = suggest.suggest(tiny_moe, totals[2], 8192, ubatches=[512], margin_mib=0)
     assert row(two, 512)["n_cpu_moe"] == 2 and row(two, 512)["status"] == suggest.FITS
     assert row(suggest.suggest(tiny_moe, totals[2] - 0.1, 8192, ubatches=[512], margin_mib=0), 512)["n_cpu_moe"] == 3
-    out = suggest.text(two)
+    out = suggest_cli.text(two)
     assert "  -ub 512: --n-cpu-moe 2 (predicted" in out and "Everything on the GPU (--n-cpu-moe 0) would need" in out
 
     small = suggest.suggest(tiny_moe, 900, 8192, ubatches=[512, 2048], margin_mib=0)
@@ -187,7 +188,7 @@ def test_from_a_gguf_path_lowest_all_on_gpu_and_does_not_fit(tiny_moe):
         assert ub["status"] == suggest.NO_FIT and ub["n_cpu_moe"] is None and ub["args"] is None
         assert ub["predicted_mib"] == ub["all_experts_on_cpu"]["predicted_mib"] > 900
         assert not ub["all_experts_on_cpu"]["fits"] and "does not fit" in ub["arithmetic"]
-    out = suggest.text(small)
+    out = suggest_cli.text(small)
     assert f"does not fit, even with every expert layer on the CPU (--n-cpu-moe {layers}:" in out
     assert "To fit:" in out
 
@@ -312,7 +313,7 @@ def test_bad_model_calibration_and_settings_are_named(tmp_path):
 
 
 def test_from_cli_prints_the_prediction():
-    out = suggest.from_cli(str(MANIFEST_JSON), "12GiB", CTX, ubatch="2048", calibration=str(SEARCH_JSON))
+    out = suggest_cli.from_cli(str(MANIFEST_JSON), "12GiB", CTX, ubatch="2048", calibration=str(SEARCH_JSON))
     assert (
         out.splitlines()[0]
         == "Prediction (not measured) for qwen3-30b-a3b on a 12 GiB card (12,288 MiB), ctx 32768, f16 KV:"
@@ -320,8 +321,8 @@ def test_from_cli_prints_the_prediction():
     assert out.splitlines()[1] == "  -ub 2048: --n-cpu-moe 28 (predicted 11,156 MiB of 12,288 with a 1,024 MiB margin)"
     assert "weights 7,015 + KV 3,072 + compute 668 + rest 401 = 11,156 MiB" in out.splitlines()[2]
     with pytest.raises(suggest.SuggestError, match="--vram '12 lots'"):
-        suggest.from_cli(str(MANIFEST_JSON), "12 lots", CTX)
-    q8 = suggest.from_cli(str(MANIFEST_JSON), "24GB", 131072, cache_type="q8_0", margin="512")
+        suggest_cli.from_cli(str(MANIFEST_JSON), "12 lots", CTX)
+    q8 = suggest_cli.from_cli(str(MANIFEST_JSON), "24GB", 131072, cache_type="q8_0", margin="512")
     assert "24 GiB card" in q8 and "q8_0 KV" in q8 and "with a 512 MiB margin" in q8 and "uncalibrated" in q8
 
 
@@ -354,7 +355,7 @@ def test_a_ubatch_past_the_context_is_labelled_as_llama_cpp_runs_it_and_a_margin
     result = suggest.suggest(QWEN, 12288, 4096, ubatches=[512, 99_999_999])
     assert [r["ubatch"] for r in result["ubatches"]] == [512, 4096]
     assert row(result, 4096)["asked_ubatch"] == 99_999_999 and row(result, 512)["asked_ubatch"] is None
-    said = suggest.text(result)
+    said = suggest_cli.text(result)
     assert "asked -ub 99999999" in said and "  -ub 99999999:" not in said and "  -ub 4096:" in said
     with pytest.raises(suggest.SuggestError, match="--margin 102,400 MiB is not less than the card's 8,192 MiB"):
         suggest.suggest(QWEN, 8192, 4096, margin_mib=102_400)
@@ -372,11 +373,11 @@ def test_the_answer_is_a_command_to_paste_and_the_card_is_read_where_there_is_on
     """suggest printed no llama-server line, and needed --vram even where it could read the card (issue #27)."""
     from crashline.core.host import gpus
 
-    said = suggest.from_cli(str(tiny_moe), "8GiB", 4096, "512")
+    said = suggest_cli.from_cli(str(tiny_moe), "8GiB", 4096, "512")
     (line,) = [x.strip() for x in said.splitlines() if x.strip().startswith("llama-server ")]
     assert line.startswith(f"llama-server -m {tiny_moe} -ngl 999 --n-cpu-moe 0 -c 4096") and " -ub 512 " in line
     if gpus()["present"]:
-        assert "on a " in suggest.from_cli(str(tiny_moe), None, 4096)
+        assert "on a " in suggest_cli.from_cli(str(tiny_moe), None, 4096)
     else:
         with pytest.raises(suggest.SuggestError, match="--vram not given, and there is no card here"):
-            suggest.from_cli(str(tiny_moe), None, 4096)
+            suggest_cli.from_cli(str(tiny_moe), None, 4096)

@@ -235,7 +235,7 @@ def cmd_validity(args) -> int:
 
 
 def cmd_suggest(args) -> int:
-    from ..engine.suggest import from_cli
+    from .suggest import from_cli
 
     print(
         from_cli(args.model, args.vram, args.ctx, args.ubatch, args.cache_type, args.np, args.margin, args.calibration)

@@ -18,11 +18,13 @@ empty):
    throughput of the workloads that send several requests at once (and of the runs of the same prompt
    and generation lengths at one at a time), each point named by its requests at once and ``-np``;
    the dashed line joins the best trade-offs (no other point is faster on both axes).
-5. ``memory-over-time-MODEL-ID`` (``memory_figures``, with the conversations' memory): VRAM and RSS of one configuration's run from its
+5. ``memory-over-time-MODEL-ID`` (``memory_figures``, with the conversations' memory): VRAM and RSS
+   of one configuration's run from its
    ``telemetry.parquet`` (``read_telemetry``), the phases the sampler marked shaded: load (llama.cpp's
    own warm-up runs inside it), the untimed warm-up request (``prepare``), each workload, stop.
 
-What they are drawn with (``drawing``): text stays text (``svg.fonttype`` "none"): labels are searchable and selectable, and the reader's own
+What they are drawn with (``drawing``): text stays text
+(``svg.fonttype`` "none"): labels are searchable and selectable, and the reader's own
 sans-serif draws them; no font is embedded and none is fetched. Ids are salted (``svg.hashsalt``) and
 prefixed with the figure's name, so the same tables give the same bytes and several figures inline in
 one page never share an id.
