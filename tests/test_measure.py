@@ -16,6 +16,7 @@ import pytest
 from crashline.config.plan import load_schema
 from crashline.config import plan as C
 from crashline.jobs import measure as M
+from crashline.jobs import serving
 from crashline.core.atomic import read_json
 
 
@@ -189,7 +190,7 @@ def test_flags_the_build_lacks_are_left_out_of_the_command(tmp_path, tiny_moe, s
 
 
 def test_server_killed_during_a_workload_is_recorded_as_crashed(tmp_path, tiny_moe, server_provenance, monkeypatch):
-    original = M.one_run
+    original = serving.one_run
 
     def kill_then_run(client, prompts, workload, index, n_requests):
         if workload["name"] == "second":
@@ -199,7 +200,7 @@ def test_server_killed_during_a_workload_is_recorded_as_crashed(tmp_path, tiny_m
                     time.sleep(1)
         return original(client, prompts, workload, index, n_requests)
 
-    monkeypatch.setattr(M, "one_run", kill_then_run)
+    monkeypatch.setattr(serving, "one_run", kill_then_run)
     rec = run(
         tmp_path,
         tiny_moe,

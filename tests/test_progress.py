@@ -20,7 +20,7 @@ from conftest import REPO
 from test_workflow_lint import copy_workflow
 from crashline.core import progress
 from crashline.engine import provision
-from crashline.jobs.measure import say_run
+from crashline.jobs.serving import say_run
 from crashline.jobs.serve import outcome_text
 from crashline.jobs.search import bound_text
 

@@ -2,20 +2,14 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import hashlib
-import statistics
-import subprocess
-import time
 from pathlib import Path
 
 import pandas as pd
-import requests
 
 from ..engine import bottleneck, logparse
 from . import conversations as conv
-from . import soak as soak_mod
 from ..core import host, progress, records
 from ..models import pagecache
 from ..engine.provision import supported_flags
@@ -24,41 +18,12 @@ from ..core.records import Outcome
 from ..engine.server import ServerProcess
 from ..models.sources import SourceError, check_unchanged
 from ..core.supervision import exit_with_workflow
-from ..engine.telemetry import Sampler, window_summary, write_frame
-from ..engine.workloads import Client, PromptSource, RequestFailed, check_run, concurrency, one_run, summarize, windows
+from ..engine.telemetry import window_summary, write_frame
 from ..core.records import utc_now
-from .serve import ServerJob, outcome_text, server_failure
+from .serve import ServerJob, Stopwatch, outcome_text
+from .serving import run_workloads
 
-# a workload that failed
-NO_SPEEDS = {
-    **dict.fromkeys(("prefill_tps", "decode_tps", "e2e_tps", "ttft_s", "aggregate_tps")),
-    "draft": None,
-}
 SERVER_FIELDS = ("binary", "obtained", "sha256", "version", "backend", "source", "build_flags")  # of provenance
-ENDING_S = 3  # how long a server that refused or dropped a request may take to die of it
-
-
-def _rate(values: list) -> str:
-    values = [v for v in values if v]
-    return f"{statistics.median(values):,.1f} t/s" if values else "n/a"
-
-
-def say_run(workload: dict, index: int, repetitions: int, run: dict, peak_gpu_mib, limit_mib) -> None:
-    """One repetition of a workload: its speeds (the median request when several ran at once) and,
-    with a GPU, peak VRAM so far in the workload and the headroom to the limit. A negative ``index`` is a warm-up."""
-    reqs = run["requests"]
-    which = "warm-up (not counted)" if index < 0 else f"{index + 1}/{repetitions}"
-    text = (
-        f"{workload['name']} {which}: prefill {_rate([r.get('prefill_tps') for r in reqs])}, "
-        f"decode {_rate([r.get('decode_tps') for r in reqs])}"
-    )
-    if len(reqs) > 1 and run.get("aggregate_tps"):
-        text += f" per request ({len(reqs)} at once, {run['aggregate_tps']:,.1f} t/s generated in all)"
-    if peak_gpu_mib is not None:
-        text += f", peak VRAM {peak_gpu_mib:,.0f} MiB"
-        if limit_mib:
-            text += f", headroom {limit_mib - peak_gpu_mib:,.0f} MiB of {limit_mib:,.0f}"
-    progress.say(text)
 
 
 def vram_limit_mib(budget_mib: int | None, host_info: dict) -> float | None:
@@ -252,231 +217,6 @@ def require_unchanged(model_name: str, fetch_record: dict) -> None:
         raise SourceError(
             f"{changed} (delete results/models/{model_name}/fetch.json, or run snakemake with --forcerun fetch_model)"
         )
-
-
-def _ended(server: ServerProcess, within_s: float = ENDING_S) -> bool:
-    """Whether the server is dead or dies within a moment (a failed request can come first)."""
-    with contextlib.suppress(subprocess.TimeoutExpired):
-        server.proc.wait(timeout=within_s)
-    return not server.alive()
-
-
-class Stopwatch:
-    """Where a job's time goes: ``lap(name)`` adds the seconds since the previous lap to ``name``; ``budget()``
-    is every lap and the total, rounded to milliseconds."""
-
-    def __init__(self):
-        self.started = self.last = time.monotonic()
-        self.laps: dict[str, float] = {}
-
-    def lap(self, name: str) -> None:
-        now = time.monotonic()
-        self.laps[name] = self.laps.get(name, 0.0) + now - self.last
-        self.last = now
-
-    def budget(self) -> dict[str, float]:
-        return {**{k: round(v, 3) for k, v in self.laps.items()}, "total": round(self.last - self.started, 3)}
-
-
-def run_workloads(
-    server: ServerProcess,
-    sampler: Sampler,
-    config: dict,
-    settings: dict,
-    limit_mib: float | None = None,
-    clock: Stopwatch | None = None,
-) -> tuple[list[dict], list[dict], dict | None, dict | None]:
-    """Every workload R times, then every conversation, then the soak. Returns per-workload results,
-    per-conversation results, the soak's result (None without one) and the server-level failure, if any. Each
-    repetition and turn says its speeds (and VRAM against ``limit_mib``) on the console; ``clock`` gets the untimed
-    warm-up request apart, and the workloads (prompts sized on the way), conversations and soak as the rest."""
-    clock = clock or Stopwatch()
-    workloads, request_timeout_s = config["workloads"], config["server"]["request_timeout_s"]
-    client = Client.of(server, request_timeout_s)
-    sampler.phase("prepare")
-    prompts = PromptSource(client)
-    # One untimed request first: the first request after a load pays for page faults and lazy
-    # allocations, which would otherwise land in the first repetition of the first workload.
-    client.complete(prompts.prompt(min(64, workloads[0]["prompt_tokens"]), 0), 4, timeout_s=client.setup_timeout_s)
-    clock.lap("warmup_request")
-    try:
-        results, failure = _run_each(
-            server,
-            sampler,
-            client,
-            prompts,
-            workloads,
-            (config.get("warmup_requests", 0), config["repetitions"]),
-            request_timeout_s,
-            settings,
-            limit_mib,
-        )
-    finally:
-        clock.lap("workloads")
-    talks: list[dict] = []
-    try:
-        for spec in config.get("conversations") or []:
-            if failure is not None:
-                break
-            result, failure = run_conversation(server, sampler, prompts, spec, settings, config["server"])
-            talks.append(result)
-    finally:
-        clock.lap("conversations")
-    soaked = None
-    try:
-        if failure is None and (config.get("soak") or {}).get("requests"):
-            soaked, failure = soak_mod.run(
-                server,
-                sampler,
-                prompts,
-                config["soak"],
-                soak_mod.limits(config["budget"].get("host_ram_mib"), limit_mib, settings.get("cache_ram")),
-                request_timeout_s,
-                lambda exc: request_failure(server, exc, soak_mod.PHASE, request_timeout_s),
-            )
-            progress.say(f"soak of {soaked['requests_done']:,} unique prompts: {soaked['said']}")
-    finally:
-        clock.lap("soak")
-    return results, talks, soaked, failure
-
-
-def request_failure(server: ServerProcess, exc: Exception, phase: str, request_timeout_s: float):
-    """What a failed request means: (the server's failure, or None while it lives on; the outcome; the message)."""
-    if isinstance(exc, requests.Timeout):
-        return server_failure(server, phase, timed_out=True), Outcome.TIMEOUT, f"no answer within {request_timeout_s} s"
-    if not isinstance(exc, (RequestFailed, requests.ConnectionError)):
-        raise exc
-    if _ended(server):
-        failure = server_failure(server, phase)
-        return failure, failure["outcome"], failure["message"]
-    message = exc.message if isinstance(exc, RequestFailed) else str(exc)[:300]
-    return None, Outcome.CONTEXT_EXCEEDED if "context" in message.lower() else Outcome.REQUEST_FAILED, message
-
-
-def run_conversation(
-    server: ServerProcess, sampler: Sampler, prompts: PromptSource, spec: dict, settings: dict, server_cfg: dict
-) -> tuple[dict, dict | None]:
-    """One conversation workload (crashline.jobs.conversations): its conversations' rounds of turns, the soak's sets
-    while its time lasts, then the restart case. Returns its summary (per-turn memory is added from the record's
-    phases) and the server's failure, if any."""
-    n = concurrency({"concurrency": spec["at_once"]}, settings)
-    started = time.monotonic()
-    talks: list[conv.Conversation] = []
-    for soak, depth in conv.depths(spec):
-        if soak and time.monotonic() - started >= spec["soak_s"]:
-            break
-        group = [conv.Conversation(spec, len(talks) + i, soak, depth, started) for i in range(n)]
-        talks += group
-        failure = _rounds(
-            server, sampler, prompts, spec, group, range(1, conv.planned_turns(spec, depth) + 1), server_cfg
-        )
-        if failure or any(c.outcome != Outcome.OK for c in group):
-            return conv.summary(spec, talks), failure
-    if spec["restart"]:
-        longest = max(group, key=lambda c: len(c.history))
-        failure = _restart(server, sampler, server_cfg, conv.phase(spec, "restart-load"))
-        if failure:
-            longest.fail(failure["phase"], "restart", longest.history, failure["outcome"], failure["message"])
-            return conv.summary(spec, talks), failure
-        failure = _rounds(server, sampler, prompts, spec, [longest], ["restart"], server_cfg)
-        return conv.summary(spec, talks), failure
-    return conv.summary(spec, talks), None
-
-
-def _rounds(server, sampler, prompts, spec: dict, group: list, turns, server_cfg: dict) -> dict | None:
-    """The turns of a group of conversations, each round sent together; the server's failure, if any. A
-    conversation that fails a turn (the server living on) takes no further turns."""
-    timeout_s = server_cfg["request_timeout_s"]
-    for turn in turns:
-        live = [c for c in group if c.outcome == Outcome.OK]
-        if not live:
-            return None
-        where = conv.phase(spec, turn, live[0].soak)
-        sampler.phase(where)
-        offset = server.log_size()
-        answered = conv.send_round(Client.of(server, timeout_s), live, prompts, turn)
-        events = logparse.checkpoint_events(server.log_since(offset)[0])
-        for c, prompt, answer in answered:
-            if isinstance(answer, Exception):
-                failure, outcome, message = request_failure(server, answer, where, timeout_s)
-                c.fail(where, turn, prompt, outcome, message)
-                progress.say(f"{where} ({c.index + 1} of {len(group)}): {outcome} ({message})")
-                if failure:
-                    return failure
-                continue
-            problem = c.add(where, turn, prompt, answer)
-            c.turns[-1].update(conv.checkpoints(events, answer.get("id_slot") if len(live) > 1 else None))
-            progress.say(_turn_text(where, c.index % len(group), len(group), c.turns[-1], problem))
-    return None
-
-
-def _turn_text(where: str, index: int, n: int, turn: dict, problem: str | None) -> str:
-    """A turn on the console: its history, what the cache held, the speeds of the new part."""
-    who = f" ({index + 1} of {n})" if n > 1 else ""
-    text = (
-        f"{where}{who}: history {turn['history_tokens']:,} tokens, {turn['cache_n'] or 0:,} from the cache; "
-        f"prefill {_rate([turn['prefill_tps']])}, decode {_rate([turn['decode_tps']])}"
-    )
-    if turn.get("checkpoints_created"):
-        text += f"; {turn['checkpoints_created']} context checkpoint(s) made ({turn['checkpoint_mib']:,.1f} MiB each)"
-    return f"{text}; {problem}" if problem else text
-
-
-def _restart(server: ServerProcess, sampler: Sampler, server_cfg: dict, where: str) -> dict | None:
-    """crashline stops the server and starts it again on the same command (its log goes on in the same file);
-    the failure of the new start, or None once it is ready."""
-    sampler.phase(where)
-    server.stop(server_cfg["stop_timeout_s"])
-    state = server.start_ready(server_cfg["startup_timeout_s"], lambda srv: sampler.follow(srv.proc.pid), append=True)
-    if state == "ready":
-        progress.say(f"llama-server started again for the restart case, ready in {server.ready_after_s:.1f} s")
-        return None
-    return server_failure(server, where, timed_out=(state == "timeout"))
-
-
-def _run_each(server, sampler, client, prompts, workloads, runs, request_timeout_s, settings, limit_mib):
-    """The workloads of ``run_workloads``: ``runs`` is (W, R), each workload W times untimed at its own depth, then R
-    times timed. A warm-up that fails is the workload's failure (the server met that depth then)."""
-    warmups, repetitions = runs
-    results = []
-    for workload in workloads:
-        sampler.phase(workload["name"])
-        n_requests = concurrency(workload, settings)
-        result = {
-            **workload,
-            "concurrency": n_requests,
-            "repetitions": repetitions,
-            "runs": [],
-            "warmup_runs": [],
-            "outcome": Outcome.OK,
-            "message": None,
-            **NO_SPEEDS,
-            "windows": {},
-        }
-        results.append(result)
-        for i in range(-warmups, repetitions):
-            warmup = i < 0
-            try:
-                run = one_run(client, prompts, workload, repetitions - 1 - i if warmup else i, n_requests)
-            except (requests.Timeout, RequestFailed, requests.ConnectionError) as exc:
-                failure, outcome, message = request_failure(server, exc, workload["name"], request_timeout_s)
-                result.update(outcome=outcome, message=message)
-                said = outcome_text(failure) if failure else f"{outcome} ({message})"
-                progress.say(f"{workload['name']} {'warm-up' if warmup else f'{i + 1}/{repetitions}'}: {said}")
-                if failure:
-                    return results, failure
-                break
-            result["warmup_runs" if warmup else "runs"].append(run)
-            say_run(workload, i, repetitions, run, sampler.peaks.get(workload["name"], {}).get("gpu_mib"), limit_mib)
-            problem = check_run(run, workload)
-            if problem:
-                result.update(outcome=Outcome.TRUNCATED, message=problem)
-                progress.say(f"{workload['name']} {i + 1}/{repetitions}: truncated ({problem})")
-                break
-        if result["outcome"] == Outcome.OK:
-            result.update(summarize(result["runs"]))
-        result["windows"] = windows(result["runs"])
-    return results, None
 
 
 def said_why_again(record_path: Path, inputs: dict) -> None:

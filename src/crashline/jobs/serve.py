@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import signal
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -163,3 +164,20 @@ class ServerJob:
                         self.failure = server_failure(server, "stop")
                     server.stop(server_cfg["stop_timeout_s"])
                     self.lap("stop")
+
+
+class Stopwatch:
+    """Where a job's time goes: ``lap(name)`` adds the seconds since the previous lap to ``name``; ``budget()``
+    is every lap and the total, rounded to milliseconds."""
+
+    def __init__(self):
+        self.started = self.last = time.monotonic()
+        self.laps: dict[str, float] = {}
+
+    def lap(self, name: str) -> None:
+        now = time.monotonic()
+        self.laps[name] = self.laps.get(name, 0.0) + now - self.last
+        self.last = now
+
+    def budget(self) -> dict[str, float]:
+        return {**{k: round(v, 3) for k, v in self.laps.items()}, "total": round(self.last - self.started, 3)}
