@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import matplotlib
 import pandas as pd
 
 from ..core import columns as cols
@@ -182,10 +183,11 @@ def compare(given: list[str], out: Path) -> tuple[Path, list[dict]]:
     rows = compare_mod.compare(runs)
     by_name = {r.name: r for r in runs}
     drawn = {}
-    for model in dict.fromkeys(r["model"] for r in rows):
-        fig = _figure(model, [r for r in rows if r["model"] == model], by_name)
-        if fig is not None:
-            drawn[model] = fig
+    with matplotlib.rc_context(D.RC):  # drawn as the report's figures are, nothing leaking into other plots
+        for model in dict.fromkeys(r["model"] for r in rows):
+            fig = _figure(model, [r for r in rows if r["model"] == model], by_name)
+            if fig is not None:
+                drawn[model] = fig
     doc = document(rows, drawn)
     pages = {"compare.md": markdown.page(doc), "compare.html": html.page(doc)}
     table = [_jsonable(r) for r in rows]  # everything made before anything is written
