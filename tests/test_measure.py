@@ -330,7 +330,7 @@ def test_a_crashline_fault_is_an_error_record_and_the_server_is_stopped(
     def broken(runs):
         raise ValueError("no summary today")
 
-    monkeypatch.setattr(M, "summarize", broken)  # fails after the workload ran, with the server still serving
+    monkeypatch.setattr(serving, "summarize", broken)  # fails after the workload ran, with the server still serving
     rec = run(
         tmp_path, tiny_moe, server_provenance, {}, [{"name": "short", "prompt_tokens": 32, "gen_tokens": 4}], reps=1
     )

@@ -197,6 +197,7 @@ class _Search:
         self.took: list[float] = []  # seconds of each server start so far, for the time left
         self.stage, self.climbed, self.finalist_starts = "boundary", 0, 0  # where the search is, for the time left
         self.boundary = lo  # the lowest value that survived, once found
+        self.limit: float | None = None  # the VRAM limit the search fits, once calibrated
 
     # -- measuring ---------------------------------------------------------------------------------------------------
 
@@ -259,8 +260,9 @@ class _Search:
         lo, hi = self.range
         climb = self.climb if self.climb else 0
         finals = 2 * (self.starts - 1) if self.climb else 0
+        margin = 1 if self.limit else 0  # without a VRAM limit every value has the room: the boundary is the answer
         left = {
-            "boundary": planner.probes_left(self.results, lo, hi) + 1 + climb + finals,
+            "boundary": planner.probes_left(self.results, lo, hi) + margin + climb + finals,
             "margin": planner.probes_left(self.roomy(), self.boundary + 1, hi) + climb + finals,
             "climb": max(0, climb - self.climbed) + finals,
             "finalists": self.finalist_starts,
@@ -334,6 +336,7 @@ class _Search:
         limit = (
             budget * settings_mod.gpu_count(resolved) if budget else (calib.get("memory") or {}).get("vram_limit_mib")
         )
+        self.limit = limit
         predictions = {
             n: planner.predict(self.manifest, {**resolved, "n_cpu_moe": n}, compute, rest) for n in range(lo, hi + 1)
         }
