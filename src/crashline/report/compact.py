@@ -19,13 +19,25 @@ def setting_units(args: str) -> list[str]:
     a leading word (the binary) is a unit of its own, and so is a measurement setting that is not a flag,
     which ``settings.label`` appends after " · " ("· cold page cache")."""
     args, *notes = (args or "").split(NOTE)
+    units = [shlex.join(u) for u in _grouped(shlex.split(args))]
+    return units + [f"{NOTE.strip()} {note.strip()}" for note in notes]
+
+
+def flag_groups(text: str) -> list[str]:
+    """Text as it stands, split between flags: each flag with the words after it, joined by single spaces (no
+    shell parsing: any text, quotes and all, of a table cell)."""
+    return [" ".join(u) for u in _grouped(text.split())]
+
+
+def _grouped(tokens: list[str]) -> list[list[str]]:
+    """Tokens in units: a flag and the values after it; a leading value is a unit of its own."""
     units: list[list[str]] = []
-    for token in shlex.split(args):
+    for token in tokens:
         if _FLAG.match(token) or not units:
             units.append([token])
         else:
             units[-1].append(token)
-    return [shlex.join(u) for u in units] + [f"{NOTE.strip()} {note.strip()}" for note in notes]
+    return units
 
 
 def split_common(args_list: list[str]) -> tuple[str, list[str]]:

@@ -73,15 +73,7 @@ def _figure(model: str, rows: list[dict], runs: dict[str, Run]) -> D.Figure | No
             )
             bars.lines[0].set_gid(f"series-{i}-{metric}")
         series.append(label)
-    for ax, (_metric, word) in zip(axes, panels, strict=True):
-        ax.set_ylabel(f"{word} (tokens/s per request)")
-        ax.set_ylim(bottom=0)
-    ticks = sorted({int(v) for _, data in drawn for v in data["prompt_tokens"]})
-    if ticks[-1] >= 8 * ticks[0]:
-        axes[-1].set_xscale("log", base=2)
-    axes[-1].set_xticks(ticks, [f"{t:,}" for t in ticks])
-    axes[-1].minorticks_off()
-    axes[-1].set_xlabel("prompt length (tokens)")
+    D._prompt_length_axes(axes, panels, [v for _, data in drawn for v in data["prompt_tokens"]])
     return D._finish(fig, axes, f"compare-{model}", title, series, "compare")
 
 

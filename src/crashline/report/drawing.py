@@ -276,3 +276,17 @@ def _limit_lines(ax, limit: float, limit_is: str, margin) -> None:
         label = f"{limit_is} − margin ({_mib(limit - margin)}; margin {_mib(margin)})"
         line = ax.axhline(limit - margin, color=MARGIN_COLOUR, linestyle="--", linewidth=1.0, label=label)
         line.set_gid("margin")
+
+
+def _prompt_length_axes(axes: list, panels, prompt_tokens) -> None:
+    """Speed panels against prompt length: each panel's speed per request from 0, the prompt lengths as ticks
+    (on a log scale where they span 8x or more)."""
+    for ax, (_metric, word) in zip(axes, panels, strict=True):
+        ax.set_ylabel(f"{word} (tokens/s per request)")
+        ax.set_ylim(bottom=0)
+    ticks = sorted({int(v) for v in prompt_tokens})
+    if ticks[-1] >= 8 * ticks[0]:
+        axes[-1].set_xscale("log", base=2)
+    axes[-1].set_xticks(ticks, [f"{t:,}" for t in ticks])
+    axes[-1].minorticks_off()
+    axes[-1].set_xlabel("prompt length (tokens)")

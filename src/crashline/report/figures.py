@@ -44,6 +44,7 @@ from ..core.atomic import atomic_path
 from ..core.paths import Layout
 from ..core.records import Outcome
 from .drawing import (
+    _prompt_length_axes,
     FAILURE_COLOURS,
     FAILURE_MARKERS,
     Figure,
@@ -308,15 +309,7 @@ def _depth(model: str, measurements: pd.DataFrame, workload: str, recommended: s
             )
             bars.lines[0].set_gid(f"series-{i}-{metric}")
         series.append(label)
-    ticks = sorted(int(v) for v in rows["prompt_tokens"].unique())
-    for ax, (_metric, word) in zip(axes, panels, strict=True):
-        ax.set_ylabel(f"{word} (tokens/s per request)")
-        ax.set_ylim(bottom=0)
-    if ticks[-1] >= 8 * ticks[0]:
-        axes[-1].set_xscale("log", base=2)
-    axes[-1].set_xticks(ticks, [f"{t:,}" for t in ticks])
-    axes[-1].minorticks_off()
-    axes[-1].set_xlabel("prompt length (tokens)")
+    _prompt_length_axes(axes, panels, rows["prompt_tokens"])
     return [_finish(fig, axes, f"speed-vs-prompt-length-{model}", title, series, "depth")]
 
 

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-import re
-
+from .compact import flag_groups
 from .doc import (
     Abbr,
     Box,
@@ -71,18 +70,13 @@ def _attrs(**values) -> str:
     return "".join(f' {k}="{escape(v)}"' for k, v in values.items() if v)
 
 
-# A flag and its value: a table cell breaks a command line between them, never inside one.
-_SPLIT = re.compile(r"\S+(?: (?!-)\S+)*|\s+")
-
-
 def _cell_code(text: str) -> str:
     """Code in a table cell: a command line breaks between flags, never inside a flag and its values; other
     code does not break (the text copied is the same)."""
-    parts = _SPLIT.findall(text)
-    if len([p for p in parts if p.strip()]) < 2:
+    groups = flag_groups(text)
+    if len(groups) < 2 or " ".join(groups) != text:  # one group, or spacing a join would change
         return f"<code>{escape(text)}</code>"
-    groups = "".join(f"<span>{escape(p)}</span>" if p.strip() else escape(p) for p in parts)
-    return f'<code class="flags">{groups}</code>'
+    return '<code class="flags">' + " ".join(f"<span>{escape(g)}</span>" for g in groups) + "</code>"
 
 
 def inline(content, in_cell: bool = False) -> str:
