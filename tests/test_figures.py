@@ -353,3 +353,14 @@ def test_a_configuration_that_failed_is_no_trade_off(sweep):
     pareto = by_kind(F.figures(configs, failed, None, BUDGET, OBJECTIVE)["moe-synthetic"])["concurrency"]
     assert "4 at once, -np 4" not in set(texts(pareto.svg))
     assert [len(markers(pareto.svg, f"series-{i}")) for i in (0, 1)] == [2, 2]
+
+
+def test_two_workloads_of_one_shape_are_one_point_with_one_label(sweep):
+    """The README's default run: its "short" and "concurrent" workloads have one shape, and on an -np 1
+    configuration both run one request at a time; the figure drew that point and its label twice, on itself."""
+    configs, measurements = sweep
+    twice = pd.concat([measurements, measurements[measurements["concurrency"] == 1].assign(workload="again")])
+    pareto = by_kind(F.figures(configs, twice, None, BUDGET, OBJECTIVE)["moe-synthetic"])["concurrency"]
+    shown = texts(pareto.svg)
+    assert shown.count("1 at once, -np 1") == 2  # once per shape, as without the second workload
+    assert [len(markers(pareto.svg, f"series-{i}")) for i in (0, 1)] == [3, 3]

@@ -341,6 +341,10 @@ def _concurrency(model: str, measurements: pd.DataFrame) -> list[Figure]:
     at_once = rows[rows["concurrency"] > 1]
     shapes = sorted({(int(p), int(g)) for p, g in zip(at_once["prompt_tokens"], at_once["gen_tokens"], strict=True)})
     rows = rows[[(int(p), int(g)) in shapes for p, g in zip(rows["prompt_tokens"], rows["gen_tokens"], strict=True)]]
+    # one point per configuration, requests at once and shape: two workloads of one shape (the default config's
+    # "short" and a "concurrent" run one at a time on -np 1) drew the same label twice on top of itself
+    same = [c for c in ("config_id", "environment", "concurrency", "prompt_tokens", "gen_tokens") if c in rows]
+    rows = rows.drop_duplicates(same, keep="last")
     if len(rows) < 2:
         return []
     parallel = cols.setting("parallel")
