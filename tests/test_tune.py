@@ -89,17 +89,23 @@ def test_the_levers_tried_are_the_users_to_choose(tmp_path, tiny_moe):
     combos = {(g["given"]["ubatch"], g["given"].get("cache_type_k", "f16"), g["given"]["threads"]) for g in groups}
     assert combos == {(u, k, t) for u in (256, 1024) for k in ("f16", "q8_0") for t in (4, 8)}
     assert all(g["given"].get("cache_type_v", "f16") == g["given"].get("cache_type_k", "f16") for g in groups)
+    assert all(g["given"]["cache_ram"] == 0 for g in groups)  # prompts that share nothing: no host prompt cache
     fits = [i["settings"] for i in C.expand(cfg) if i["settings"].get("fit") == "on"]
-    assert sorted((f["ubatch"], f.get("cache_type_k", "f16")) for f in fits) == [(1024, "f16"), (1024, "q8_0")]
+    # --fit on per KV cache type twice: as the searches run (no prompt cache), and as llama-server starts by default
+    assert sorted((f["ubatch"], f.get("cache_type_k", "f16"), f["cache_ram"] == 0) for f in fits) == [
+        (1024, kv, off) for kv in ("f16", "q8_0") for off in (False, True)
+    ]
+    assert {f["cache_ram"] for f in fits} == {None, 0}
     default = config(str(tiny_moe), 8192, 4096, 12288, None, tmp_path)
     assert default["configurations"] == [
-        {"grid": {"ubatch": [512, 2048]}, "search": {"n_cpu_moe": [0, 1000]}},
+        {"settings": {"cache_ram": 0}, "grid": {"ubatch": [512, 2048]}, "search": {"n_cpu_moe": [0, 1000]}},
+        {"settings": {"ubatch": 2048, "fit": "on", "cache_ram": 0}},
         {"settings": {"ubatch": 2048, "fit": "on"}},
     ]
     assert config(str(tiny_moe), 8192, 4096, None, None, tmp_path, False, tried)["configurations"] == [
-        {"grid": {"ubatch": [256, 1024], "threads": [4, 8]}},
+        {"settings": {"cache_ram": 0}, "grid": {"ubatch": [256, 1024], "threads": [4, 8]}},
         {
-            "settings": {"cache_type_k": "q8_0", "cache_type_v": "q8_0"},
+            "settings": {"cache_type_k": "q8_0", "cache_type_v": "q8_0", "cache_ram": 0},
             "grid": {"ubatch": [256, 1024], "threads": [4, 8]},
         },
     ]
@@ -142,7 +148,7 @@ def test_tune_runs_the_workflow_and_prints_the_answer(tmp_path, tiny_moe, server
     searches = pd.read_parquet(results / "tables" / "searches.parquet")
     configs = pd.read_parquet(results / "tables" / "configs.parquet")
     if gpus()["present"]:
-        assert sorted(searches["s_ubatch"]) == [512, 2048] and (configs["s_fit"] == "on").sum() == 1
+        assert sorted(searches["s_ubatch"]) == [512, 2048] and (configs["s_fit"] == "on").sum() == 2
     else:  # every weight is in host memory anyway: no n_cpu_moe search, no --fit on, the two ubatch values
         assert searches.empty and sorted(configs["s_ubatch"]) == [512, 2048] and "on" not in set(configs["s_fit"])
     assert (results / "report.html").exists()

@@ -67,14 +67,24 @@ def _placement_summary(row, speed) -> dict:
 def fit_comparison(
     configs: pd.DataFrame, measurements: pd.DataFrame, recs: list[dict], metric: str, workload: str
 ) -> list[dict]:
-    """llama.cpp's own placement (--fit on) beside crashline's recommendation, per fit run."""
+    """llama.cpp's own placement (--fit on) beside crashline's recommendation, per fit run, each named by
+    ``--fit on`` and the settings that set it apart from the other fit runs (``label``: "--fit on --cache-ram 0")."""
     out = []
     col = f"{metric}_median"
     speeds = measurements[measurements["workload"] == workload].set_index("config_id")[col]
-    for _, fit in configs[configs["s_fit"] == "on"].iterrows():
+    fits = configs[configs["s_fit"] == "on"]
+    _, apart = split_common(list(fits["server_args"]))
+    for (_, fit), rest in zip(fits.iterrows(), apart):
         rec = next((r for r in recs if r["environment"] == fit["environment"] and r["winner"]), None)
         fit_speed = speeds.get(fit["config_id"])
-        entry = {"fit": _placement_summary(fit, fit_speed), "recommended": None, "ratio": None, "is_fit": False}
+        entry = {
+            "label": " ".join(["--fit on", rest]).strip() if len(fits) > 1 else "--fit on",
+            "fit": _placement_summary(fit, fit_speed),
+            "speed": None if fit["outcome"] != Outcome.OK or missing(fit_speed) else float(fit_speed),
+            "recommended": None,
+            "ratio": None,
+            "is_fit": False,
+        }
         if rec:
             entry["recommended"] = _placement_summary(pd.Series(rec["winner_row"]), rec["winner_speed"])
             entry["is_fit"] = rec["winner"] == fit["config_id"]
@@ -159,7 +169,13 @@ def answers(ctx: dict) -> list[dict]:
             fits = [f for f in m["fit"] if f["ratio"] is not None or f["is_fit"]]
             if r["winner"]:
                 entry |= {
-                    "over_fit_on": 1.0 if fits and fits[0]["is_fit"] else (fits[0]["ratio"] if fits else None),
+                    # against the fastest --fit on measured: the strongest of llama.cpp's own placements
+                    "over_fit_on": 1.0
+                    if any(f["is_fit"] for f in fits)
+                    else min((f["ratio"] for f in fits), default=None),
+                    "fit_on": [
+                        {"label": f["label"], "config_id": f["fit"]["config_id"], "ratio": f["ratio"]} for f in fits
+                    ],
                     "use": r["use"],
                     "command": reproduce_command(r["winner_row"]["command_argv"]),
                     "speed": r["winner_speed"],

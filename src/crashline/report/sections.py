@@ -451,17 +451,20 @@ def _num(value, digits: int) -> str:
 
 
 def fit(m: dict) -> list:
-    """llama.cpp's own placement (--fit on) beside the recommendation."""
+    """llama.cpp's own placement (--fit on) beside the recommendation: each fit run (named by what sets it apart
+    from the others), crashline's pick once per machine, the ratio to each, and the fit runs against each other."""
     if not m["fit"]:
         return []
     metric = m["recommendations"][0]["metric_label"] if m["recommendations"] else "decode"
     lead = [Strong("llama.cpp's own choice"), " (", Code("--fit on"), ", same context and ubatch) beside the "]
     lead.append(f"recommendation ({metric} t/s at the objective workload):")
-    rows, marks = [], []
+    rows, marks, shown = [], [], set()
     for f in m["fit"]:
-        rows.append(_placement(Code("--fit on"), f["fit"]))
+        rows.append(_placement(Code(f["label"]), f["fit"]))
         marks.append(None)
-        if f["recommended"]:
+    for f in m["fit"]:
+        if f["recommended"] and f["recommended"]["config_id"] not in shown:
+            shown.add(f["recommended"]["config_id"])
             rows.append(_placement("crashline", f["recommended"]))
             marks.append("rec")
     header = [
@@ -477,7 +480,7 @@ def fit(m: dict) -> list:
     said = []
     for f in m["fit"]:
         if f["is_fit"]:
-            said.append(Para([Code("--fit on"), " is the recommendation: llama.cpp's own placement was the fastest."]))
+            said.append(Para([Code(f["label"]), " is the recommendation: llama.cpp's own placement was the fastest."]))
         elif f["ratio"] is not None:
             said.append(
                 Para(
@@ -485,17 +488,32 @@ def fit(m: dict) -> list:
                         "crashline's recommendation runs at ",
                         Strong(f"{f['ratio']:.2f}×"),
                         f" the {metric} t/s of ",
-                        Code("--fit on"),
+                        Code(f["label"]),
                         f" at the objective workload, with {f['recommended']['headroom']} MiB of headroom against "
                         f"its {f['fit']['headroom']}.",
                     ]
                 )
             )
         elif f["recommended"]:
-            said.append(
-                Para([Code("--fit on"), f" did not survive ({f['fit']['outcome']}): the recommendation stands."])
-            )
+            outcome = f["fit"]["outcome"]
+            said.append(Para([Code(f["label"]), f" did not survive ({outcome}): the recommendation stands."]))
+    said += _fits_apart(m["fit"], metric)
     return [Para(lead), Table(header, rows, frozenset(range(3, 8)), marks), *said]
+
+
+def _fits_apart(fits: list[dict], metric: str) -> list:
+    """Where several fit runs survived, each against the fastest of them: what the settings that set them apart
+    (the host prompt cache, a KV cache type) cost with llama.cpp's own placement."""
+    timed = [f for f in fits if f["speed"]]
+    if len(timed) < 2:
+        return []
+    best = max(timed, key=lambda f: f["speed"])
+    text = [f"Between llama.cpp's own placements, {metric} t/s at the objective workload: ", Code(best["label"])]
+    text.append(f" {best['speed']:,.1f}")
+    for f in timed:
+        if f is not best:
+            text += ["; ", Code(f["label"]), f" {f['speed']:,.1f} ({f['speed'] / best['speed']:.2f}×)"]
+    return [Para([*text, "."])]
 
 
 def _placement(name, p: dict) -> list:
