@@ -4,11 +4,18 @@ between requests). Each "on" stretch's token rate is compared with the mean of t
 stretches around it, so drift, depth and the server's state hit both sides alike; the median of
 these ratios and its bootstrap 95% interval belong within 1% at the default interval.
 
+With ``--replay K`` the requests come in pairs of the same prompt (greedy, no prompt cache: the same
+tokens, so with random-weight experts the same experts on the CPU for each token) and the sampler flips
+every K tokens, on where the other request of its pair had it off; each stretch's rate with the sampler
+is divided by the rate of the same K tokens without it in the other request, and the pair's order
+alternates. Decode with experts on the CPU varies between tokens by which experts they route to (a few
+% between 2 s stretches on the H200); the same tokens on both sides take that noise out of the ratio.
+
 The sampler runs its own thread at its own interval, as in a measurement; while "off" it is paused
 and its thread sleeps on an event without waking. Also reported: what each query of one sample costs
 (CPU and wall time; on a GPU machine the NVML queries too), and what the samples cost during the run.
 
-    python bench/sampler_overhead.py --model PATH [--requests 4] [--gen 1536] [--segment 2]
+    python bench/sampler_overhead.py --model PATH [--requests 4] [--gen 1536] [--segment 2 | --replay K]
         [--interval S] [--frame-out F.parquet] [--out F.json] [-- extra llama-server args]
     python bench/sampler_overhead.py          # without a model: only the cost of each query
 """
@@ -98,10 +105,16 @@ def bootstrap_median(values: list[float], draws: int = 5000, seed: int = 1) -> t
 
 
 def switched_request(
-    client: Client, prompt: list[int], gen: int, sampler: Sampler, segment_s: float, first_on: bool
+    client: Client,
+    prompt: list[int],
+    gen: int,
+    sampler: Sampler,
+    first_on: bool,
+    segment_s: float | None = None,
+    stretch_tokens: int | None = None,
 ) -> tuple[list[dict], dict]:
-    """One streamed request; from its first token on, the sampler flips every ``segment_s``.
-    Returns the stretches (state, tokens, seconds) and the server's timings."""
+    """One streamed request; from its first token on, the sampler flips every ``segment_s`` seconds, or every
+    ``stretch_tokens`` tokens. Returns the stretches (state, tokens, seconds) and the server's timings."""
     segments: list[dict] = []
     state = {"start": None, "tokens": 0, "on": first_on}
 
@@ -111,7 +124,7 @@ def switched_request(
             sampler.resume() if state["on"] else sampler.pause()
             return
         state["tokens"] += 1
-        if t - state["start"] >= segment_s:
+        if state["tokens"] == stretch_tokens if stretch_tokens else t - state["start"] >= segment_s:
             segments.append({"on": state["on"], "tokens": state["tokens"], "seconds": t - state["start"]})
             state.update(start=t, tokens=0, on=not state["on"])
             sampler.resume() if state["on"] else sampler.pause()
@@ -127,6 +140,17 @@ def neighbour_ratios(segments: list[dict]) -> list[float]:
     return [rates[i] / ((rates[i - 1] + rates[i + 1]) / 2) for i in range(1, len(segments) - 1) if segments[i]["on"]]
 
 
+def pair_ratios(first: list[dict], second: list[dict]) -> list[float]:
+    """Stretch k of two requests of the same tokens, one with the sampler and one without: rate on ÷ rate off."""
+    out = []
+    for a, b in zip(first, second):
+        if a["on"] == b["on"] or a["tokens"] != b["tokens"]:
+            raise ValueError(f"stretches do not pair: {a} and {b}")
+        on, off = (a, b) if a["on"] else (b, a)
+        out.append((on["tokens"] / on["seconds"]) / (off["tokens"] / off["seconds"]))
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument(
@@ -136,6 +160,12 @@ def main() -> None:
     ap.add_argument("--prompt", type=int, default=128)
     ap.add_argument("--gen", type=int, default=1536)
     ap.add_argument("--segment", type=float, default=2.0, help="seconds between switching the sampler on and off")
+    ap.add_argument(
+        "--replay",
+        type=int,
+        metavar="K",
+        help="pairs of requests of the same prompt, the sampler flipped every K tokens, on where the other had it off",
+    )
     schema = load_schema()
     default_interval = schema["properties"]["telemetry"]["properties"]["interval_s"]["default"]
     ap.add_argument(
@@ -172,15 +202,24 @@ def main() -> None:
         with sampler:  # the sampler's own thread, paused between stretches; entering lists the children
             sampler.pause()
             for i in range(args.requests):
+                # replay: requests 2j and 2j+1 share a prompt; the first of a pair starts on in even pairs, off in odd
+                pair, second = divmod(i, 2)
+                index, first_on = (pair + 1, (pair % 2 == 0) != bool(second)) if args.replay else (i + 1, bool(i % 2))
                 segments, timings = switched_request(
                     client,
-                    prompts.prompt(args.prompt, i + 1),
+                    prompts.prompt(args.prompt, index),
                     args.gen,
                     sampler,
-                    args.segment,
-                    first_on=bool(i % 2),
+                    first_on,
+                    segment_s=args.segment,
+                    stretch_tokens=args.replay,
                 )
-                ratios = neighbour_ratios(segments)
+                if not args.replay:
+                    ratios = neighbour_ratios(segments)
+                elif second:
+                    ratios = pair_ratios(per_request[-1]["segments"], segments)
+                else:
+                    ratios = []
                 per_request.append({"segments": segments, "ratios": ratios, "server_decode_tps": timings["decode_tps"]})
                 print(
                     f"request {i + 1}: {len(segments)} stretches, ratios " + " ".join(f"{r:.3f}" for r in ratios),
@@ -203,7 +242,9 @@ def main() -> None:
         "prompt_tokens": args.prompt,
         "gen_tokens": args.gen,
         "requests": args.requests,
-        "segment_s": args.segment,
+        "design": f"replay: pairs of the same prompt, stretches of {args.replay} tokens" if args.replay else "switched",
+        "segment_s": None if args.replay else args.segment,
+        "stretch_tokens": args.replay,
         "interval_s": args.interval,
         "tokens_per_s_on": rate[True],
         "tokens_per_s_off": rate[False],
