@@ -422,3 +422,47 @@ def test_host_memory_bandwidth_is_measured_once_per_machine(monkeypatch):
     elsewhere = {"host_memory_bandwidth": {"hostname": platform.node() + "-other", "gbs": 31.0}}
     assert host.memory_bandwidth_from(elsewhere) == 12.5 and host.memory_bandwidth_from({}) == 12.5
     assert len(calls) == 2 and host.measured_memory_bandwidth() == {"hostname": platform.node(), "gbs": 12.5}
+
+
+class _Peaks:
+    """The sampler as _run_each reads it: the phase it is told, and a GPU peak per workload (a CPU machine has none)."""
+
+    def __init__(self, gpu_mib: float):
+        self.peaks, self.gpu_mib = {}, gpu_mib
+
+    def phase(self, name: str) -> None:
+        self.peaks[name] = {"gpu_mib": self.gpu_mib}
+
+
+def test_a_search_probe_under_the_margin_after_its_warm_up_skips_its_timed_repetitions(
+    tiny_moe, server_provenance, tmp_path
+):
+    """#25: a probe whose warm-up left less headroom than the margin cannot be recommended, so its timed repetitions
+    would decide nothing (11 s a probe at 16K on the H200); every workload still runs its warm-up at its depth."""
+    from crashline.core.settings import command_line, resolve
+    from crashline.engine.server import ServerProcess
+    from crashline.engine.workloads import Client, PromptSource
+
+    workloads = [
+        {"name": "a", "prompt_tokens": 64, "gen_tokens": 4},
+        {"name": "b", "prompt_tokens": 128, "gen_tokens": 4},
+    ]
+    settings = resolve({"ctx": 1024, "threads": 2})
+    with ServerProcess(command_line(server_provenance["binary"], str(tiny_moe), settings), tmp_path / "s.log") as srv:
+        assert srv.start_ready(120) == "ready", srv.log_text()[-2000:]
+        client = Client.of(srv, 120)
+        prompts = PromptSource(client)
+
+        def run(peak_mib, margin_mib):
+            return serving._run_each(
+                srv, _Peaks(peak_mib), client, prompts, workloads, (1, 2), 120, settings, 12_288, margin_mib
+            )
+
+        tight, failure = run(11_500, 1024)  # 788 MiB of headroom after the warm-up
+        assert failure is None
+        assert [(len(w["warmup_runs"]), len(w["runs"]), w["outcome"]) for w in tight] == [(1, 0, "ok"), (1, 0, "ok")]
+        assert all("788 MiB of headroom, under the 1,024 MiB margin" in w["timed_skipped"] for w in tight)
+        assert all(w["decode_tps"] is None for w in tight)  # no speed for a configuration that cannot be chosen
+        for peak, margin in ((11_500, 512), (11_500, None)):  # room for the margin, or an ordinary measurement
+            full, _ = run(peak, margin)
+            assert [(len(w["runs"]), "timed_skipped" in w) for w in full] == [(2, False), (2, False)]

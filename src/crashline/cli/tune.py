@@ -1,6 +1,6 @@
 """``crashline tune MODEL --vram 24GiB --ctx 131072 --prompt 100000``: one command from a model and a card
 to a verified answer. It writes the config the question implies (an n_cpu_moe search per ubatch and
-llama.cpp's own ``--fit on`` beside it, a short workload and one of the given prompt length), runs the
+llama.cpp's own ``--fit on`` beside it, requests of the given prompt length), runs the
 same workflow as ``snakemake --cores 1 report`` through Snakemake's Python API with the settings of the
 workflow's default profile, and prints the answer and where the report is.
 
@@ -26,7 +26,6 @@ from ..engine.suggest import DEFAULT_UBATCHES as UBATCHES, default_margin_mib, p
 
 SHORTHAND_RE = re.compile(r"^([A-Za-z0-9][\w.-]*)/([A-Za-z0-9][\w.-]*):([\w.-]+)$")
 SOURCE_KINDS = ("hf:", "pypi:", "https://", "http://", "file:", "synthetic:")
-SHORT = {"name": "short", "prompt_tokens": 128, "gen_tokens": 64}
 GEN_TOKENS = 64  # generated after the long prompt: enough steady decode to sample
 # tune's requests are prompts that share nothing, so llama-server's host prompt cache (--cache-ram, 8192 MiB by
 # default) can only cost: before each new prompt it saves the slot's last one to host memory, 1.5 GB and about 1 s
@@ -125,9 +124,9 @@ def config(
 ) -> dict:
     """The config ``tune`` runs: a search of n_cpu_moe per combination of the levers tried (``levers``: ubatch,
     KV cache type, threads) and --fit on per KV cache type, at ``ctx``, each without the host prompt cache
-    (``NO_PROMPT_CACHE``), and --fit on as llama-server starts by default beside them; a short workload and one of
-    ``prompt`` tokens (the objective); the budget. Without a GPU (``on_gpu`` False) every weight is in host memory
-    whatever n_cpu_moe and --fit say: only the levers' combinations are measured."""
+    (``NO_PROMPT_CACHE``), and --fit on as llama-server starts by default beside them; the one workload asked
+    about, ``prompt`` tokens (the objective); the budget. Without a GPU (``on_gpu`` False) every weight is in host
+    memory whatever n_cpu_moe and --fit say: only the levers' combinations are measured."""
     tried = tried or levers(None, None, None)
     if prompt + GEN_TOKENS > ctx:
         raise ConfigError(f"--prompt {prompt} plus {GEN_TOKENS} generated tokens does not fit --ctx {ctx}")
@@ -162,7 +161,9 @@ def config(
         "models": {name: {"source": source}},
         "defaults": {"ctx": ctx},
         "configurations": configurations,
-        "workloads": [SHORT, long] if prompt > SHORT["prompt_tokens"] else [long],
+        # the request asked about, alone: a short one beside it cost each of the H200's 29 server starts 6.6 s
+        # (a quarter of its requests' time) and decided nothing, since the objective is this one
+        "workloads": [long],
         "repetitions": 3,
         "budget": budget,
         "objective": {"workload": long["name"]},

@@ -94,6 +94,7 @@ def run_workloads(
             request_timeout_s,
             settings,
             limit_mib,
+            config.get("timed_with_margin_mib"),
         )
     finally:
         clock.lap("workloads")
@@ -218,9 +219,25 @@ def _restart(server: ServerProcess, sampler: Sampler, server_cfg: dict, where: s
     return server_failure(server, where, timed_out=(state == "timeout"))
 
 
-def _run_each(server, sampler, client, prompts, workloads, runs, request_timeout_s, settings, limit_mib):
+def _under_margin(sampler, workload: dict, limit_mib: float | None, margin_mib: int | None) -> str | None:
+    """Why a workload's timed repetitions are skipped (its warm-up's headroom is under the margin), or None."""
+    peak = sampler.peaks.get(workload["name"], {}).get("gpu_mib")
+    if margin_mib is None or limit_mib is None or peak is None or limit_mib - peak >= margin_mib:
+        return None
+    return (
+        f"timed repetitions skipped: the warm-up left {limit_mib - peak:,.0f} MiB of headroom, under the "
+        f"{margin_mib:,} MiB margin, so this configuration cannot be recommended"
+    )
+
+
+def _run_each(server, sampler, client, prompts, workloads, runs, request_timeout_s, settings, limit_mib, margin_mib):
     """The workloads of ``run_workloads``: ``runs`` is (W, R), each workload W times untimed at its own depth, then R
-    times timed. A warm-up that fails is the workload's failure (the server met that depth then)."""
+    times timed. A warm-up that fails is the workload's failure (the server met that depth then).
+
+    With ``margin_mib`` (a search's probes) and a VRAM limit, a workload whose warm-up already left less headroom
+    than the margin skips its timed repetitions: the configuration met that depth (its peak is recorded) but cannot
+    be recommended, so timing it would decide nothing. The next workload still runs its warm-up: survival of every
+    depth is still tested."""
     warmups, repetitions = runs
     results = []
     for workload in workloads:
@@ -240,6 +257,10 @@ def _run_each(server, sampler, client, prompts, workloads, runs, request_timeout
         results.append(result)
         for i in range(-warmups, repetitions):
             warmup = i < 0
+            if i == 0 and warmups and (short := _under_margin(sampler, workload, limit_mib, margin_mib)):
+                result.update(timed_skipped=short, message=short)  # the tables carry the message
+                progress.say(f"{workload['name']}: {short}")
+                break
             try:
                 run = one_run(client, prompts, workload, repetitions - 1 - i if warmup else i, n_requests)
             except (requests.Timeout, RequestFailed, requests.ConnectionError) as exc:
