@@ -11,6 +11,7 @@ import sys
 
 from crashline.core import progress
 from crashline.cli.main import main
+from crashline.jobs import eta
 
 smk = snakemake  # noqa: F821 (given by Snakemake)
 SERVER_INPUTS = {
@@ -108,6 +109,8 @@ argv = ARGV[smk.rule](smk)
 # Snakemake gave the job its own stderr, the console: keep it for progress lines ("[measure tiny
 # 9893f4ee63] ready in 1.4 s") before fd 1 and 2 become the log, which gets every line too.
 progress.to_console(os.dup(2), " ".join([argv[0], *map(str, smk.wildcards)]))
+if smk.rule in ("measure", "search", "needle", "search_needle"):
+    eta.say_left()  # what is left of the whole run, this job included
 log = os.open(smk.log[0], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)
 os.dup2(log, 1)
 os.dup2(log, 2)

@@ -152,6 +152,10 @@ def test_tune_runs_the_workflow_and_prints_the_answer(tmp_path, tiny_moe, server
     else:  # every weight is in host memory anyway: no n_cpu_moe search, no --fit on, the two ubatch values
         assert searches.empty and sorted(configs["s_ubatch"]) == [512, 2048] and "on" not in set(configs["s_fit"])
     assert (results / "report.html").exists()
+    # the whole run's ETA: its server starts when it begins, and the time left once a start was recorded
+    starts = [int(n) for n in re.findall(r"run: about (\d+) more server start", first.stderr)]
+    assert len(starts) >= 2 and starts == sorted(starts, reverse=True), first.stderr[-3000:]
+    assert re.search(r"run: about \d+ more server start\(s\), [\d.]+ (s|min) left", first.stderr)
     records = {p: p.stat().st_mtime_ns for p in results.rglob("measure.json")}
     second = tune()  # the same question again: Snakemake finds nothing to do
     assert second.returncode == 0 and "Nothing to be done" in second.stderr

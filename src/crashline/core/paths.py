@@ -39,6 +39,10 @@ class Layout:
     def needle_table(self) -> Path:
         return self.root / "tables" / "needle.parquet"
 
+    def run_plan(self) -> Path:
+        """The server jobs of the run that started last, as it started (jobs/eta.py)."""
+        return self.root / "logs" / "run-plan.json"
+
     def search(self, model: str, gid: str) -> Path:
         return self.root / "search" / model / gid / "search.json"
 

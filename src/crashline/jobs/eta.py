@@ -1,0 +1,104 @@
+"""How much of a run is left: its server jobs, the server starts each is likely to need, and how long a start has
+taken in this run so far.
+
+The workflow writes the run's plan when it starts (``write_plan``, from Snakemake's ``onstart``) and says the whole
+run's starts; each server job says what is left when it begins (``left_text``), counting the jobs whose output is
+not there yet. A search's starts are the usual course of one (``search_starts``): a calibration, the predicted
+value and its neighbour, one for the margin where there is a VRAM limit, the climb and the finalists' further
+starts, less the probes it has already recorded. The time is that many starts at the mean time of the server
+starts recorded under the plan's paths (measurements and search probes), so it is said only once one is recorded.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from ..config import plan as config_mod
+from ..core import progress
+from ..core.atomic import write_json
+from ..core.paths import Layout, SearchFolder
+
+PLAN_ENV = "CRASHLINE_RUN_PLAN"  # where the server jobs of this run find its plan (set by the workflow)
+
+
+def search_starts(group: dict, has_limit: bool) -> int:
+    """The server starts of a search's usual course (jobs/search.py's steps)."""
+    climb = group.get("climb", 0)
+    finals = 2 * (group.get("starts", 1) - 1) if climb else 0
+    return 1 + 2 + (1 if has_limit else 0) + climb + finals
+
+
+def plan(config: dict) -> list[dict]:
+    """Every server job of the run: its kind, its output and the server starts it is likely to need (a needle job
+    whose twin's recall stands for it needs none); a search also names the folder of its probes."""
+    layout = Layout(config["results_dir"])
+    has_limit = config["budget"].get("vram_budget_mib") is not None
+    jobs = []
+    for item in config_mod.expand(config):
+        model, cid = item["model"], item["id"]
+        jobs.append({"job": "measure", "out": str(layout.record(model, cid)), "starts": 1})
+        twin = config_mod.needle_twin(config, model, cid)
+        jobs.append({"job": "needle", "out": str(layout.needle_record(model, cid)), "starts": 0 if twin else 1})
+    for group in config_mod.expand_searches(config):
+        summary = layout.search(group["model"], group["id"])
+        probes = str(SearchFolder(summary.parent).probes())
+        starts = search_starts(group, has_limit)
+        jobs.append({"job": "search", "out": str(summary), "starts": starts, "probes": probes})
+        recall = str(layout.search_recall(group["model"], group["id"]))
+        jobs.append({"job": "search_needle", "out": recall, "starts": 1})
+    return jobs
+
+
+def write_plan(config: dict, path: Path) -> list[dict]:
+    jobs = plan(config)
+    write_json(path, {"jobs": jobs})
+    return jobs
+
+
+def _records(job: dict) -> list[Path]:
+    if job["job"] == "measure":
+        return [Path(job["out"])] if Path(job["out"]).exists() else []
+    if job["job"] == "search" and Path(job["probes"]).is_dir():
+        return sorted(Path(job["probes"]).rglob("measure.json"))
+    return []
+
+
+def left(jobs: list[dict]) -> tuple[int, float | None]:
+    """The server starts the jobs whose output is missing are likely to need, and the seconds that many starts take
+    at the mean of the starts recorded so far (None before the first)."""
+    starts, seconds = 0, []
+    for job in jobs:
+        records = _records(job)
+        for path in records:
+            try:
+                total = json.loads(path.read_text()).get("time_budget_s", {}).get("total")
+            except (OSError, ValueError):  # being written, or left half by a killed job
+                continue
+            if total:
+                seconds.append(float(total))
+        if not Path(job["out"]).exists():
+            starts += max(1, job["starts"] - len(records)) if job["starts"] else 0
+    return starts, (starts * sum(seconds) / len(seconds) if seconds else None)
+
+
+def text(starts: int, seconds: float | None) -> str:
+    if not starts:
+        return ""
+    took = f", {progress.duration(seconds)} left" if seconds is not None else ""
+    return f"run: about {starts} more server start(s){took}"
+
+
+def say_left() -> None:
+    """What is left of the run, said by a server job as it begins, where the workflow wrote a plan."""
+    path = os.environ.get(PLAN_ENV)
+    if not path or not Path(path).exists():
+        return
+    try:
+        jobs = json.loads(Path(path).read_text())["jobs"]
+    except (OSError, ValueError, KeyError):
+        return
+    said = text(*left(jobs))
+    if said:
+        progress.say(said)

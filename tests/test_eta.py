@@ -1,0 +1,74 @@
+"""What is left of a run (#27 item 8: an ETA for the whole run, not only for a search)."""
+
+import json
+from pathlib import Path
+
+from crashline.config import plan as C
+from crashline.core.paths import Layout, SearchFolder
+from crashline.core.progress import duration
+from crashline.jobs import eta
+
+
+def _config(tmp_path, vram=12288):
+    return C.validate(
+        {
+            "results_dir": str(tmp_path / "results"),
+            "models": {"m": {"source": "synthetic:tiny-moe"}},
+            "configurations": [
+                {"settings": {"ubatch": 512}},
+                {"settings": {"ubatch": 512, "page_cache": "cold"}},  # the same server: its recall is the first's
+                {"grid": {"ubatch": [512]}, "search": {"n_cpu_moe": [0, 8]}},
+            ],
+            "workloads": [{"name": "w", "prompt_tokens": 64, "gen_tokens": 8}],
+            "budget": {"vram_budget_mib": vram},
+        },
+        C.load_schema(),
+    )
+
+
+def _record(path, total_s):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"time_budget_s": {"total": total_s}}))
+
+
+def test_the_run_left_counts_the_missing_jobs_starts_at_the_mean_start_so_far(tmp_path):
+    cfg = _config(tmp_path)
+    jobs = eta.plan(cfg)
+    (group,) = C.expand_searches(cfg)
+    search = eta.search_starts(group, has_limit=True)
+    # the two configurations' measurements and one needle job (the cold one's recall is its twin's), the search
+    # and its recall check
+    assert sorted(j["job"] for j in jobs) == ["measure", "measure", "needle", "needle", "search", "search_needle"]
+    assert eta.left(jobs) == (2 + 1 + search + 1, None)  # no start recorded yet: no time
+    assert eta.text(*eta.left(jobs)) == f"run: about {2 + 1 + search + 1} more server start(s)"
+
+    layout = Layout(cfg["results_dir"])
+    first, second = C.expand(cfg)
+    _record(layout.record("m", first["id"]), 30.0)  # one measurement done, in 30 s
+    probes = SearchFolder(layout.search("m", group["id"]).parent).probes()
+    _record(probes / "abc" / "calibration" / "measure.json", 10.0)  # the search's calibration, running
+    _record(probes / "abd" / "measure.json", 20.0)
+    starts = 1 + 1 + (search - 2) + 1
+    assert eta.left(jobs) == (starts, starts * 20.0)
+    assert eta.text(*eta.left(jobs)) == f"run: about {starts} more server start(s), {duration(starts * 20.0)} left"
+
+    for job in jobs:  # everything done: nothing to say
+        _record(Path(job["out"]), 1.0)
+    assert eta.left(jobs)[0] == 0 and eta.text(*eta.left(jobs)) == ""
+
+
+def test_a_search_without_a_vram_limit_plans_no_margin_probe(tmp_path):
+    (group,) = C.expand_searches(_config(tmp_path, vram=None))
+    assert eta.search_starts(group, has_limit=False) == eta.search_starts(group, has_limit=True) - 1
+
+
+def test_a_server_job_says_the_run_left_from_the_plan_the_workflow_wrote(tmp_path, monkeypatch, capsys):
+    cfg = _config(tmp_path)
+    path = Layout(cfg["results_dir"]).run_plan()
+    jobs = eta.write_plan(cfg, path)
+    monkeypatch.setenv(eta.PLAN_ENV, str(path))
+    eta.say_left()
+    assert f"run: about {eta.left(jobs)[0]} more server start(s)" in capsys.readouterr().err
+    monkeypatch.delenv(eta.PLAN_ENV)
+    eta.say_left()  # outside a workflow: nothing
+    assert capsys.readouterr().err == ""
