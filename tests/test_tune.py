@@ -64,7 +64,7 @@ def test_a_prompt_longer_than_the_context_is_refused_before_anything_runs(tmp_pa
         config(str(tiny_moe), 4096, 4096, None, None, tmp_path)
     raw = config(str(tiny_moe), 8192, 4096, 12288, 512, tmp_path)
     assert raw["budget"] == {"vram_budget_mib": 12288, "margin_mib": 512}
-    assert raw["objective"] == {"workload": "prompt-4096"} and len(raw["configurations"]) == 2
+    assert raw["objective"] == {"workload": "prompt-4096"} and len(raw["configurations"]) == 3
 
 
 def test_a_prompt_past_the_models_training_context_is_refused_at_once(tmp_path, tiny_moe):
