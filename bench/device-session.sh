@@ -3,7 +3,8 @@
 #   bash bench/device-session.sh build [SHAPE...]            # wheels, llama-server with CUDA (about 300 s); the
 #                                                            # synthetic GGUFs named are written meanwhile
 #   bash bench/device-session.sh tune SHAPE VRAM             # crashline tune of that GGUF (--ctx 32768 --prompt
-#                                                            # 16000), its wall time in tune-wall.json
+#                                                            # 16000), its wall time in tune-wall.json; stopped
+#                                                            # after TUNE_LIMIT_S (560) and resumed by the same step
 #   bash bench/device-session.sh grid SHAPE                  # bench/answer_grid.py run on that tune's results
 #   bash bench/device-session.sh measure CONFIG MODEL ID...  # fetch/inspect the config's models and provision once,
 #                                                            # then measure each configuration id of MODEL, aggregate
@@ -58,7 +59,7 @@ tune)
   mkdir -p /tmp/res/$name
   begun=$(date +%s.%N)
   # SIGTERM short of the call's limit: tune stops its jobs at a safe point, and the same step again resumes
-  timeout 560 python -m crashline tune /tmp/clc/models/$name.gguf --ctx 32768 --prompt 16000 $vram \
+  timeout -k 20 "${TUNE_LIMIT_S:-560}" python -m crashline tune /tmp/clc/models/$name.gguf --ctx 32768 --prompt 16000 $vram \
     --out /tmp/res/$name/tune >> /tmp/res/$name/tune-console.txt 2>&1 && rc=0 || rc=$?
   python -c "import json, sys; print(json.dumps({'begun': float(sys.argv[1]), 'ended': float(sys.argv[2]), 'rc': int(sys.argv[3])}))" \
     "$begun" "$(date +%s.%N)" "$rc" >> /tmp/res/$name/tune-wall.jsonl
