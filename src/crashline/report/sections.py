@@ -311,7 +311,15 @@ def recommendation(r: dict):
     blocks = [answer, Para(said), CodeBlock(r["command"], copy=True), Para(["Configuration id ", Code(r["winner"])])]
     if r.get("tie"):
         blocks.insert(
-            2, Para(["Tied: ", r["tie"], ". Two configurations are tied when neither range lies above the other."])
+            2,
+            Para(
+                [
+                    "Tied: ",
+                    r["tie"],
+                    ". Two configurations are tied when neither range lies above the other (the medians of their "
+                    "server starts where the fastest had several: then only those started as often count).",
+                ]
+            ),
         )
     if r["others"]:
         blocks += [
@@ -490,7 +498,12 @@ def fit(m: dict) -> list:
                         f" the {metric} t/s of ",
                         Code(f["label"]),
                         f" at the objective workload, with {f['recommended']['headroom']} MiB of headroom against "
-                        f"its {f['fit']['headroom']}.",
+                        f"its {f['fit']['headroom']}"
+                        + (
+                            f", under the {f['under_margin']:,} MiB margin, so it could not be the recommendation."
+                            if f["under_margin"]
+                            else "."
+                        ),
                     ]
                 )
             )

@@ -286,9 +286,10 @@ def recommend(
             reverse=True,
         )
         spread = {cid: spread_of(speeds.loc[cid], metric) for _, cid in ranked}
-        tied = [cid for _, cid in ranked if overlap(spread[cid], spread[ranked[0][1]])] if ranked else []
+        tied = [cid for _, cid in ranked if ties(spread[cid], spread[ranked[0][1]])] if ranked else []
         headroom = dict(zip(group["config_id"], group["headroom_mib"]))
-        winner, tie = break_tie(tied, headroom) if tied else (None, None)
+        rows = {cid: speeds.loc[cid] for cid in tied}
+        winner, tie = break_tie(tied, headroom, rows, metric) if tied else (None, None)
         best = float(speeds.loc[winner, col]) if winner else None
         verdicts = []
         reference = group[group["config_id"] == winner].iloc[0] if winner else group.iloc[0]
@@ -412,13 +413,14 @@ class Spread:
     low: float
     high: float
     what: str
+    starts: int = 1
 
 
 def spread_of(row, metric: str) -> Spread:
     listed = row.get(cols.start_medians(metric))
     starts = [float(v) for v in (listed if listed is not None and not np.isscalar(listed) else []) if v == v]
     if len(starts) >= 2:
-        return Spread(min(starts), max(starts), f"the medians of its {len(starts)} server starts")
+        return Spread(min(starts), max(starts), f"the medians of its {len(starts)} server starts", len(starts))
     low, high = row[cols.stat(metric, "min")], row[cols.stat(metric, "max")]
     return Spread(float(low), float(high), "every request of its repetitions")
 
@@ -428,12 +430,45 @@ def overlap(a: Spread, b: Spread) -> bool:
     return a.low <= b.high and b.low <= a.high
 
 
-def break_tie(tied: list[str], headroom: dict) -> tuple[str, str | None]:
-    """Among configurations tied with the fastest (``tied``, fastest first): the one with the most VRAM headroom,
-    since the speeds cannot tell them apart and room is what survives the next longer prompt; where no headroom
-    is known, the fastest median. Returns (winner, why, in words; None without a tie)."""
+def ties(a: Spread, b: Spread) -> bool:
+    """``a`` is tied with the fastest, ``b``: their ranges overlap, and where the fastest was started several times
+    (the search's finalists, interleaved), ``a`` was too: between-start variance decides, and one start's range
+    of requests holds only the noise within that start. A value the search left out of its finalists, measured in
+    one start, cannot tie one that won interleaved starts (on the H200 it made a value the climb found slowest the
+    answer, for its headroom)."""
+    return overlap(a, b) and (b.starts < 2 or a.starts >= 2)
+
+
+# the metrics that break a tie on the objective, each with whether higher is better
+TIE_METRICS = (("prefill_tps", True), ("decode_tps", True), ("ttft_s", False))
+TIE_WORDS = {"prefill_tps": "prefill", "decode_tps": "decode", "ttft_s": "time to first token"}
+
+
+def _dominates(a, b, metric: str) -> bool:
+    """``a``'s medians are at least as good as ``b``'s on every other metric and better on one."""
+    pairs = [
+        (float(a[cols.stat(m, "median")]), float(b[cols.stat(m, "median")]), higher)
+        for m, higher in TIE_METRICS
+        if m != metric and not pd.isna(a.get(cols.stat(m, "median"))) and not pd.isna(b.get(cols.stat(m, "median")))
+    ]
+    as_good = all((x >= y) if higher else (x <= y) for x, y, higher in pairs)
+    return bool(pairs) and as_good and any(x != y for x, y, _ in pairs)
+
+
+def break_tie(tied: list[str], headroom: dict, rows: dict, metric: str) -> tuple[str, str | None]:
+    """Among configurations tied with the fastest (``tied``, fastest first): the one better than every other on
+    every other metric (prefill, decode, time to first token; ``rows``: their measurement rows) where one is; else
+    the one with the most VRAM headroom, since the speeds cannot tell them apart and room is what survives the next
+    longer prompt; where no headroom is known, the fastest median. Returns (winner, why, in words; None without a
+    tie)."""
     if len(tied) == 1:
         return tied[0], None
+    best = [c for c in tied if all(_dominates(rows[c], rows[o], metric) for o in tied if o != c)]
+    if best:
+        others = ", ".join(f"`{o}`" for o in tied if o != best[0])
+        words = [TIE_WORDS[m] for m, _ in TIE_METRICS if m != metric]
+        named = " and ".join([", ".join(words[:-1]), words[-1]] if len(words) > 2 else words)
+        return best[0], f"tied with {len(tied) - 1} other(s) on speed; chosen for being ahead of {others} on {named}"
     known = {cid: h for cid in tied if (h := headroom.get(cid)) is not None and h == h}  # NaN: no GPU, no headroom
     if len(known) == len(tied):
         winner = max(tied, key=lambda cid: (known[cid], -tied.index(cid)))
