@@ -22,6 +22,7 @@ import yaml
 from ..config import plan as config_mod
 from ..core.atomic import atomic_path
 from ..config.file import ConfigError
+from ..engine.planner import DEFAULT_CACHE_RAM_MIB
 from ..engine.suggest import DEFAULT_UBATCHES as UBATCHES, default_margin_mib, parse_size_mib
 
 SHORTHAND_RE = re.compile(r"^([A-Za-z0-9][\w.-]*)/([A-Za-z0-9][\w.-]*):([\w.-]+)$")
@@ -124,7 +125,7 @@ def config(
 ) -> dict:
     """The config ``tune`` runs: a search of n_cpu_moe per combination of the levers tried (``levers``: ubatch,
     KV cache type, threads) and --fit on per KV cache type, at ``ctx``, each without the host prompt cache
-    (``NO_PROMPT_CACHE``), and --fit on as llama-server starts by default beside them; the one workload asked
+    (``NO_PROMPT_CACHE``), and --fit on with llama-server's default prompt cache beside them; the one workload asked
     about, ``prompt`` tokens (the objective); the budget. Without a GPU (``on_gpu`` False) every weight is in host
     memory whatever n_cpu_moe and --fit say: only the levers' combinations are measured."""
     tried = tried or levers(None, None, None)
@@ -152,7 +153,9 @@ def config(
                 # the search clamps the range to the model's layers
                 {"settings": {**kv_settings, **NO_PROMPT_CACHE}, "grid": grid, "search": {"n_cpu_moe": [0, 1000]}},
                 {"settings": {**fit_on, **NO_PROMPT_CACHE}},  # the bar: llama.cpp's placement, the rest as ours
-                {"settings": fit_on},  # and llama-server --fit on as it starts by default: what the cache costs
+                # and llama-server --fit on with its own prompt cache (8192 MiB unless set), named in the command so
+                # that the two fit runs differ in what they say: what the cache costs
+                {"settings": {**fit_on, "cache_ram": DEFAULT_CACHE_RAM_MIB}},
             ]
         else:
             configurations.append({"settings": {**kv_settings, **NO_PROMPT_CACHE}, "grid": grid})

@@ -65,7 +65,7 @@ def _placement_summary(row, speed) -> dict:
 
 
 def fit_comparison(
-    configs: pd.DataFrame, measurements: pd.DataFrame, recs: list[dict], metric: str, workload: str
+    configs: pd.DataFrame, measurements: pd.DataFrame, recs: list[dict], metric: str, workload: str, margin_mib: int
 ) -> list[dict]:
     """llama.cpp's own placement (--fit on) beside crashline's recommendation, per fit run, each named by
     ``--fit on`` and the settings that set it apart from the other fit runs (``label``: "--fit on --cache-ram 0")."""
@@ -81,6 +81,8 @@ def fit_comparison(
             "label": " ".join(["--fit on", rest]).strip() if len(fits) > 1 else "--fit on",
             "fit": _placement_summary(fit, fit_speed),
             "speed": None if fit["outcome"] != Outcome.OK or missing(fit_speed) else float(fit_speed),
+            # it survived with less headroom than the margin: faster or not, it could not be the recommendation
+            "under_margin": None if missing(h := fit["headroom_mib"]) or h >= margin_mib else margin_mib,
             "recommended": None,
             "ratio": None,
             "is_fit": False,
@@ -228,6 +230,7 @@ def _per_model(
     lines: list[dict],
     metric: str,
     workload: str,
+    margin_mib: int,
     environment: str | None = None,
     machine: dict | None = None,
 ):
@@ -260,7 +263,7 @@ def _per_model(
         "failures": [{**f, "differs": differs[f["config_id"]]} for f in c[c["outcome"] != "ok"].to_dict("records")],
         "recommendations": model_recs,
         "crash_lines": lines,
-        "fit": fit_comparison(c, m, model_recs, metric, workload),
+        "fit": fit_comparison(c, m, model_recs, metric, workload, margin_mib),
         "limits": lim,
         "tradeoff": tradeoff,
         "cold_warm": cold_warm(c, m),
@@ -321,7 +324,7 @@ def context(
         "workloads": _workloads(measurements, config),
         "models": _models(configs),
         "per_model": [
-            _per_model(model, configs, measurements, conversations, recs, lines, metric, workload, env, machine)
+            _per_model(model, configs, measurements, conversations, recs, lines, metric, workload, margin, env, machine)
             for model in configs["model"].drop_duplicates()
             for env, machine in machines(configs, model)
         ],
