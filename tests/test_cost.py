@@ -38,7 +38,8 @@ def test_the_cost_adds_up_the_jobs_clocks():
     assert (c["measurements"], c["server_starts"], c["restarts"], c["recall_starts"]) == (2, 5, 1, 2)
     assert (c["measure_s"], c["serving_s"], c["overhead_ratio"], c["recall_s"], c["gpu_s"]) == (150, 125, 1.2, 42, 150)
     said = cost_text(c)
-    assert said.startswith("5 llama-server starts (2 measurements, 1 restart cases, 2 recall checks)")
+    assert said.startswith("5 llama-server starts (2 measurements, 1 further starts (finalists again, restart cases)")
+    assert "measurements 2.5 min, of which 2.1 min starting servers" in said
     assert "job time / that: 1.20" in said and "the llama-server build took 4.5 min" in said
     assert cost(configs.drop(columns=["job_s"]), needle, {}) is None and cost_text(None) is None
 

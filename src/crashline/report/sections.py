@@ -5,6 +5,7 @@ the needle recall grid and the corrections of published tables."""
 
 from __future__ import annotations
 
+from ..core.progress import duration
 from ..core.thresholds import CONTENTION_CORES, HIGH_SPREAD_PCT, missing
 from . import needle
 from .doc import Abbr, Box, Bullets, Cell, Code, CodeBlock, Details, Document, Mark, Para, Ref, Section, Strong, Table
@@ -189,9 +190,9 @@ def cost_text(c: dict | None) -> str | None:
     text = (
         f"{c['server_starts']:,} llama-server starts ({c['measurements']:,} measurements"
         + (f", {c['calibrations']:,} search calibrations" if c.get("calibrations") else "")
-        + (f", {c['restarts']:,} restart cases" if c["restarts"] else "")
+        + (f", {c['restarts']:,} further starts (finalists again, restart cases)" if c["restarts"] else "")
         + (f", {c['recall_starts']:,} recall checks" if c["recall_starts"] else "")
-        + f"); measurements {c['measure_s'] / 60:,.1f} min, of which {c['serving_s'] / 60:,.1f} starting servers and "
+        + f"); measurements {duration(c['measure_s'])}, of which {duration(c['serving_s'])} starting servers and "
         + (
             f"serving requests (job time / that: {c['overhead_ratio']:.2f}; the rest is crashline's setup, lock waits, "
             "stopping, telemetry and analysis)"
@@ -205,11 +206,11 @@ def cost_text(c: dict | None) -> str | None:
             f"as often as a finalist, would take {c['grid_starts']:,}"
         )
     if c["recall_s"]:
-        text += f"; recall checks {c['recall_s'] / 60:,.1f} min"
+        text += f"; recall checks {duration(c['recall_s'])}"
     if c["gpu_s"]:
-        text += f"; a GPU held by measurements {c['gpu_s'] / 60:,.1f} min"
+        text += f"; a GPU held by measurements {duration(c['gpu_s'])}"
     if c["build_s"]:
-        text += f"; the llama-server build took {c['build_s'] / 60:,.1f} min, once per machine ({c['built']})"
+        text += f"; the llama-server build took {duration(c['build_s'])}, once per machine ({c['built']})"
     return text
 
 
