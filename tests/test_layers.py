@@ -40,6 +40,7 @@ CONFIG_MODULES = {
     "crashline.config.needle",
     "crashline.config.claims",
     "crashline.core.paths",  # pathlib alone: where an earlier run's tables are (recheck.against)
+    "crashline.core.errors",  # the base of ConfigError
 }
 HEAVY = ("pandas", "jinja2", "pyarrow", "requests", "numpy", "gguf")
 KNOWN_CYCLES: list[set[str]] = []

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from ..config import plan as config_mod
 from ..core.atomic import read_json, write_json
+from ..core.errors import CrashlineError
 from ..core.paths import Layout, merged_records
 
 
@@ -281,12 +282,8 @@ def cmd_recheck(args) -> int:
 
 def cmd_compare(args) -> int:
     from ..report.compare import compare, short
-    from ..tables.compare import CompareError
 
-    try:
-        page, rows = compare(args.results, Path(args.out))
-    except CompareError as exc:
-        raise config_mod.ConfigError(str(exc)) from exc
+    page, rows = compare(args.results, Path(args.out))
     print(short(rows))
     print(f"written: {page}, {page.with_suffix('.html')}, {page.with_suffix('.json')}")
     return 0
@@ -500,31 +497,6 @@ def _exit_on_sigterm(signum, frame) -> None:
     raise SystemExit(128 + signum)  # unwinds like Ctrl-C: servers stopped, no record under its final name
 
 
-def _named_errors() -> tuple[type[Exception], ...]:
-    """Errors whose own message says what is wrong with the input: printed as they are."""
-    from ..engine.logparse import NotServerLog
-    from ..engine.provision import ProvisionError
-    from ..publish import PublishError
-    from ..core.records import RecordError
-    from ..models.manifest import ManifestError
-    from ..core.settings import SettingsError
-    from ..models.sources import SourceError
-    from ..engine.suggest import SuggestError
-
-    return (
-        config_mod.ConfigError,
-        SettingsError,
-        ProvisionError,
-        SourceError,
-        PublishError,
-        NotServerLog,
-        RecordError,
-        ManifestError,
-        SuggestError,
-        FileNotFoundError,
-    )
-
-
 def _stdout_gone() -> bool:
     """Whether whoever read our stdout has closed it (a pipe without a reader polls as an error)."""
     try:
@@ -550,7 +522,7 @@ def _run(args) -> int:
     except Exception as exc:
         if isinstance(exc, BrokenPipeError) and _stdout_gone():
             raise
-        if isinstance(exc, _named_errors()):
+        if isinstance(exc, (CrashlineError, FileNotFoundError)):  # their message names the input and the fix
             return _fail(args, str(exc))
         unexpected = " ".join(f"{type(exc).__name__}: {exc}".split())
         return _fail(args, unexpected + ("" if args.debug else " (run with --debug for the traceback)"))

@@ -16,6 +16,7 @@ import random
 import re
 import uuid
 from dataclasses import dataclass, field
+from ..core.errors import CrashlineError
 
 DEFAULTS = {
     "lengths": [2048, 0.9],
@@ -33,7 +34,7 @@ NOT_APPLICABLE_REASON = "random-weight synthetic model: it cannot recall anythin
 NOUN = {"number": "number", "uuid": "UUID"}
 
 
-class PromptError(ValueError):
+class PromptError(CrashlineError, ValueError):
     """A needle prompt cannot be built as asked (a crashline or config problem, not the server's)."""
 
 
