@@ -201,7 +201,7 @@ def baseline_failed(trials) -> int | None:
 
 def build_prompt(haystack, fr: Frame, needle_ids: list[int], target: int, depth: float, start: int) -> NeedlePrompt:
     """Exactly ``target`` token ids: head, haystack with the needle at the sentence boundary
-    nearest ``depth``, tail. ``haystack``: anything with ``window(start, n)`` (``needle_job.Haystack``)."""
+    nearest ``depth``, tail. ``haystack``: anything with ``window(start, n)`` (``jobs.haystack.Haystack``)."""
     n_hay = target - len(fr.head) - len(needle_ids) - len(fr.tail)
     if n_hay < MIN_HAYSTACK_TOKENS:
         raise PromptError(
