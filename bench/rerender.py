@@ -17,7 +17,7 @@ from pathlib import Path
 
 import yaml
 
-from crashline.cli.main import needle_records_from, records_from
+from crashline.cli.verbs import needle_records_from, records_from
 from crashline.config import plan as C
 from crashline.core.paths import Layout
 from crashline.report.build import render

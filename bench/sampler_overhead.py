@@ -41,7 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 from crashline.engine import provision  # noqa: E402
 from crashline.config.plan import load_schema  # noqa: E402
 from crashline.engine.server import ServerProcess  # noqa: E402
-from crashline.engine.telemetry import Sampler, _faults, write_frame  # noqa: E402
+from crashline.engine.telemetry import Sampler, page_faults, write_frame  # noqa: E402
 from crashline.engine.workloads import Client, PromptSource  # noqa: E402
 
 
@@ -72,7 +72,7 @@ def sample_costs(pid: int, calls: int = 50) -> dict:
         "cpu_times": proc.cpu_times,
         "memory_info": proc.memory_info,
         "io_counters": proc.io_counters,
-        "faults (/proc/pid/stat)": lambda: _faults(pid),
+        "faults (/proc/pid/stat)": lambda: page_faults(pid),
         "machine cpu_times": psutil.cpu_times,
         "swap_memory": psutil.swap_memory,
         "disk_io_counters": psutil.disk_io_counters,

@@ -164,3 +164,30 @@ def test_sigterm_and_ctrl_c_still_unwind_the_verb(sig, status, shown):
     proc.send_signal(sig)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == status and "error:" not in err and shown in err, err
+
+
+def test_every_input_error_of_the_package_is_a_crashline_error_and_printed_as_its_message(tmp_path):
+    """One base (#24): each kind of error whose message names the input and the fix derives from CrashlineError, so
+    every verb prints it as it is. An unsafe lock folder was printed as 'UnsafeLockError: …', as if a bug."""
+    import importlib
+    import pkgutil
+
+    import crashline as package
+    from crashline.core.errors import CrashlineError
+
+    # caught where they happen and recorded or retried, never printed by a verb
+    internal = {"BudgetError", "HostBudgetError", "LeaseError", "Busy", "BenchError", "TuneStopped", "RequestFailed"}
+    found = {}
+    for mod in pkgutil.walk_packages(package.__path__, "crashline."):
+        if mod.name.endswith("__main__"):
+            continue
+        module = importlib.import_module(mod.name)
+        for name, obj in vars(module).items():
+            if isinstance(obj, type) and issubclass(obj, Exception) and obj.__module__ == module.__name__:
+                found[name] = obj
+    assert {"ConfigError", "SettingsError", "UnsafeLockError", "CompareError", "RecordError"} <= set(found)
+    public = {n: cls for n, cls in found.items() if not n.startswith("_") and n not in internal}
+    assert [n for n, cls in public.items() if not issubclass(cls, CrashlineError)] == []
+    (tmp_path / "a").mkdir()
+    proc = crashline("compare", str(tmp_path / "a"), "--out", str(tmp_path / "c"))  # no results there
+    assert proc.returncode == 2 and proc.stderr.startswith("crashline compare: error: ") and "Error:" not in proc.stderr

@@ -33,6 +33,8 @@ CONFIG_MODULES = {
     "crashline.core",
     "crashline.config",
     "crashline.config.plan",
+    "crashline.config.validate",
+    "crashline.config.expand",
     "crashline.config.file",
     "crashline.core.settings",
     "crashline.config.source",
@@ -40,6 +42,7 @@ CONFIG_MODULES = {
     "crashline.config.needle",
     "crashline.config.claims",
     "crashline.core.paths",  # pathlib alone: where an earlier run's tables are (recheck.against)
+    "crashline.core.errors",  # the base of ConfigError
 }
 HEAVY = ("pandas", "jinja2", "pyarrow", "requests", "numpy", "gguf")
 KNOWN_CYCLES: list[set[str]] = []
@@ -177,9 +180,11 @@ def test_loading_the_config_imports_no_table_template_parquet_or_http_library():
 
 def test_the_graph_sees_top_level_and_function_level_imports():
     graph = import_graph()
-    assert {"config.claims", "config.needle", "config.file", "config.source", "config.shape"} <= graph["config.plan"]
+    checked = {"config.claims", "config.needle", "config.file", "config.source", "config.shape"}
+    assert checked <= graph["config.validate"]
+    assert {"config.expand", "config.validate", "config.file"} <= graph["config.plan"]
     assert {"report.correction", "report.markdown", "config.claims"} <= graph["publish"]  # top level
-    assert "jobs.needle" in graph["jobs.spec"] and "tables.needle" in graph["cli.main"]  # inside functions
+    assert "jobs.needle" in graph["jobs.spec"] and "tables.needle" in graph["cli.verbs"]  # inside functions
     assert {"report.doc", "report.needle", "core.thresholds"} <= graph["report.sections"]  # relative, two levels
 
 

@@ -16,6 +16,7 @@ from crashline.report import html, markdown, needle as NR
 from crashline.config import plan as C
 from crashline.jobs import haystack as HS
 from crashline.jobs import needle as NJ
+from crashline.jobs import trials as TR
 from crashline.config import needle as NP
 from crashline.tables import needle as NT
 from crashline.core.atomic import read_json
@@ -133,19 +134,19 @@ def test_verdict_and_grid():
     ns = NP.needle_settings({"needle": {"lengths": [512, 2048], "depths": [0.1, 0.9], "required": [2048]}})
     trials = [
         {
-            **NJ._trial_base(s, d, 0, 1024),
+            **TR._trial_base(s, d, 0, 1024),
             "passed": s == 512,
             "length_target": s,
             "value": "1234567",
             "reason": None if s == 512 else "length 2048 exceeds the configuration's context of 1024 tokens per slot",
         }
-        for s, d, _ in NJ.planned_trials(ns)
+        for s, d, _ in TR.planned_trials(ns)
     ]
-    assert NJ.verdict(trials, ns, applicable=True) == ("fail", [2048])
-    assert NJ.verdict(trials[:2], ns, applicable=True) == ("fail", [2048]), "a length that never ran is no pass"
-    assert NJ.verdict([t for t in trials if t["passed"]], {**ns, "lengths": [512]}, True) == ("pass", [])
-    assert NJ.verdict([], ns, applicable=False) == ("not_applicable", [])
-    cells = NJ.grid(trials, ns)
+    assert TR.verdict(trials, ns, applicable=True) == ("fail", [2048])
+    assert TR.verdict(trials[:2], ns, applicable=True) == ("fail", [2048]), "a length that never ran is no pass"
+    assert TR.verdict([t for t in trials if t["passed"]], {**ns, "lengths": [512]}, True) == ("pass", [])
+    assert TR.verdict([], ns, applicable=False) == ("not_applicable", [])
+    cells = TR.grid(trials, ns)
     assert [(c["length"], c["depth"], c["passed"]) for c in cells] == [
         (512, 0.1, True),
         (512, 0.9, True),

@@ -24,13 +24,14 @@ from .report.markdown import CORRECTION_END as END_MARKER
 from .report.markdown import CORRECTION_START as START_MARKER
 from .report.markdown import headings
 from .engine.server import SECRET_VARIABLES
+from .core.errors import CrashlineError
 
 AUTHOR_NAME = "crashline"
 AUTHOR_EMAIL = "crashline@localhost"
 TOKEN_VARIABLES = SECRET_VARIABLES
 
 
-class PublishError(RuntimeError):
+class PublishError(CrashlineError, RuntimeError):
     """Publishing failed or was refused; the message says why (and never holds a secret)."""
 
 

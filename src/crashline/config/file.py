@@ -11,12 +11,13 @@ import jsonschema
 import yaml
 
 from ..core import settings as settings_mod
+from ..core.errors import CrashlineError
 
 DATA = Path(__file__).parents[1] / "data"
 SCHEMA_NAME = "schema.yaml"
 
 
-class ConfigError(ValueError):
+class ConfigError(CrashlineError, ValueError):
     """The configuration is invalid; the message names the key and the bad value."""
 
 

@@ -16,6 +16,7 @@ import random
 import re
 import uuid
 from dataclasses import dataclass, field
+from ..core.errors import CrashlineError
 
 DEFAULTS = {
     "lengths": [2048, 0.9],
@@ -33,7 +34,7 @@ NOT_APPLICABLE_REASON = "random-weight synthetic model: it cannot recall anythin
 NOUN = {"number": "number", "uuid": "UUID"}
 
 
-class PromptError(ValueError):
+class PromptError(CrashlineError, ValueError):
     """A needle prompt cannot be built as asked (a crashline or config problem, not the server's)."""
 
 
@@ -200,7 +201,7 @@ def baseline_failed(trials) -> int | None:
 
 def build_prompt(haystack, fr: Frame, needle_ids: list[int], target: int, depth: float, start: int) -> NeedlePrompt:
     """Exactly ``target`` token ids: head, haystack with the needle at the sentence boundary
-    nearest ``depth``, tail. ``haystack``: anything with ``window(start, n)`` (``needle_job.Haystack``)."""
+    nearest ``depth``, tail. ``haystack``: anything with ``window(start, n)`` (``jobs.haystack.Haystack``)."""
     n_hay = target - len(fr.head) - len(needle_ids) - len(fr.tail)
     if n_hay < MIN_HAYSTACK_TOKENS:
         raise PromptError(

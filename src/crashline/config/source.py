@@ -6,13 +6,14 @@ from __future__ import annotations
 import re
 from typing import Any
 from urllib.parse import unquote, urlsplit
+from ..core.errors import CrashlineError
 
 DIST_RE = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?$")
 VERSION_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9.+!_-]*$")
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 
 
-class SourceError(Exception):
+class SourceError(CrashlineError):
     """A model could not be obtained or verified; the message names the source and what is wrong."""
 
 

@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import host, progress, settings as settings_mod
+from .errors import CrashlineError
 
 # Each user's runs lock in a folder of their own (0700): a folder every user may write to lets anyone plant a
 # symbolic link or a file there. An administrator who wants every user's runs to share the GPUs' locks makes one
@@ -40,7 +41,7 @@ from . import host, progress, settings as settings_mod
 LOCK_DIR = Path(os.environ.get("CRASHLINE_LOCK_DIR", f"/tmp/crashline-locks-{os.getuid()}"))
 
 
-class UnsafeLockError(RuntimeError):
+class UnsafeLockError(CrashlineError, RuntimeError):
     """A lock folder or file another user could swap or make us write through; the message says which and why."""
 
 

@@ -29,6 +29,7 @@ from typing import Any
 
 from .atomic import read_json, write_json
 from .stats import end_to_end_tps, stats
+from .errors import CrashlineError
 
 
 class Outcome(enum.StrEnum):
@@ -57,7 +58,7 @@ LEGACY_VERSION_KEY = "schema"  # measure and needle version 1 named their versio
 CURRENT = {"measure": 3, "needle": 2, "search": 1, "search_needle": 1}
 
 
-class RecordError(ValueError):
+class RecordError(CrashlineError, ValueError):
     """A record this code cannot read: not a record, of an unknown kind, or of a newer version."""
 
 

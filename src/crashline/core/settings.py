@@ -14,13 +14,14 @@ import re
 from dataclasses import dataclass
 from typing import Any
 from collections.abc import Callable, Iterable
+from .errors import CrashlineError
 
 MAX_INT = 2**31 - 1  # llama.cpp reads an integer flag as a C int
 MAX_CTX = 2**24  # 16M tokens: above every model's training context (the longest are 10M)
 MAX_THREADS = 4096  # more than any machine has; llama.cpp crashed at load at 100000 with nothing naming the count
 
 
-class SettingsError(ValueError):
+class SettingsError(CrashlineError, ValueError):
     """A configuration names an unknown setting or gives a value of the wrong kind.
 
     ``reason`` is the message without the setting's name (for callers that name the key themselves)."""

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from ..core.records import Outcome
 from .hostmem import OOM_MARK
+from ..core.errors import CrashlineError
 
 TAIL_LINES = 40
 
@@ -450,7 +451,7 @@ NOT_A_LOG_REASON = (
 )
 
 
-class NotServerLog(ValueError):
+class NotServerLog(CrashlineError, ValueError):
     """A file given as a llama-server log has no line llama-server would have written."""
 
 

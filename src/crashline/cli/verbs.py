@@ -1,0 +1,332 @@
+"""What each verb of ``python -m crashline`` does: read its inputs, call the stage, write or print the result.
+The parser that names them and the one way errors are printed are ``cli.main``."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from ..config import plan as config_mod
+from ..core.atomic import read_json, write_json
+from ..core.paths import Layout, merged_records
+
+
+def _load(args) -> tuple[dict, Layout]:
+    cfg = config_mod.load(args.config)
+    return cfg, Layout(cfg["results_dir"])
+
+
+def cmd_plan(args) -> int:
+    cfg, layout = _load(args)
+    if args.json:
+        print(json.dumps(config_mod.expand(cfg), indent=2))
+        return 0
+    print("\n".join(config_mod.plan_lines(cfg)))
+    sys.stdout.flush()
+    print(f"records under {layout.root}/records/MODEL/ID/", file=sys.stderr)
+    return 0
+
+
+def cmd_fetch(args) -> int:
+    from ..models import sources
+
+    cfg, layout = _load(args)
+    if args.model not in cfg["models"]:
+        raise config_mod.ConfigError(f"no model {args.model!r} in the config; models are {', '.join(cfg['models'])}")
+    model = cfg["models"][args.model]
+    cache = config_mod.cache_dir(cfg)
+    record = sources.fetch(
+        model["source"],
+        cache / "models" / args.model,
+        sha256=model.get("sha256"),
+        synthetic=model.get("synthetic"),
+        cache_dir=cache,
+    )
+    write_json(args.out or layout.fetch(args.model), record)
+    print(record["files"][0]["path"])
+    return 0
+
+
+def cmd_inspect(args) -> int:
+    from ..models.manifest import inspect_gguf
+
+    path = Path(args.path) if args.path else Path(read_json(args.fetch_record)["files"][0]["path"])
+    manifest = inspect_gguf(path)
+    if args.out:
+        write_json(args.out, manifest)
+    else:
+        print(json.dumps(manifest, indent=2))
+    return 0
+
+
+def cmd_warmup(args) -> int:
+    from ..models import pagecache
+
+    record = read_json(args.fetch_record)
+    result = {"files": [pagecache.warm(f["path"]) for f in record["files"]]}
+    write_json(args.out, result)
+    return 0
+
+
+def cmd_provision(args) -> int:
+    from ..engine import provision
+
+    cfg, layout = _load(args)
+    from ..core.host import measured_memory_bandwidth
+
+    info = provision.provide(cfg["server"], config_mod.cache_dir(cfg), log=sys.stderr)
+    config_mod.check_flags(cfg, provision.supported_flags(info), info["version"])
+    info["host_memory_bandwidth"] = measured_memory_bandwidth()  # once here, not in every job (1.5 s each)
+    write_json(args.out or layout.provenance(), info)
+    print(info["binary"])
+    return 0
+
+
+def _server_job(args) -> int:
+    """measure, needle and search: the spec given (the workflow's params) or built from the config,
+    the input records and outputs at the paths given or the layout's; one function runs the job."""
+    from ..jobs import spec as jobs
+
+    cfg, layout = _load(args)
+    job = args.verb.replace("-", "_")
+    if args.spec:
+        job_spec = json.loads(args.spec)
+        model, job_id = job_spec["model"], (job_spec.get("item") or job_spec.get("group"))["id"]
+    elif args.model and args.id:
+        model, job_id = args.model, args.id
+        job_spec = jobs.spec(job, cfg, model, job_id)
+    else:
+        raise config_mod.ConfigError(f"{args.verb} needs --model and --id (see `plan`), or --spec")
+    draft = (job_spec.get("item") or {}).get("settings", {}).get("draft_model")
+    inputs = jobs.inputs(
+        Path(args.fetch or layout.fetch(model)),
+        Path(args.manifest or layout.manifest(model)),
+        Path(args.server or layout.provenance()),
+        Path(args.draft or layout.fetch(draft)) if draft else None,
+    )
+    if job == "search":
+        outputs = {"summary": args.out or layout.search(model, job_id)}
+    elif job == "search_needle":
+        outputs = {
+            "summary": args.out or layout.search_recall(model, job_id),
+            "search": args.search or layout.search(model, job_id),
+        }
+    elif job == "needle":
+        outputs = {
+            "record": args.out or layout.needle_record(model, job_id),
+            "server_log": args.log or layout.needle_server_log(model, job_id),
+        }
+        if job_spec.get("twin"):
+            inputs["twin_record"] = layout.needle_record(model, job_spec["twin"])
+    else:
+        outputs = {
+            "record": args.out or layout.record(model, job_id),
+            "server_log": args.log or layout.server_log(model, job_id),
+            "telemetry": args.telemetry or layout.telemetry(model, job_id),
+        }
+    print(jobs.run(job_spec, inputs, outputs))
+    return 0
+
+
+def cmd_needle_table(args) -> int:
+    from ..tables.needle import write_table
+
+    cfg, layout = _load(args)
+    given = args.records or [layout.needle_record(i["model"], i["id"]) for i in config_mod.expand(cfg)]
+    given = given if args.records else [*given, *merged_records(cfg["merge_results"], cfg["models"], "needle")]
+    write_table(needle_records_from(given), Path(args.out or layout.needle_table()))
+    return 0
+
+
+def records_from(paths: list[Path]) -> list[Path]:
+    """measure.json paths as they are; a search.json stands for the records of its own probes (not
+    for older records left in its folder by a search under other workloads or another budget)."""
+    from ..core import records
+    from ..core.paths import SearchFolder
+
+    out = []
+    for p in map(Path, paths):
+        if p.name == "search.json":
+            out += [SearchFolder.of(p).probe_record(cid) for cid in records.load(p, "search")["records"]]
+        else:
+            out.append(p)
+    return out
+
+
+def needle_records_from(paths: list[Path]) -> list[Path]:
+    """needle.json paths as they are; a search's recall.json stands for the needle records of the candidates it
+    tested."""
+    from ..core import records
+    from ..core.paths import SearchFolder
+
+    out = []
+    for p in map(Path, paths):
+        if p.name == "recall.json":
+            tested = records.load(p, "search_needle")["records"]
+            out += [SearchFolder.of(p).candidate(cid) / "needle.json" for cid in tested]
+        else:
+            out.append(p)
+    return out
+
+
+def cmd_aggregate(args) -> int:
+    from ..tables.aggregate import write
+
+    cfg, layout = _load(args)
+    outputs = [layout.record(i["model"], i["id"]) for i in config_mod.expand(cfg)]
+    outputs += [layout.search(g["model"], g["id"]) for g in config_mod.expand_searches(cfg)]
+    outputs += merged_records(cfg["merge_results"], cfg["models"], "measure")
+    given = [Path(p) for p in (args.records or outputs)]
+    write(
+        records_from(given),
+        Path(args.configs or layout.configs_table()),
+        Path(args.measurements or layout.measurements_table()),
+        [p for p in given if p.name == "search.json"],
+        Path(args.searches or layout.searches_table()),
+        Path(args.conversations or layout.conversations_table()),
+    )
+    return 0
+
+
+def cmd_report(args) -> int:
+    from ..report.build import render
+
+    cfg, layout = _load(args)
+    md = Path(args.md or layout.report_md())
+    render(
+        Path(args.configs or layout.configs_table()),
+        Path(args.measurements or layout.measurements_table()),
+        Path(args.server or layout.provenance()),
+        cfg,
+        md,
+        Path(args.html or layout.report_html()),
+        Path(args.searches or layout.searches_table()),
+        Path(args.needle or layout.needle_table()),
+        conversations_path=Path(args.conversations or layout.conversations_table()),
+        validity_path=Path(args.validity or layout.validity()),
+        recommendation_path=Path(args.recommendation or layout.recommendation()),
+        summary_path=Path(args.summary or layout.summary_md()),
+    )
+    print(Path(args.summary or layout.summary_md()).read_text(), end="")
+    print(md)
+    return 0
+
+
+def cmd_validity(args) -> int:
+    from ..jobs import validity
+    from ..core.atomic import read_json
+
+    cfg, layout = _load(args)
+    tables = {
+        "configs": Path(args.configs or layout.configs_table()),
+        "measurements": Path(args.measurements or layout.measurements_table()),
+        "needle": Path(args.needle or layout.needle_table()),
+    }
+    tables["needle"] = tables["needle"] if tables["needle"].exists() else None
+    models = {m: read_json(layout.fetch(m))["files"][0]["path"] for m in cfg["models"] if layout.fetch(m).exists()}
+    server = read_json(Path(args.server or layout.provenance()))
+    validity.job(cfg, tables, server, models, Path(args.out or layout.validity()))
+    return 0
+
+
+def cmd_suggest(args) -> int:
+    from .suggest import from_cli
+
+    print(
+        from_cli(args.model, args.vram, args.ctx, args.ubatch, args.cache_type, args.np, args.margin, args.calibration)
+    )
+    return 0
+
+
+def cmd_tune(args) -> int:
+    from .tune import TuneStopped, tune
+
+    try:
+        lines = tune(
+            args.model,
+            args.ctx,
+            args.prompt,
+            args.vram,
+            args.margin,
+            args.gpu,
+            args.out,
+            args.ubatch,
+            args.cache_type,
+            args.threads,
+        )
+    except TuneStopped as exc:
+        print(exc, file=sys.stderr)
+        return exc.exit_code
+    print("\n".join(lines))
+    return 0
+
+
+def cmd_recheck(args) -> int:
+    from .recheck import recheck
+    from .tune import TuneStopped
+
+    try:
+        lines = recheck(args.results, args.binary, args.out)
+    except TuneStopped as exc:
+        print(exc, file=sys.stderr)
+        return exc.exit_code
+    print("\n".join(lines))
+    return 0
+
+
+def cmd_compare(args) -> int:
+    from ..report.compare import compare, short
+
+    page, rows = compare(args.results, Path(args.out))
+    print(short(rows))
+    print(f"written: {page}, {page.with_suffix('.html')}, {page.with_suffix('.json')}")
+    return 0
+
+
+def cmd_publish(args) -> int:
+    from ..publish import run
+
+    cfg, layout = _load(args)
+    records = run(
+        cfg,
+        Path(args.configs or layout.configs_table()),
+        Path(args.measurements or layout.measurements_table()),
+        layout.root / "publish",
+        only=args.claim,
+        out_dir=args.out_dir,
+    )
+    for r in records:
+        pr = r["pull_request"] or {}
+        done = [
+            f"pushed {r['push']['branch']} at {r['push']['commit'][:12]}" if r["push"] else None,
+            f"pull request {pr['url']}" if pr.get("url") else None,
+        ]
+        print(
+            f"{r['claim']}: {r['files']['readme']} {r['files']['diff']} "
+            f"({'dry run' if r['dry_run'] else ', '.join(d for d in done if d)})"
+        )
+        if pr.get("error"):
+            print(
+                f"crashline publish: {r['claim']}: the branch was pushed but the pull request failed: {pr['error']}; "
+                "publish.json records both (delete it, or --forcerun publish_claim, to try again)",
+                file=sys.stderr,
+            )
+    return 0
+
+
+def cmd_reanalyse(args) -> int:
+    from ..jobs.measure import reanalyse
+
+    record = Path(args.record)
+    rec = reanalyse(record, Path(args.telemetry or record.parent / "telemetry.parquet"), read_json(args.manifest))
+    for w in rec["workloads"]:
+        print(f"{w['name']}: {(w.get('bottleneck') or {}).get('verdict')}")
+    return 0
+
+
+def cmd_parse_log(args) -> int:
+    from ..engine import logparse
+
+    print(json.dumps(logparse.summarize(args.log), indent=2))
+    return 0
