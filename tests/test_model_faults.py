@@ -381,9 +381,22 @@ def test_two_processes_fetching_one_model_share_one_download(http, gguf_bytes, t
     ]
     try:
         assert [p.stdout.readline().strip() for p in procs] == ["ready", "ready"]
-        time.sleep(0.5)  # both are in fetch now: one downloads (held at the gate), the other waits for the lock
+        errs: list[list[str]] = [[], []]
+        readers = [threading.Thread(target=e.extend, args=(p.stderr,), daemon=True) for p, e in zip(procs, errs)]
+        for reader in readers:
+            reader.start()
+        # the gate opens once one is held at it and the other says it waits for the lock (a fixed 0.5 s was too
+        # short while the whole suite ran: the second came after the first had finished)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not any("is waiting for another fetch" in "".join(e) for e in errs):
+            time.sleep(0.05)
         http.gate.set()
-        outputs = [p.communicate(timeout=60) for p in procs]
+        outputs = []
+        for p, reader, err in zip(procs, readers, errs):
+            out = p.stdout.read()
+            p.wait(timeout=60)
+            reader.join(timeout=60)
+            outputs.append((out, "".join(err)))
     finally:
         for p in procs:
             p.kill()
