@@ -99,11 +99,11 @@ def sample_costs(pid: int, calls: int = 50) -> dict:
     return queries
 
 
-def bootstrap_median(values: list[float], draws: int = 5000, seed: int = 1) -> tuple[float, float]:
-    """Percentile bootstrap 95% interval of the median."""
+def bootstrap(values: list[float], statistic=statistics.median, draws: int = 5000, seed: int = 1) -> tuple:
+    """Percentile bootstrap 95% interval of ``statistic`` (the median unless told)."""
     rng = random.Random(seed)
-    medians = sorted(statistics.median(rng.choices(values, k=len(values))) for _ in range(draws))
-    return medians[int(0.025 * draws)], medians[int(0.975 * draws) - 1]
+    drawn = sorted(statistic(rng.choices(values, k=len(values))) for _ in range(draws))
+    return drawn[int(0.025 * draws)], drawn[int(0.975 * draws) - 1]
 
 
 def switched_request(
@@ -140,13 +140,6 @@ def neighbour_ratios(segments: list[dict]) -> list[float]:
     """Each inner "on" stretch's rate over the mean rate of the "off" stretches before and after it."""
     rates = [s["tokens"] / s["seconds"] for s in segments]
     return [rates[i] / ((rates[i - 1] + rates[i + 1]) / 2) for i in range(1, len(segments) - 1) if segments[i]["on"]]
-
-
-def bootstrap_mean(values: list[float], draws: int = 5000, seed: int = 1) -> tuple[float, float]:
-    """Percentile bootstrap 95% interval of the mean."""
-    rng = random.Random(seed)
-    means = sorted(statistics.fmean(rng.choices(values, k=len(values))) for _ in range(draws))
-    return means[int(0.025 * draws)], means[int(0.975 * draws) - 1]
 
 
 def pair_geomean(ratios: list[float]) -> float:
@@ -246,10 +239,10 @@ def main() -> None:
     if args.frame_out:
         write_frame(sampler.frame(), Path(args.frame_out))
     ratios = [r for req in per_request for r in req["ratios"]]
-    low, high = bootstrap_median(ratios)
+    low, high = bootstrap(ratios)
     # replay: the statistic fixed for it after 2026-12-02, the mean over pairs of each pair's geometric mean
     pairs = [pair_geomean(req["ratios"]) for req in per_request if req["ratios"]] if args.replay else []
-    pairs_ci = bootstrap_mean(pairs) if len(pairs) > 1 else None
+    pairs_ci = bootstrap(pairs, statistics.fmean) if len(pairs) > 1 else None
     rate = {
         on: sum(s["tokens"] for q in per_request for s in q["segments"] if s["on"] == on)
         / sum(s["seconds"] for q in per_request for s in q["segments"] if s["on"] == on)

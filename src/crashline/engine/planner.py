@@ -269,6 +269,17 @@ def probes_left(seen: dict[int, bool], lo: int, hi: int) -> int:
 MAX_FINALISTS = 3  # values re-measured in interleaved starts after the climb (a challenger may join later)
 
 
+def finalist_starts(climb: int, starts: int) -> int:
+    """The further starts of a search's usual two finalists (none without a climb)."""
+    return 2 * (starts - 1) if climb else 0
+
+
+def course_after_boundary(climb: int, starts: int, has_limit: bool) -> int:
+    """The server starts of a search's usual course once its boundary is found: one for the margin where there is
+    a VRAM limit (without one the boundary is the answer), the whole climb, and the finalists' further starts."""
+    return (1 if has_limit else 0) + climb + finalist_starts(climb, starts)
+
+
 @dataclass(frozen=True)
 class Speed:
     """One value's speed by the objective: the median and the range [low, high] over ``n`` requests (every request

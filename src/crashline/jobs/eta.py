@@ -2,7 +2,7 @@
 taken in this run so far.
 
 The workflow writes the run's plan when it starts (``write_plan``, from Snakemake's ``onstart``) and says the whole
-run's starts; each server job says what is left when it begins (``left_text``), counting the jobs whose output is
+run's starts; each server job says what is left when it begins (``say_left``), counting the jobs whose output is
 not there yet. A search's starts are the usual course of one (``search_starts``): a calibration, the predicted
 value and its neighbour, one for the margin where there is a VRAM limit, the climb and the finalists' further
 starts, less the probes it has already recorded. The time is that many starts at the mean time of the server
@@ -19,15 +19,15 @@ from ..config import plan as config_mod
 from ..core import progress
 from ..core.atomic import write_json
 from ..core.paths import Layout, SearchFolder
+from ..engine import planner
 
 PLAN_ENV = "CRASHLINE_RUN_PLAN"  # where the server jobs of this run find its plan (set by the workflow)
 
 
 def search_starts(group: dict, has_limit: bool) -> int:
-    """The server starts of a search's usual course (jobs/search.py's steps)."""
-    climb = group.get("climb", 0)
-    finals = 2 * (group.get("starts", 1) - 1) if climb else 0
-    return 1 + 2 + (1 if has_limit else 0) + climb + finals
+    """The server starts of a search's usual course (jobs/search.py's steps): its calibration, the predicted value
+    and its neighbour, then the rest as the search itself counts it (planner.course_after_boundary)."""
+    return 1 + 2 + planner.course_after_boundary(group.get("climb", 0), group.get("starts", 1), has_limit)
 
 
 def plan(config: dict) -> list[dict]:

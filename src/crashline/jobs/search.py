@@ -261,10 +261,10 @@ class _Search:
         left)."""
         lo, hi = self.range
         climb = self.climb if self.climb else 0
-        finals = 2 * (self.starts - 1) if self.climb else 0
-        margin = 1 if self.limit else 0  # without a VRAM limit every value has the room: the boundary is the answer
+        finals = planner.finalist_starts(climb, self.starts)
         left = {
-            "boundary": planner.probes_left(self.results, lo, hi) + margin + climb + finals,
+            "boundary": planner.probes_left(self.results, lo, hi)
+            + planner.course_after_boundary(climb, self.starts, bool(self.limit)),
             "margin": planner.probes_left(self.roomy(), self.boundary + 1, hi) + climb + finals,
             "climb": max(0, climb - self.climbed) + finals,
             "finalists": self.finalist_starts,
