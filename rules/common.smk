@@ -173,6 +173,21 @@ SEARCHES = crashline_config.expand_searches(CFG)
 SEARCH_BY_KEY = {(g["model"], g["id"]): g for g in SEARCHES}
 
 
+def search_inputs(wildcards):
+    """A search's inputs: a measurement's, and the summaries of its rivals (a search with `prune` runs after its
+    model's searches listed before it and reads their winners)."""
+    group = SEARCH_BY_KEY[(wildcards.model, wildcards.gid)]
+    return {
+        "fetch": LAYOUT.fetch(wildcards.model),
+        "manifest": LAYOUT.manifest(wildcards.model),
+        "warmup": LAYOUT.warmup(wildcards.model),
+        "server": LAYOUT.provenance(),
+        "rivals": [
+            LAYOUT.search(wildcards.model, gid) for gid in group.get("rivals", [])
+        ],
+    }
+
+
 def gpus_of(job):
     """The rule's `gpu` resource: the GPUs its job holds (crashline.core.locks), 1 unless its settings ask for more.
     `--resources gpu=N` admits jobs holding N GPUs in all at once; a cluster profile asks the scheduler for them.

@@ -24,10 +24,7 @@ rule measure:
 
 rule search:
     input:
-        fetch=LAYOUT.fetch("{model}"),
-        manifest=LAYOUT.manifest("{model}"),
-        warmup=LAYOUT.warmup("{model}"),
-        server=LAYOUT.provenance(),
+        unpack(search_inputs),
     output:
         summary=LAYOUT.search("{model}", "{gid}"),
     log:

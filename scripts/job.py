@@ -20,12 +20,19 @@ SERVER_INPUTS = {
     "server": "--server",
     "draft": "--draft",
     "search": "--search",
+    "rivals": "--rival",
 }
 SERVER_OUTPUTS = {"record": "--out", "summary": "--out", "server_log": "--log", "telemetry": "--telemetry"}
 
 
 def options(named, flags: dict) -> list[str]:
-    return [arg for name, path in named.items() if name in flags for arg in (flags[name], path)]
+    """The flag before each path of the named inputs or outputs it has; a list of paths repeats its flag."""
+    pairs = [(flags[name], p) for name, paths in named.items() if name in flags for p in _listed(paths)]
+    return [arg for pair in pairs for arg in pair]
+
+
+def _listed(paths) -> list[str]:
+    return [paths] if isinstance(paths, str) else list(paths)
 
 
 def server_job(s) -> list[str]:

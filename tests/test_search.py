@@ -308,3 +308,81 @@ def test_a_range_beyond_the_models_layers_is_refused_naming_them(tmp_path):
             provenance={},
             out_dir=tmp_path,
         )
+
+
+def _rival(objective: dict, median: float, low: float, high: float, survived: bool = True) -> dict:
+    """A rival search's summary as far as ``best_rival`` reads it: its objective and its winner's finalist row."""
+    return {
+        "group": f"rival-{median:g}",
+        "objective": objective,
+        "recommended_n_cpu_moe": 3,
+        "finalists": [
+            {"n_cpu_moe": 3, "median": median, "min": low, "max": high, "n": 6, "survived": survived},
+            {"n_cpu_moe": 4, "median": median * 2, "min": low * 2, "max": high * 2, "n": 6, "survived": True},
+        ],
+    }
+
+
+def test_the_best_rival_is_the_fastest_winner_ranked_by_the_same_objective():
+    from crashline.jobs.search import best_rival
+
+    e2e = {"metric": "e2e_tps", "workload": "long"}
+    assert best_rival([], e2e) is None
+    slow, fast = _rival(e2e, 100, 90, 110), _rival(e2e, 200, 150, 210)
+    # the winner's row, not the runner-up's (which is faster here, and did not win)
+    assert best_rival([slow, fast], e2e) == ("rival-200", 3, planner.Speed(200, 150, 210, 6))
+    assert best_rival([_rival({**e2e, "metric": "decode_tps"}, 900, 800, 950), slow], e2e)[0] == "rival-100"
+    assert best_rival([_rival(e2e, 900, 800, 950, survived=False)], e2e) is None  # a start failed: no bar
+    assert best_rival([{**fast, "finalists": []}], e2e) is None  # a search without a climb has no speeds
+
+
+@pytest.mark.parametrize("rival_tps", [1e9, 1e-6])
+def test_a_search_clearly_slower_than_its_rival_stops_at_the_lowest_value_with_the_margin(
+    tmp_path, tiny_moe, server_provenance, rival_tps
+):
+    """prune, on a real server: the lowest value with the margin measured, then compared with the rival's winner.
+    Against a rival far faster (its whole range above) the search is cut short there: no climb, no finalists, two
+    server starts (the calibration and that value), and the report says why; against one far slower it climbs."""
+    cfg = C.validate(
+        {
+            "models": {"tiny": {"source": f"file:{tiny_moe}"}},
+            "defaults": {"threads": 2, "ctx": 2048},
+            "configurations": [{"search": {"n_cpu_moe": [0, 4], "climb": 1, "starts": 2, "prune": True}}],
+            "workloads": [{"name": "short", "prompt_tokens": 64, "gen_tokens": 8}],
+            "repetitions": 1,
+        },
+        SCHEMA,
+    )
+    (group,) = C.expand_searches(cfg)
+    assert group["rivals"] == []  # the first search of its model has none
+    spec = jobs.spec("search", cfg, "tiny", group["id"])
+    rival = _rival(spec["group"]["objective"], rival_tps, rival_tps * 0.9, rival_tps * 1.1)
+    out = tmp_path / "search"
+    summary = run_search(
+        model_name="tiny",
+        group=spec["group"],
+        config=spec["config"],
+        fetch_record=fetch_record(tiny_moe),
+        manifest=inspect_gguf(tiny_moe),
+        provenance=server_provenance,
+        out_dir=out,
+        rivals=[rival],
+    )
+    assert summary["rival"] == {"search": rival["group"], "n_cpu_moe": 3, "median": rival_tps, "n": 6} | {
+        "min": rival_tps * 0.9,
+        "max": rival_tps * 1.1,
+    }
+    if rival_tps > 1:
+        assert summary["cut_short"] and summary["climbed"] == summary["finalists"] == []
+        assert summary["server_starts"] == 2 and summary["recommended_n_cpu_moe"] == 0
+        assert summary["climb_stop"].startswith("cut short: n_cpu_moe 0, the lowest with the margin, e2e t/s")
+        assert f"lies wholly below the winner of search {rival['group']}, n_cpu_moe 3" in summary["climb_stop"]
+        tables = [tmp_path / f"{t}.parquet" for t in ("c", "m")]
+        aggregate.write([], *tables, [out / "search.json"], tmp_path / "s.parquet")
+        from crashline.report.searches import climb_text
+
+        (row,) = pd.read_parquet(tmp_path / "s.parquet").to_dict("records")
+        assert climb_text(row) == f"No climb: {summary['climb_stop']}."
+    else:
+        assert not summary["cut_short"] and [c["n_cpu_moe"] for c in summary["climbed"]] == [1]
+        assert len(summary["finalists"]) == 2

@@ -29,6 +29,9 @@ defaults: {ctx: 2048, threads: 2}
 configurations:
   - settings: {ubatch: 512}
     search: {n_cpu_moe: [0, 1], climb: 1, starts: 2}
+  - models: [tiny]  # races the search above (prune): runs after it and reads its winner
+    settings: {ubatch: 256}
+    search: {n_cpu_moe: [0, 1], climb: 1, starts: 2, prune: true}
 workloads:
   - {name: short, prompt_tokens: 64, gen_tokens: 16}
 repetitions: 1
@@ -66,13 +69,43 @@ def test_every_search_winner_is_recall_checked_before_it_is_recommended(searched
     assert needle["applicable"] and needle["outcome"] == "ok" and not needle["failed_required"]
     table = pd.read_parquet(searched / "tables" / "needle.parquet")
     assert winner in set(table[table["model"] == "gemma"]["config_id"])
-    (tiny,) = searched.glob("search/tiny/*/recall.json")
-    random_weights = records.load(tiny, "search_needle")
-    assert len(random_weights["records"]) == 1 and random_weights["recalled"] is None
+    for tiny in searched.glob("search/tiny/*/recall.json"):
+        random_weights = records.load(tiny, "search_needle")
+        assert len(random_weights["records"]) == 1 and random_weights["recalled"] is None
     md = (searched / "report.md").read_text()
     assert "Configuration id `" + winner + "`" in md
     assert "Climb from n_cpu_moe 0, the lowest with the margin, e2e t/s at short: 1 " in md
     assert "Finalists, started again interleaved: " in md and " 2 starts, medians " in md
+
+
+@pytest.mark.e2e
+def test_a_pruned_search_runs_after_its_rival_and_stops_where_it_is_clearly_slower(searched):
+    """prune through the workflow: the second search of tiny gets the first's summary as its input (so it runs
+    after it), names that search's winner as its rival, and is cut short exactly when the first start of its
+    lowest value with the margin lies wholly below the rival's pooled range (the rule, on the records)."""
+    from crashline.jobs.search import speed_of
+
+    summaries = {p: records.load(p, "search") for p in searched.glob("search/tiny/*/search.json")}
+    (pruned,) = [s for s in summaries.values() if s["rival"]]
+    (first,) = [s for s in summaries.values() if not s["rival"]]
+    assert pruned["settings"]["ubatch"] == 256 and first["settings"]["ubatch"] == 512
+    won = next(f for f in first["finalists"] if f["n_cpu_moe"] == first["recommended_n_cpu_moe"])
+    assert pruned["rival"] == {"search": first["group"], "n_cpu_moe": won["n_cpu_moe"]} | {
+        k: won[k] for k in ("median", "min", "max", "n")
+    }
+    folder = next(p.parent for p, s in summaries.items() if s is pruned)
+    lowest = pruned["lowest_with_margin"]
+    firsts = [
+        records.load(folder / "records" / r / "measure.json", "measure") for r in pruned["records"] if "/" not in r
+    ]
+    at_lowest = next(r for r in firsts if r["settings"]["n_cpu_moe"] == lowest)  # its first start
+    speed = speed_of([at_lowest], pruned["objective"], pruned["margin_mib"])
+    assert pruned["cut_short"] == (speed.high < won["min"])
+    if pruned["cut_short"]:
+        assert pruned["climbed"] == pruned["finalists"] == [] and pruned["server_starts"] == 2
+        assert "No climb: cut short: n_cpu_moe " in (searched / "report.md").read_text()
+    else:
+        assert pruned["climbed"] and pruned["finalists"]
 
 
 def recall_check(summary_path, objective: dict, out):

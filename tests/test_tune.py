@@ -90,6 +90,8 @@ def test_the_levers_tried_are_the_users_to_choose(tmp_path, tiny_moe):
     assert combos == {(u, k, t) for u in (256, 1024) for k in ("f16", "q8_0") for t in (4, 8)}
     assert all(g["given"].get("cache_type_v", "f16") == g["given"].get("cache_type_k", "f16") for g in groups)
     assert all(g["given"]["cache_ram"] == 0 for g in groups)  # prompts that share nothing: no host prompt cache
+    # each search races the ones before it (prune): the first none, the last every other
+    assert [g.get("rivals") for g in groups] == [[g["id"] for g in groups[:k]] for k in range(len(groups))]
     fits = [i["settings"] for i in C.expand(cfg) if i["settings"].get("fit") == "on"]
     # --fit on per KV cache type twice: as the searches run (no prompt cache), and as llama-server starts by default
     assert sorted((f["ubatch"], f.get("cache_type_k", "f16"), f["cache_ram"] == 0) for f in fits) == [
@@ -98,15 +100,19 @@ def test_the_levers_tried_are_the_users_to_choose(tmp_path, tiny_moe):
     assert {f["cache_ram"] for f in fits} == {8192, 0}  # llama-server's default named, so the two rows differ
     default = config(str(tiny_moe), 8192, 4096, 12288, None, tmp_path)
     assert default["configurations"] == [
-        {"settings": {"cache_ram": 0}, "grid": {"ubatch": [512, 2048]}, "search": {"n_cpu_moe": [0, 1000]}},
+        {
+            "settings": {"cache_ram": 0},
+            "grid": {"ubatch": [2048, 512]},  # the largest first: the smaller one races it
+            "search": {"n_cpu_moe": [0, 1000], "prune": True},
+        },
         {"settings": {"ubatch": 2048, "fit": "on", "cache_ram": 0}},
         {"settings": {"ubatch": 2048, "fit": "on", "cache_ram": 8192}},
     ]
     assert config(str(tiny_moe), 8192, 4096, None, None, tmp_path, False, tried)["configurations"] == [
-        {"settings": {"cache_ram": 0}, "grid": {"ubatch": [256, 1024], "threads": [4, 8]}},
+        {"settings": {"cache_ram": 0}, "grid": {"ubatch": [1024, 256], "threads": [4, 8]}},
         {
             "settings": {"cache_type_k": "q8_0", "cache_type_v": "q8_0", "cache_ram": 0},
-            "grid": {"ubatch": [256, 1024], "threads": [4, 8]},
+            "grid": {"ubatch": [1024, 256], "threads": [4, 8]},
         },
     ]
     for bad, said in (

@@ -64,6 +64,9 @@ def parser() -> argparse.ArgumentParser:
         s.add_argument("--spec", help="the job's spec as JSON (what the workflow passes) instead of --model/--id")
         for option in ("--fetch", "--manifest", "--server", "--draft", "--search"):
             s.add_argument(option, help="input record (default: the results layout's)")
+        s.add_argument(
+            "--rival", action="append", help="search: a rival's search.json (default: the layout's, as the group says)"
+        )
         s.add_argument("--out")
         s.add_argument("--log")
         s.add_argument("--telemetry")

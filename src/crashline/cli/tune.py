@@ -146,12 +146,15 @@ def config(
     configurations = []
     for kv in tried["cache_type"]:
         kv_settings = {} if kv == "f16" else {"cache_type_k": kv, "cache_type_v": kv}
-        grid = {"ubatch": tried["ubatch"], **({"threads": tried["threads"]} if tried["threads"] else {})}
+        # the largest ubatch first: the fastest prefill, the likely winner of a long prompt, which the searches of
+        # the smaller ones then race (prune: each stops once clearly slower than the best before it)
+        ubatches = sorted(tried["ubatch"], reverse=True)
+        grid = {"ubatch": ubatches, **({"threads": tried["threads"]} if tried["threads"] else {})}
         if on_gpu:
-            fit_on = {**kv_settings, "ubatch": tried["ubatch"][-1], "fit": "on"}
+            fit_on = {**kv_settings, "ubatch": ubatches[0], "fit": "on"}
+            search = {"n_cpu_moe": [0, 1000], "prune": True}  # the search clamps the range to the model's layers
             configurations += [
-                # the search clamps the range to the model's layers
-                {"settings": {**kv_settings, **NO_PROMPT_CACHE}, "grid": grid, "search": {"n_cpu_moe": [0, 1000]}},
+                {"settings": {**kv_settings, **NO_PROMPT_CACHE}, "grid": grid, "search": search},
                 {"settings": {**fit_on, **NO_PROMPT_CACHE}},  # the bar: llama.cpp's placement, the rest as ours
                 # and llama-server --fit on with its own prompt cache (8192 MiB unless set), named in the command so
                 # that the two fit runs differ in what they say: what the cache costs

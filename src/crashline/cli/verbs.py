@@ -107,6 +107,8 @@ def _server_job(args) -> int:
     )
     if job == "search":
         outputs = {"summary": args.out or layout.search(model, job_id)}
+        rivals = job_spec["group"].get("rivals") or []
+        inputs["rivals"] = jobs.rivals(args.rival or [layout.search(model, gid) for gid in rivals], rivals)
     elif job == "search_needle":
         outputs = {
             "summary": args.out or layout.search_recall(model, job_id),

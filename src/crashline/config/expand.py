@@ -57,12 +57,14 @@ def _from_claims(workload: dict) -> bool:
 
 def expand_searches(config: dict) -> list[dict]:
     """Every (model, group) whose n_cpu_moe is searched; the group id hashes the other settings and the range,
-    not ``climb`` and ``starts``, which the group carries (changing them reruns the search; it reuses its records)."""
+    not ``climb`` and ``starts``, which the group carries (changing them reruns the search; it reuses its records).
+    A group whose search has ``prune`` carries ``rivals``: the ids of its model's groups listed before it, whose
+    summaries it reads (``jobs.search``: it stops where it is clearly slower than their best)."""
     out = {}
     for i, entry, given in _combinations(config, searches=True):
         given = {k: v for k, v in given.items() if k != "n_cpu_moe"}
         lo, hi = entry["search"]["n_cpu_moe"]
-        how = {k: entry["search"][k] for k in ("climb", "starts") if k in entry["search"]}
+        how = {k: entry["search"][k] for k in ("climb", "starts", "prune") if k in entry["search"]}
         if lo > hi:
             raise ConfigError(
                 f"config key configurations.{i}.search.n_cpu_moe = {[lo, hi]!r}: the range is "
@@ -75,9 +77,13 @@ def expand_searches(config: dict) -> list[dict]:
             if out.setdefault((model, gid), group) != group:
                 raise ConfigError(
                     f"config key configurations.{i}.search: an earlier entry searches the same range with the same "
-                    f"settings for model {model!r}, with another climb or starts; keep one of them"
+                    f"settings for model {model!r}, with another climb, starts or prune; keep one of them"
                 )
-    return list(out.values())
+    groups = list(out.values())
+    for k, group in enumerate(groups):  # a pruned search runs after its model's searches listed before it
+        if group.pop("prune", False):
+            group["rivals"] = [g["id"] for g in groups[:k] if g["model"] == group["model"]]
+    return groups
 
 
 def expand(config: dict) -> list[dict]:

@@ -22,6 +22,12 @@ value.
    (the first included): decode with experts on the CPU varies between starts of one configuration
    more than within one. The winner has the highest median over every request of every start.
 
+A group with ``prune`` (``rivals``: its model's searches listed before it, which run first) stops before step 5
+when the lowest value with the margin is clearly slower than the best of the rivals' winners (``best_rival``: its
+whole range of requests below theirs, every request of every start): the values above keep more experts on the
+CPU. tune searches its largest ubatch first, so a smaller one that cannot win a long prompt costs its boundary and
+margin only.
+
 A group without ``climb`` (or with ``climb: 0``) stops at step 4: it recommends the lowest value
 with the margin. Start k > 1 of a value is recorded under ``records/ID/start-K/`` beside the first
 (``records/ID/``); ``records`` lists every record used (``ID`` and ``ID/start-K``), and
@@ -126,11 +132,20 @@ def bound_text(results: dict[int, bool], lo: int, hi: int) -> str:
 
 
 def run_search(
-    *, model_name: str, group: dict, config: dict, fetch_record: dict, manifest: dict, provenance: dict, out_dir: Path
+    *,
+    model_name: str,
+    group: dict,
+    config: dict,
+    fetch_record: dict,
+    manifest: dict,
+    provenance: dict,
+    out_dir: Path,
+    rivals: list[dict] = (),
 ) -> dict:
-    """Run the search for one group; records of every probe go under ``out_dir/records``."""
+    """Run the search for one group; records of every probe go under ``out_dir/records``. ``rivals``: the summaries
+    of the searches a group with ``prune`` runs after (``best_rival``)."""
     with progress.job(f"search {model_name} {group['id']}"):
-        search = _Search(model_name, group, config, fetch_record, manifest, provenance, out_dir)
+        search = _Search(model_name, group, config, fetch_record, manifest, provenance, out_dir, list(rivals))
         summary = search.run()
         lowest = summary["lowest_with_margin"]
         also = f" (the lowest with the margin: {lowest})" if lowest != summary["recommended_n_cpu_moe"] else ""
@@ -139,6 +154,23 @@ def run_search(
             f"{summary['server_starts']} server starts"
         )
         return summary
+
+
+def best_rival(rivals: list[dict], objective: dict) -> tuple[str, int, planner.Speed] | None:
+    """The fastest winner of the rival searches by ``objective`` (their search id, its n_cpu_moe, its speed over
+    every request of every start): from each summary's finalist that won and survived every start. Rivals ranked
+    by another objective, or without finalists (no climb), give none."""
+    best = None
+    for summary in rivals:
+        if summary.get("objective") != objective:
+            continue
+        won = summary.get("recommended_n_cpu_moe")
+        for final in summary.get("finalists") or []:
+            if final["n_cpu_moe"] == won and final["survived"] and final.get("median") is not None:
+                speed = planner.Speed(final["median"], final["min"], final["max"], final["n"])
+                if best is None or speed.median > best[2].median:
+                    best = (summary["group"], won, speed)
+    return best
 
 
 def set_aside(out_dir: Path, listed: list[str]) -> list[str]:
@@ -176,12 +208,14 @@ class _Search:
         manifest: dict,
         provenance: dict,
         out_dir: Path,
+        rivals: list[dict],
     ):
         # a probe whose warm-up leaves less than the margin skips its timed repetitions (jobs/serving.py)
         self.model_name, self.group = model_name, group
         self.config = {**config, "timed_with_margin_mib": group["margin_mib"]}
         self.fetch_record, self.manifest, self.provenance, self.out_dir = fetch_record, manifest, provenance, out_dir
         self.margin = group["margin_mib"]
+        self.rivals = rivals
         self.climb, self.starts = group.get("climb", 0), group.get("starts", 1)
         lo, hi = group["range"]
         if lo > manifest["layers"]:
@@ -398,6 +432,8 @@ class _Search:
             "climb": self.climb,
             "climbed": fastest.get("climbed", []),
             "climb_stop": fastest.get("climb_stop"),
+            "rival": fastest.get("rival"),  # the best winner of the searches before it (prune), if any
+            "cut_short": fastest.get("cut_short", False),
             "starts": self.starts if self.climb else 1,
             "finalists": fastest.get("finalists", []),
             "start_order": fastest.get("start_order", []),
@@ -416,11 +452,21 @@ class _Search:
         set_aside(self.out_dir, [*summary["records"], summary["calibration"]])
         return records.write(SearchFolder(self.out_dir).summary(), "search", summary)
 
+    def cut_short(self, n: int, speed: planner.Speed, gid: str, rival_n: int, rival: planner.Speed) -> dict:
+        """Where the lowest value with the margin is clearly slower than a rival search's winner (``prune``)."""
+        text = _cut_short_text(n, speed, gid, rival_n, rival, self.words())
+        progress.say(text)
+        return {"winner": n, "climbed": [], "climb_stop": text, "cut_short": True}
+
     def fastest(self, lowest: int, hi: int) -> dict:
         """Steps 5 and 6: the climb above the lowest value with the margin, then the finalists' interleaved starts."""
         most, starts = self.climb, self.starts
         self.stage = "climb"
         first = self.first(lowest)
+        rival = best_rival(self.rivals, self.objective)
+        raced = {"rival": {"search": rival[0], "n_cpu_moe": rival[1], **_stat(rival[2])}} if rival else {}
+        if first is not None and rival is not None and first.high < rival[2].low:
+            return {**self.cut_short(lowest, first, *rival), **raced}
         progress.say(
             f"climb from n_cpu_moe {lowest}, the lowest with the {self.margin:,} MiB margin: {self.words()} "
             f"{first.text() if first else 'n/a'}; up to {most} value(s) above it while faster or within noise"
@@ -464,6 +510,7 @@ class _Search:
         else:
             progress.say(f"no winner: {result['lead_held']}")
         return {
+            **raced,
             **{k: result[k] for k in ("winner", "runner_up", "won", "pairs", "lead_held")},
             "climbed": [{"n_cpu_moe": st.n_cpu_moe, **_stat(st.speed), "verdict": st.verdict} for st in steps],
             "climb_stop": stop,
@@ -481,6 +528,14 @@ class _Search:
             ],
             "start_order": [{"n_cpu_moe": n, "start": k} for n, k in result["order"]],
         }
+
+
+def _cut_short_text(n: int, speed: planner.Speed, gid: str, rival_n: int, rival: planner.Speed, words: str) -> str:
+    return (
+        f"cut short: n_cpu_moe {n}, the lowest with the margin, {words} {speed.text()}, lies wholly below the "
+        f"winner of search {gid}, n_cpu_moe {rival_n} ({rival.text()} over every request of its starts); the values "
+        "above keep more experts on the CPU, so no climb and no further starts"
+    )
 
 
 def _stat(speed: planner.Speed | None) -> dict:

@@ -147,6 +147,23 @@ def inputs(fetch: Path, manifest: Path, provenance: Path, draft_fetch: Path | No
     }
 
 
+def rivals(paths: list, gids: list[str]) -> list[dict]:
+    """The summaries of a pruned search's rivals (``config.expand_searches``), from their paths. ConfigError where
+    one was not run: the rival searches run first (the workflow orders them so)."""
+    from ..config.file import ConfigError
+    from ..core import records
+
+    if len(paths) != len(gids):
+        raise ConfigError(f"search rivals: {len(paths)} search.json given for the {len(gids)} rival(s) {gids}")
+    missing = [str(p) for p in paths if not Path(p).is_file()]
+    if missing:
+        raise ConfigError(
+            f"search rivals: no summary at {', '.join(missing)}: a search with prune runs after its model's searches "
+            "listed before it; run them first (the workflow does), or drop prune"
+        )
+    return [records.load(Path(p), "search") for p in paths]
+
+
 def run(job_spec: dict, inputs: dict, outputs: dict) -> str:
     """Run one job; returns the line it prints. ``outputs``: record, server_log, telemetry (measure);
     record, server_log (needle); summary (search)."""
@@ -189,7 +206,8 @@ def run(job_spec: dict, inputs: dict, outputs: dict) -> str:
             log_path=Path(outputs["server_log"]),
         )
         return f"{model} {job_spec['item']['id']}: recall {rec['recall']}"
-    inputs = {k: v for k, v in inputs.items() if k != "draft_path"}
+    rival_summaries = inputs.get("rivals") or []
+    inputs = {k: v for k, v in inputs.items() if k not in ("draft_path", "rivals")}
     if job_spec["job"] == "search_needle":
         from .needle import run_search_needle
 
@@ -216,6 +234,7 @@ def run(job_spec: dict, inputs: dict, outputs: dict) -> str:
             group=group,
             config=job_spec["config"],
             **inputs,
+            rivals=rival_summaries,
             out_dir=Path(outputs["summary"]).parent,
         )
     return (

@@ -73,8 +73,8 @@ def _speed(entry: dict) -> str:
 def climb_text(row) -> str | None:
     """The climb above the lowest value with the margin, in a sentence."""
     climbed = list(row.get("climbed") if row.get("climbed") is not None else [])
-    if not climbed:
-        return None
+    if not climbed:  # no climb, or a search cut short by its rivals (``prune``), which says why
+        return f"No climb: {row['climb_stop']}." if not missing(row.get("climb_stop")) else None
     steps = "; ".join(f"{c['n_cpu_moe']} {_speed(c)} {c['verdict']}" for c in climbed)
     stop = f" ({row['climb_stop']})" if not missing(row.get("climb_stop")) else ""
     metric = (row.get("objective_metric") or "decode_tps").removesuffix("_tps")
