@@ -2,10 +2,13 @@
 # One GPU lease, several calls (bench/device.md): each call runs one step and packs what it has under $OUT.
 #   bash bench/device-session.sh build [SHAPE...]            # wheels, llama-server with CUDA (about 300 s); the
 #                                                            # synthetic GGUFs named are written meanwhile
-#   bash bench/device-session.sh tune SHAPE VRAM             # crashline tune of that GGUF (--ctx 32768 --prompt
-#                                                            # 16000), its wall time in tune-wall.json; stopped
-#                                                            # after TUNE_LIMIT_S (560) and resumed by the same step
-#   bash bench/device-session.sh grid SHAPE                  # bench/answer_grid.py run on that tune's results
+#   bash bench/device-session.sh tune SHAPE VRAM [NAME]      # crashline tune of that GGUF (--ctx 32768 --prompt
+#                                                            # 16000) into /tmp/res/NAME (default SHAPE), its wall
+#                                                            # time in tune-wall.jsonl; stopped after TUNE_LIMIT_S
+#                                                            # (560) and resumed by the same step
+#   bash bench/device-session.sh grid NAME                   # bench/answer_grid.py run on that tune's results
+#   bash bench/device-session.sh resume DIR                  # copy an earlier lease's NAME folder (DIR, from the
+#                                                            # repository) to /tmp/res/NAME, for its grid
 #   bash bench/device-session.sh measure CONFIG MODEL ID...  # fetch/inspect the config's models and provision once,
 #                                                            # then measure each configuration id of MODEL, aggregate
 #   bash bench/device-session.sh soak ID...                  # measure with bench/configs/h200-draft-soak.yaml
@@ -54,12 +57,16 @@ build)
   echo "build and models: $(( $(date +%s) - started )) s"; ls -l /tmp/clc/models 2>/dev/null || true
   mkdir -p /tmp/res && cp /tmp/build.log /tmp/res/ && cat /tmp/write-*.log 2>/dev/null | tail -5
   ;;
+resume)
+  name=$(basename "$1") pack=$(basename "$1")
+  mkdir -p /tmp/res && rm -rf /tmp/res/$name && cp -r "$1" /tmp/res/$name
+  ;;
 tune)
-  name=$1 vram=--vram=$2 pack=$1; [ "$2" = - ] && vram=
+  shape=$1 name=${3:-$1} vram=--vram=$2 pack=${3:-$1}; [ "$2" = - ] && vram=
   mkdir -p /tmp/res/$name
   begun=$(date +%s.%N)
   # SIGTERM short of the call's limit: tune stops its jobs at a safe point, and the same step again resumes
-  timeout -k 20 "${TUNE_LIMIT_S:-560}" python -m crashline tune /tmp/clc/models/$name.gguf --ctx 32768 --prompt 16000 $vram \
+  timeout -k 20 "${TUNE_LIMIT_S:-560}" python -m crashline tune /tmp/clc/models/$shape.gguf --ctx 32768 --prompt 16000 $vram \
     --out /tmp/res/$name/tune >> /tmp/res/$name/tune-console.txt 2>&1 && rc=0 || rc=$?
   python -c "import json, sys; print(json.dumps({'begun': float(sys.argv[1]), 'ended': float(sys.argv[2]), 'rc': int(sys.argv[3])}))" \
     "$begun" "$(date +%s.%N)" "$rc" >> /tmp/res/$name/tune-wall.jsonl
