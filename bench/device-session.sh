@@ -107,5 +107,5 @@ s.write_moe_gguf(Path(sys.argv[1]), s.resolve_shape({}, 'qwen3-30b-a3b'))" $mode
 esac
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > /tmp/res/gpu.txt 2>/dev/null || true
 # tune and grid pack their shape's folder only: everything at once would pass the 16 MiB a file may bring back
-tar czf $OUT/results.tgz -C /tmp/res ${pack:-.} $( [ -n "${pack:-}" ] && echo gpu.txt build.log )
+tar czf $OUT/results.tgz -C /tmp/res ${pack:-.} $( [ -n "${pack:-}" ] && cd /tmp/res && ls gpu.txt build.log 2>/dev/null )
 exit ${step_rc:-0}  # the step's own status (tune's, the grid's), after its results are packed
