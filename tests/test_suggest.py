@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from crashline.cli import suggest as suggest_cli
-from crashline.engine import logparse, planner, suggest
+from crashline.engine import logparse, planner, suggest, suggest_inputs
 from crashline.models import synthetic
 from crashline.models.manifest import inspect_gguf
 from crashline.engine.server import ServerProcess
@@ -48,7 +48,7 @@ def test_calibrated_by_the_search_it_reproduces_the_searchs_prediction_value_by_
 
 def test_with_crashlines_margin_it_lands_between_the_measured_boundary_and_the_measured_answer():
     result = suggest.suggest(MANIFEST_JSON, 12288, CTX, ubatches=[UB], calibration=SEARCH_JSON)
-    assert result["margin_mib"] == suggest.default_margin_mib() == SEARCH["margin_mib"] == 1024
+    assert result["margin_mib"] == suggest_inputs.default_margin_mib() == SEARCH["margin_mib"] == 1024
     ub = row(result, UB)
     assert ub["n_cpu_moe"] == 28
     values = {v["n_cpu_moe"]: v["predicted_mib"] for v in SEARCH["values"]}
@@ -113,7 +113,7 @@ def test_what_if_12_gb_row_is_the_suggestion_for_a_12288_mib_card():
 
 
 def test_a_calibration_at_one_ubatch_and_context_serves_the_others():
-    cal = suggest.calibration_from(SEARCH_JSON)
+    cal = suggest_inputs.calibration_from(SEARCH_JSON)
     assert (cal.compute_mib, cal.rest_mib, cal.ctx) == ({2048: 668.12}, 400.8, 32768)
     # Below the measured ubatch: the measured value (an upper bound); at 128K the KQ mask grows by
     # (131072 - 32768) × 2048 × 2 bytes = 384 MiB.
@@ -123,7 +123,7 @@ def test_a_calibration_at_one_ubatch_and_context_serves_the_others():
     # Above it: the measured value plus the estimate's growth per token; between two measured: linear.
     per_token = (4 * suggest.activation_floats_per_token(QWEN) + 2 * 32768) / planner.MIB
     assert suggest.calibrated_compute_mib(QWEN, cal, 4096, 32768)[0] == pytest.approx(668.12 + 2048 * per_token)
-    two = suggest.Calibration({512: 248.0, 2048: 668.0}, 400.0, 32768)
+    two = suggest_inputs.Calibration({512: 248.0, 2048: 668.0}, 400.0, 32768)
     compute, how = suggest.calibrated_compute_mib(QWEN, two, 1024, 32768)
     assert compute == pytest.approx(248 + 420 / 3) and how == "between -ub 512 and -ub 2048, linearly"
     # The H200's real buffers (CUDA0 + CUDA_Host compute, as search.calibration sums them) at ubatch 512: 248 MiB.
@@ -244,7 +244,7 @@ def test_estimate_holds_against_llama_cpps_own_buffers(server_binary, tmp_path, 
     ],
 )
 def test_size_parser_reads_what_people_write(text, mib):
-    assert suggest.parse_size_mib(text, "--vram") == mib
+    assert suggest_inputs.parse_size_mib(text, "--vram") == mib
 
 
 @pytest.mark.parametrize(
@@ -263,19 +263,19 @@ def test_size_parser_reads_what_people_write(text, mib):
     ],
 )
 def test_size_parser_names_the_bad_value(text, why):
-    with pytest.raises(suggest.SuggestError) as e:
-        suggest.parse_size_mib(text, "--vram")
+    with pytest.raises(suggest_inputs.SuggestError) as e:
+        suggest_inputs.parse_size_mib(text, "--vram")
     message = str(e.value)
     assert message.startswith(f"--vram {text!r} {why}") and "24GiB, 24GB, 24576MiB or 24576" in message
 
 
 def test_a_margin_may_be_zero_and_ubatches_are_a_list():
-    assert suggest.parse_size_mib("0", "--margin", minimum=0) == 0
-    assert suggest.parse_ubatches("2048, 512,512") == (512, 2048)
-    assert suggest.parse_ubatches(1024) == (1024,)
+    assert suggest_inputs.parse_size_mib("0", "--margin", minimum=0) == 0
+    assert suggest_inputs.parse_ubatches("2048, 512,512") == (512, 2048)
+    assert suggest_inputs.parse_ubatches(1024) == (1024,)
     for bad in ("512,x", "0", "", "512,,2048"):
-        with pytest.raises(suggest.SuggestError, match=re.escape(f"--ubatch {bad!r}")):
-            suggest.parse_ubatches(bad)
+        with pytest.raises(suggest_inputs.SuggestError, match=re.escape(f"--ubatch {bad!r}")):
+            suggest_inputs.parse_ubatches(bad)
 
 
 def test_allocated_context_is_llama_cpps():
@@ -285,29 +285,31 @@ def test_allocated_context_is_llama_cpps():
 
 
 def test_bad_model_calibration_and_settings_are_named(tmp_path):
-    with pytest.raises(suggest.SuggestError, match="model '/nowhere.gguf': no such file"):
+    with pytest.raises(suggest_inputs.SuggestError, match="model '/nowhere.gguf': no such file"):
         suggest.suggest("/nowhere.gguf", 24576, 8192)
-    with pytest.raises(suggest.SuggestError, match="lacks head_dim"):
+    with pytest.raises(suggest_inputs.SuggestError, match="lacks head_dim"):
         suggest.suggest({**QWEN, "head_dim": None}, 24576, 8192)
-    with pytest.raises(suggest.SuggestError, match="calibration '/nowhere.json': no such file"):
+    with pytest.raises(suggest_inputs.SuggestError, match="calibration '/nowhere.json': no such file"):
         suggest.suggest(QWEN, 24576, 8192, calibration="/nowhere.json")
     # a folder and a GGUF where a file and a search.json belong (#26: "no such file", a UnicodeDecodeError)
-    with pytest.raises(suggest.SuggestError, match=f"model '{tmp_path}': a folder; give the GGUF file in it"):
+    with pytest.raises(suggest_inputs.SuggestError, match=f"model '{tmp_path}': a folder; give the GGUF file in it"):
         suggest.suggest(str(tmp_path), 24576, 8192)
     gguf = tmp_path / "m.gguf"
     gguf.write_bytes(b"GGUF\x03\x00\x00\x00\xff\xfe" + bytes(range(256)))
-    with pytest.raises(suggest.SuggestError, match="not a record: not text .* give the search.json a search wrote"):
+    with pytest.raises(
+        suggest_inputs.SuggestError, match="not a record: not text .* give the search.json a search wrote"
+    ):
         suggest.suggest(QWEN, 24576, 8192, calibration=str(gguf))
     table_row = {k: v for k, v in SEARCH.items() if k not in ("compute_mib", "rest_mib")}
-    with pytest.raises(suggest.SuggestError, match="has no compute_mib or rest_mib: give the search.json"):
-        suggest.calibration_from(table_row)
+    with pytest.raises(suggest_inputs.SuggestError, match="has no compute_mib or rest_mib: give the search.json"):
+        suggest_inputs.calibration_from(table_row)
     with pytest.raises(SettingsError, match="cache_type_k"):
         suggest.suggest(QWEN, 24576, 8192, cache_type_k="q3_k")
-    with pytest.raises(suggest.SuggestError, match="vram_mib '24GiB' must be a positive number of MiB"):
+    with pytest.raises(suggest_inputs.SuggestError, match="vram_mib '24GiB' must be a positive number of MiB"):
         suggest.suggest(QWEN, "24GiB", 8192)
     # A row with the calibration's fields as JSON text (as a table might keep them) is read like the record.
     as_text = {**SEARCH, "compute_mib": json.dumps(SEARCH["compute_mib"]), "settings": json.dumps(SEARCH["settings"])}
-    assert suggest.calibration_from(as_text) == suggest.Calibration(
+    assert suggest_inputs.calibration_from(as_text) == suggest_inputs.Calibration(
         {2048: 668.12}, 400.8, 32768, "search moe-synthetic/bench"
     )
 
@@ -320,7 +322,7 @@ def test_from_cli_prints_the_prediction():
     )
     assert out.splitlines()[1] == "  -ub 2048: --n-cpu-moe 28 (predicted 11,156 MiB of 12,288 with a 1,024 MiB margin)"
     assert "weights 7,015 + KV 3,072 + compute 668 + rest 401 = 11,156 MiB" in out.splitlines()[2]
-    with pytest.raises(suggest.SuggestError, match="--vram '12 lots'"):
+    with pytest.raises(suggest_inputs.SuggestError, match="--vram '12 lots'"):
         suggest_cli.from_cli(str(MANIFEST_JSON), "12 lots", CTX)
     q8 = suggest_cli.from_cli(str(MANIFEST_JSON), "24GB", 131072, cache_type="q8_0", margin="512")
     assert "24 GiB card" in q8 and "q8_0 KV" in q8 and "with a 512 MiB margin" in q8 and "uncalibrated" in q8
@@ -357,7 +359,7 @@ def test_a_ubatch_past_the_context_is_labelled_as_llama_cpp_runs_it_and_a_margin
     assert row(result, 4096)["asked_ubatch"] == 99_999_999 and row(result, 512)["asked_ubatch"] is None
     said = suggest_cli.text(result)
     assert "asked -ub 99999999" in said and "  -ub 99999999:" not in said and "  -ub 4096:" in said
-    with pytest.raises(suggest.SuggestError, match="--margin 102,400 MiB is not less than the card's 8,192 MiB"):
+    with pytest.raises(suggest_inputs.SuggestError, match="--margin 102,400 MiB is not less than the card's 8,192 MiB"):
         suggest.suggest(QWEN, 8192, 4096, margin_mib=102_400)
 
 
@@ -379,5 +381,5 @@ def test_the_answer_is_a_command_to_paste_and_the_card_is_read_where_there_is_on
     if gpus()["present"]:
         assert "on a " in suggest_cli.from_cli(str(tiny_moe), None, 4096)
     else:
-        with pytest.raises(suggest.SuggestError, match="--vram not given, and there is no card here"):
+        with pytest.raises(suggest_inputs.SuggestError, match="--vram not given, and there is no card here"):
             suggest_cli.from_cli(str(tiny_moe), None, 4096)

@@ -6,16 +6,8 @@ from __future__ import annotations
 import shlex
 
 
-from ..engine.suggest import (
-    ALL_ON_GPU,
-    DEFAULT_UBATCHES,
-    FITS,
-    NO_FIT,
-    SuggestError,
-    parse_size_mib,
-    parse_ubatches,
-    suggest,
-)
+from ..engine.suggest import ALL_ON_GPU, DEFAULT_UBATCHES, FITS, NO_FIT, suggest
+from ..engine.suggest_inputs import SuggestError, parse_size_mib, parse_ubatches
 # -- text ---------------------------------------------------------------------------------------------------------
 
 

@@ -23,7 +23,8 @@ from ..config import plan as config_mod
 from ..core.atomic import atomic_path
 from ..config.file import ConfigError
 from ..engine.planner import DEFAULT_CACHE_RAM_MIB
-from ..engine.suggest import DEFAULT_UBATCHES as UBATCHES, default_margin_mib, parse_size_mib
+from ..engine.suggest import DEFAULT_UBATCHES as UBATCHES
+from ..engine.suggest_inputs import default_margin_mib, parse_size_mib
 
 SHORTHAND_RE = re.compile(r"^([A-Za-z0-9][\w.-]*)/([A-Za-z0-9][\w.-]*):([\w.-]+)$")
 SOURCE_KINDS = ("hf:", "pypi:", "https://", "http://", "file:", "synthetic:")
@@ -92,7 +93,7 @@ def levers(ubatch: str | None, cache_type: str | None, threads: str | None) -> d
     types (K and V alike; default f16 only: a quantised KV cache is the user's call) and thread counts (default
     llama.cpp's own). ConfigError names the option and the value."""
     from ..core.settings import CACHE_TYPES
-    from ..engine.suggest import SuggestError, parse_ubatches
+    from ..engine.suggest_inputs import SuggestError, parse_ubatches
 
     try:
         ubatches = parse_ubatches(ubatch) if ubatch else UBATCHES

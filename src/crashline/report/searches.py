@@ -100,7 +100,8 @@ def finalists_text(row) -> str | None:
 
 def what_if_table(row, manifest: dict | None) -> dict | None:
     """Predicted lowest safe n_cpu_moe for other cards and contexts, from this search's calibration."""
-    from ..engine.suggest import SuggestError, what_if
+    from ..engine.suggest import what_if
+    from ..engine.suggest_inputs import SuggestError
 
     compute = row.get("compute_rows")
     if manifest is None or compute is None or not len(compute) or missing(row.get("rest_mib")):
