@@ -9,7 +9,7 @@ import pytest
 
 from crashline.tables import aggregate
 from crashline.report import rows as rows_mod
-from crashline.report import sections
+from crashline.report import model_sections
 from crashline.report.doc import Table
 from crashline.core.records import Outcome
 
@@ -43,7 +43,7 @@ def test_gemma_as_its_own_draft_is_accepted_and_recorded(tmp_path, gemma_fetch, 
     # the report's results table says it beside the speeds
     configs, measurements = (pq.read_table(tables[n]).to_pandas() for n in ("configs", "measurements"))
     rows = [{**r, "differs": ""} for r in rows_mod.result_rows(configs, measurements, set())]
-    (table,) = [b for b in sections.results(rows) if isinstance(b, Table)]
+    (table,) = [b for b in model_sections.results(rows) if isinstance(b, Table)]
     (cells,) = table.rows
     accepted = f"{w['draft']['acceptance']:.0%} of {w['draft']['drafted']:,}"
     assert cells[table.header.index("draft tokens accepted")] == accepted

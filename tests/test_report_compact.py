@@ -120,14 +120,14 @@ def test_what_if_other_cards_from_the_h200_search_calibration():
     from conftest import FIXTURES
     from crashline.tables import aggregate
     from crashline.report import searches as report
-    from crashline.report import markdown, sections
+    from crashline.report import markdown, model_sections
 
     table = aggregate.search_table([FIXTURES / "h200-search" / "search.json"])
     manifest = json.loads((FIXTURES / "h200-telemetry" / "manifest.json").read_text())
     (search,) = report.searches(table, "moe-synthetic", pd.DataFrame(columns=["model", "config_id", "s_n_cpu_moe"]))
     assert search["what_if"] is None  # no manifest, no prediction
     (search,) = report.searches(table, "moe-synthetic", pd.DataFrame(columns=["model", "config_id"]), manifest)
-    md = markdown.block(sections.what_if(search["what_if"]))
+    md = markdown.block(model_sections.what_if(search["what_if"]))
     assert "a prediction from this search's calibration, not measured; -ub 2048, 1,024 MiB margin" in md
     assert "| 12 GB (12,288 MiB) | 21 | 28 | does not fit |" in md
     assert "calibrated by search moe-synthetic/bench (ctx 32768)" in md

@@ -16,7 +16,7 @@ from crashline.config import plan as C
 from crashline.report import rows as rows_mod
 from crashline.jobs import validity
 from crashline.core.atomic import read_json
-from crashline.report import sections
+from crashline.report import model_sections
 from crashline.report.doc import Table
 
 from test_measure import SCHEMA, measure_gemma
@@ -90,7 +90,7 @@ def test_llama_bench_beside_crashline_on_gemma(tmp_path, gemma_fetch, server_pro
         assert r["flagged"] == [k for k in ("prefill", "decode") if abs(r[f"{k}_ratio"] - 1) > validity.TOLERANCE]
     # the report's table: both speeds and the ratio per workload
     shown = rows_mod.validity_rows(written, "gemma")
-    (table,) = [b for b in sections.validity(shown) if isinstance(b, Table)]
+    (table,) = [b for b in model_sections.validity(shown) if isinstance(b, Table)]
     workload, decode = table.header.index("workload"), table.header.index("decode")
     assert [row[workload] for row in table.rows] == ["short (128 + 32)", "long (1,024 + 32)"]
     assert f"({checked['rows'][1]['decode_ratio']:.2f})" in table.rows[1][decode].content

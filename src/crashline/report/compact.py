@@ -1,13 +1,14 @@
 """Saying things once: the llama-server settings every row shares, apart from the ones that differ;
 table columns that hold one value in every row, stated above the table; runs of equal neighbours
-as ranges; a long command wrapped at its flags."""
+as ranges; a long command wrapped at its flags; a table without its blank columns and with its constant ones said
+once above it."""
 
 from __future__ import annotations
 
 import re
 import shlex
 
-from .doc import Cell
+from .doc import Cell, Code, Mark, Para, Strong, Table, joined
 
 _FLAG = re.compile(r"^--?[A-Za-z]")
 BLANK = "–"
@@ -105,3 +106,25 @@ def runs(items: list, key) -> list[tuple[int, int, object]]:
         else:
             out.append((i, i, k))
     return out
+
+
+def settings_cell(row: dict) -> list:
+    settings = [Code(row["differs"])] if row["differs"] else ["(only the common settings)"]
+    if row.get("used"):
+        settings += [" ", Mark("warn", f"⚠ llama.cpp used {row['used']}")]
+    return settings
+
+
+def compacted(header: list[str], rows: list[list], keep: frozenset[int], numeric: frozenset[int], marks=None) -> list:
+    """A table without its columns that are blank in every row, and those equal in every row said once above it."""
+    shown, once = constant_columns(header, rows, keep)
+    table = Table(
+        [header[i] for i in shown],
+        [[r[i] for i in shown] for r in rows],
+        frozenset(j for j, i in enumerate(shown) if i in numeric),
+        marks,
+    )
+    if not once:
+        return [table]
+    said = joined([[f"{name} ", Strong(value)] for name, value in once], "; ")
+    return [Para(["Same in every row that has a value: ", *said]), table]
