@@ -11,7 +11,8 @@ import pandas as pd
 import pytest
 
 from crashline.tables import aggregate
-from crashline.tables.recommend import difference, missed_limits, recommend
+from crashline.tables.difference import difference
+from crashline.tables.recommend import missed_limits, recommend
 
 from conftest import FIXTURES
 

@@ -12,7 +12,7 @@ import pandas as pd
 
 from ..core import columns as cols
 from .recheck import build_of, number
-from .recommend import overlap, spread_of
+from .ties import overlap, spread_of
 from ..core.errors import CrashlineError
 
 # What a row shows of the answer at its objective's workload, besides the metric itself.

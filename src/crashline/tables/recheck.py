@@ -10,7 +10,7 @@ import pandas as pd
 
 from ..core import columns as cols
 from ..core.records import Outcome
-from .recommend import overlap, spread_of
+from .ties import overlap, spread_of
 
 
 def build_of(row) -> str:
