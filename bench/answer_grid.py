@@ -12,7 +12,7 @@ STARTS server starts: the search's own probes and finalist starts count, and the
 same measure job the search runs (same settings, workloads, budget and build), interleaved: pass 1 over every value
 that has none, then pass 2 over every value with fewer than two, ... Records go to GRID/records/MODEL/ID/pass-K/.
 
-``analyse`` pools every start of each grid value as the search pools a finalist's (``search.speed_of``: every
+``analyse`` pools every start of each grid value as the search pools a finalist's (``search_rules.speed_of``: every
 request of every start; a value with a start that failed or lacked the margin is out) and writes, with the
 statistics chosen before the run:
 
@@ -44,7 +44,7 @@ from crashline.core import settings as S
 from crashline.core.paths import Layout, SearchFolder
 from crashline.jobs import spec as jobs
 from crashline.jobs.measure import measure
-from crashline.jobs.search import speed_of
+from crashline.jobs.search_rules import speed_of
 
 
 def _searches(cfg: dict) -> list[tuple[str, dict, dict]]:

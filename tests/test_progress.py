@@ -22,7 +22,7 @@ from crashline.core import progress
 from crashline.engine import provision
 from crashline.jobs.serving import say_run
 from crashline.jobs.serve import outcome_text
-from crashline.jobs.search import bound_text
+from crashline.jobs.search_rules import bound_text
 
 
 @pytest.fixture(autouse=True)

@@ -287,7 +287,7 @@ def test_calibration_counts_only_the_cards_buffers():
     buffers; the total the planner predicts at this ubatch is the same either way."""
     from conftest import FIXTURES
     from crashline.core.atomic import read_json
-    from crashline.jobs.search import calibration
+    from crashline.jobs.search_rules import calibration
 
     compute, rest = calibration(read_json(FIXTURES / "h200-records" / "ncmoe29.json"), 2048)
     assert compute(2048) == 476.05
@@ -324,7 +324,7 @@ def _rival(objective: dict, median: float, low: float, high: float, survived: bo
 
 
 def test_the_best_rival_is_the_fastest_winner_ranked_by_the_same_objective():
-    from crashline.jobs.search import best_rival
+    from crashline.jobs.search_rules import best_rival
 
     e2e = {"metric": "e2e_tps", "workload": "long"}
     assert best_rival([], e2e) is None

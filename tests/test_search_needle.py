@@ -83,7 +83,7 @@ def test_a_pruned_search_runs_after_its_rival_and_stops_where_it_is_clearly_slow
     """prune through the workflow: the second search of tiny gets the first's summary as its input (so it runs
     after it), names that search's winner as its rival, and is cut short exactly when the first start of its
     lowest value with the margin lies wholly below the rival's pooled range (the rule, on the records)."""
-    from crashline.jobs.search import speed_of
+    from crashline.jobs.search_rules import speed_of
 
     summaries = {p: records.load(p, "search") for p in searched.glob("search/tiny/*/search.json")}
     (pruned,) = [s for s in summaries.values() if s["rival"]]

@@ -4,7 +4,7 @@ The prediction is the planner's (``planner.predict``): the weights each layer pu
 a compute buffer and "the rest", added and compared with the card's VRAM less a margin. Weights and KV cache
 come from the manifest and are exact (within 1% of the buffers llama.cpp reported on an H200). The compute
 buffer and the rest depend on the GPU, the driver and llama.cpp's graph; they come from a calibration (one real
-server start: ``search.calibration``, kept in search.json as ``compute_mib`` {ubatch: MiB} and ``rest_mib``),
+server start: ``search_rules.calibration``, kept in search.json as ``compute_mib`` {ubatch: MiB} and ``rest_mib``),
 or, without one, from the estimates below, and the result is then marked uncalibrated.
 
 Uncalibrated estimates (llama.cpp has no closed formula: it sizes the compute buffer by allocating the worst-case

@@ -42,9 +42,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from ..config import plan as config_mod
 from ..config.file import ConfigError
-from ..engine import logparse
 from ..engine import planner
 from ..core import progress, records
 from ..core import settings as settings_mod
@@ -52,83 +50,17 @@ from .measure import job_key, measure
 from .serve import outcome_text
 from ..core.paths import SearchFolder
 from ..core.records import Outcome
-from ..engine.workloads import summarize
-
-
-def _headroom_ok(rec: dict, margin_mib: int) -> bool:
-    headroom = (rec.get("memory") or {}).get("headroom_mib")
-    return rec["outcome"] == Outcome.OK and (headroom is None or headroom >= margin_mib)
-
-
-def calibration(rec: dict, ubatch: int) -> tuple[planner.ComputeModel, float]:
-    """Compute buffer (GPU) and the rest, from a measured record. Pinned host buffers (``CUDA_Host``) are the
-    machine's RAM, not the card's: counted as GPU they made the compute buffer 192 MiB too big and the rest as
-    much too small on the H200, which only cancels at the ubatch measured."""
-    bufs = rec["placement"].get("buffers_mib") or {}
-    gpu = {k: v for k, v in bufs.items() if not logparse.on_host(k.split(":", 1)[0])}
-    compute = sum(v for k, v in gpu.items() if k.endswith(":compute"))
-    load_peak = ((rec.get("memory") or {}).get("per_phase") or {}).get("load", {}).get("gpu_mib")
-    rest = max(0.0, load_peak - sum(gpu.values())) if load_peak is not None else 0.0
-    return planner.ComputeModel({ubatch: compute}), rest
-
-
-def objective_of(group: dict, config: dict) -> dict:
-    """What the climb and the finalists are ranked by: the group's objective (the job spec carries it, as
-    ``jobs.search_objective`` makes it), else the config's objective block with its workload resolved (default:
-    end-to-end t/s per request at the workload with the longest prompt)."""
-    if group.get("objective"):
-        return group["objective"]
-    block = config.get("objective") or {}
-    workload = config_mod.objective_workload({"objective": block, "workloads": config["workloads"]})
-    return {**block, "metric": block.get("metric") or config_mod.DEFAULT_METRIC, "workload": workload}
-
-
-def _workload(rec: dict, name: str) -> dict | None:
-    return next((w for w in rec.get("workloads") or [] if w["name"] == name), None)
-
-
-# The objective's limits per request that a configuration's median must meet to be recommended.
-LIMITS = {
-    "min_decode_tps": ("decode_tps", lambda median, limit: median >= limit),
-    "max_ttft_s": ("ttft_s", lambda median, limit: median <= limit),
-}
-
-
-def speed_of(recs: list[dict], objective: dict, margin_mib: int) -> planner.Speed | None:
-    """The objective's speed over every request of every repetition of these starts of one configuration (pooled
-    as ``aggregate`` pools them: ``workloads.summarize`` over every run of every start). None unless every start
-    survived every workload with the margin and the pooled medians meet the objective's limits per request."""
-    if not recs or not all(_headroom_ok(r, margin_mib) for r in recs):
-        return None
-    found = [_workload(r, objective["workload"]) for r in recs]
-    if any(w is None or w["outcome"] != Outcome.OK for w in found):
-        return None
-    stats = found[0] if len(found) == 1 else summarize([run for w in found for run in w["runs"]])
-    for key, (metric, meets) in LIMITS.items():
-        median = (stats.get(metric) or {}).get("median")
-        if objective.get(key) is not None and (median is None or not meets(median, objective[key])):
-            return None
-    return planner.Speed.of(stats.get(objective["metric"]))
-
-
-def margin_guess(at_boundary: dict, boundary: int, predictions: dict, limit, margin: int, hi: int) -> int:
-    """The lowest n_cpu_moe predicted to keep the margin: the planner's prediction of each value, moved by what it
-    missed at the boundary (its measured headroom against the predicted one). Without a limit: the boundary."""
-    headroom = (at_boundary.get("memory") or {}).get("headroom_mib")
-    if not limit or headroom is None:
-        return boundary
-    missed = (limit - predictions[boundary]["total_mib"]) - headroom  # MiB the prediction was short at the boundary
-    return next((n for n in range(boundary, hi + 1) if limit - predictions[n]["total_mib"] - missed >= margin), hi)
-
-
-def bound_text(results: dict[int, bool], lo: int, hi: int) -> str:
-    """What the probes so far leave open, survival being monotonic in n_cpu_moe: "boundary in 16..19",
-    "boundary at 17", "boundary in 4..7, if any" (no survivor yet), "no survivor up to 7"."""
-    low = max((n for n, ok in results.items() if not ok), default=lo - 1) + 1
-    high = min((n for n, ok in results.items() if ok), default=None)
-    if high is None:
-        return f"boundary in {low}..{hi}, if any" if low <= hi else f"no survivor up to n_cpu_moe {hi}"
-    return f"boundary at {high}" if low >= high else f"boundary in {low}..{high}"
+from .search_rules import (
+    best_rival,
+    bound_text,
+    calibration,
+    cut_short_text,
+    headroom_ok,
+    margin_guess,
+    objective_of,
+    speed_of,
+    stat,
+)
 
 
 def run_search(
@@ -154,23 +86,6 @@ def run_search(
             f"{summary['server_starts']} server starts"
         )
         return summary
-
-
-def best_rival(rivals: list[dict], objective: dict) -> tuple[str, int, planner.Speed] | None:
-    """The fastest winner of the rival searches by ``objective`` (their search id, its n_cpu_moe, its speed over
-    every request of every start): from each summary's finalist that won and survived every start. Rivals ranked
-    by another objective, or without finalists (no climb), give none."""
-    best = None
-    for summary in rivals:
-        if summary.get("objective") != objective:
-            continue
-        won = summary.get("recommended_n_cpu_moe")
-        for final in summary.get("finalists") or []:
-            if final["n_cpu_moe"] == won and final["survived"] and final.get("median") is not None:
-                speed = planner.Speed(final["median"], final["min"], final["max"], final["n"])
-                if best is None or speed.median > best[2].median:
-                    best = (summary["group"], won, speed)
-    return best
 
 
 def set_aside(out_dir: Path, listed: list[str]) -> list[str]:
@@ -286,7 +201,7 @@ class _Search:
         """Each value measured above the boundary: did it survive with the margin (what the margin's search has seen;
         the boundary's own headroom is its first probe)."""
         return {
-            n: _headroom_ok(recs[0], self.margin) for n, recs in self.starts_of.items() if n > self.boundary and recs
+            n: headroom_ok(recs[0], self.margin) for n, recs in self.starts_of.items() if n > self.boundary and recs
         }
 
     def left(self) -> str:
@@ -391,7 +306,7 @@ class _Search:
         if boundary is not None:  # the lowest value with the margin: the same search, from the predicted value
 
             def roomy(n: int) -> bool:
-                return _headroom_ok(self.probe(n, f"headroom: the margin is {margin:,} MiB"), margin)
+                return headroom_ok(self.probe(n, f"headroom: the margin is {margin:,} MiB"), margin)
 
             self.stage, self.boundary = "margin", boundary
             guess = margin_guess(self.starts_of[boundary][0], boundary, predictions, limit, margin, hi)
@@ -454,7 +369,7 @@ class _Search:
 
     def cut_short(self, n: int, speed: planner.Speed, gid: str, rival_n: int, rival: planner.Speed) -> dict:
         """Where the lowest value with the margin is clearly slower than a rival search's winner (``prune``)."""
-        text = _cut_short_text(n, speed, gid, rival_n, rival, self.words())
+        text = cut_short_text(n, speed, gid, rival_n, rival, self.words())
         progress.say(text)
         return {"winner": n, "climbed": [], "climb_stop": text, "cut_short": True}
 
@@ -464,7 +379,7 @@ class _Search:
         self.stage = "climb"
         first = self.first(lowest)
         rival = best_rival(self.rivals, self.objective)
-        raced = {"rival": {"search": rival[0], "n_cpu_moe": rival[1], **_stat(rival[2])}} if rival else {}
+        raced = {"rival": {"search": rival[0], "n_cpu_moe": rival[1], **stat(rival[2])}} if rival else {}
         if first is not None and rival is not None and first.high < rival[2].low:
             return {**self.cut_short(lowest, first, *rival), **raced}
         progress.say(
@@ -512,7 +427,7 @@ class _Search:
         return {
             **raced,
             **{k: result[k] for k in ("winner", "runner_up", "won", "pairs", "lead_held")},
-            "climbed": [{"n_cpu_moe": st.n_cpu_moe, **_stat(st.speed), "verdict": st.verdict} for st in steps],
+            "climbed": [{"n_cpu_moe": st.n_cpu_moe, **stat(st.speed), "verdict": st.verdict} for st in steps],
             "climb_stop": stop,
             "finalists": [
                 {
@@ -520,7 +435,7 @@ class _Search:
                     "config_id": self.measured[n],
                     "starts": len(result["per_start"][n]),
                     "start_medians": [s.median if s else None for s in result["per_start"][n]],
-                    **_stat(result["pooled"][n]),
+                    **stat(result["pooled"][n]),
                     "survived": all(s is not None for s in result["per_start"][n]),
                     "records": self.ids_of[n],
                 }
@@ -528,17 +443,3 @@ class _Search:
             ],
             "start_order": [{"n_cpu_moe": n, "start": k} for n, k in result["order"]],
         }
-
-
-def _cut_short_text(n: int, speed: planner.Speed, gid: str, rival_n: int, rival: planner.Speed, words: str) -> str:
-    return (
-        f"cut short: n_cpu_moe {n}, the lowest with the margin, {words} {speed.text()}, lies wholly below the "
-        f"winner of search {gid}, n_cpu_moe {rival_n} ({rival.text()} over every request of its starts); the values "
-        "above keep more experts on the CPU, so no climb and no further starts"
-    )
-
-
-def _stat(speed: planner.Speed | None) -> dict:
-    if speed is None:
-        return dict.fromkeys(("median", "min", "max", "n"))
-    return {"median": speed.median, "min": speed.low, "max": speed.high, "n": speed.n}
