@@ -361,7 +361,13 @@ def test_table_and_section_show_the_grid(tmp_path, gemma_fetch, server_provenanc
     NT.write_table([small / "needle.json", synth / "needle.json"], path)
     import pandas as pd
 
+    import pyarrow.parquet as pq
+    from crashline.core import columns as cols
+
+    # the registry's columns and types, the lengths as lists of length keys: no JSON text inside Parquet
+    assert pq.read_schema(path).remove_metadata() == cols.schema(cols.NEEDLE)
     frame = pd.read_parquet(path)
+    assert [list(v) for v in frame["required"]] == [["2048"]] * 2 + [["2048", "0.9"]]  # tiny-moe's: the defaults
     ctx = NT.recall_grid(frame)
     assert [m["name"] for m in ctx] == ["gemma", "tiny-moe"] and not ctx[1]["applicable"]
     (cfg,) = ctx[0]["configs"]
@@ -400,9 +406,7 @@ def _trials(rows: list[tuple[str, int, bool]]):
             "depth": 0.5,
             "passed": [p for _, _, p in rows],
             "applicable": True,
-            "failed_required": [
-                json.dumps(sorted({str(n) for c2, n, p in rows if c2 == c and not p})) for c, _, _ in rows
-            ],
+            "failed_required": [sorted({str(n) for c2, n, p in rows if c2 == c and not p}) for c, _, _ in rows],
             "reason": "not recalled",
         }
     )
@@ -419,7 +423,7 @@ def test_a_model_that_fails_the_baseline_refuses_no_configuration_for_recall():
     # a model recall does not apply to has no trials, and no trial columns in its table
     import pandas as pd
 
-    untried = pd.DataFrame({"model": ["t"], "config_id": ["x"], "applicable": [False], "failed_required": ["[]"]})
+    untried = pd.DataFrame({"model": ["t"], "config_id": ["x"], "applicable": [False], "failed_required": [[]]})
     assert NT.uninformative(untried) == {} and NT.recall_failures(untried) == {}
 
 

@@ -290,5 +290,44 @@ SEARCHES: dict[str, pa.DataType] = {
 }
 
 
+# A needle length as a table key: its config value as JSON text, so 2048 tokens ("2048") and 0.9 of the context
+# ("0.9") stay apart, and 1.0 of the context ("1.0") is no 1 token.
+LENGTHS = pa.list_(TEXT)
+NEEDLE: dict[str, pa.DataType] = {  # results/tables/needle.parquet: one row per trial (tables/needle.py)
+    "model": TEXT,
+    "config_id": TEXT,
+    "server_args": TEXT,
+    "environment": TEXT,
+    "server_version": TEXT,
+    "server_sha256": TEXT,
+    "prompt_style": TEXT,
+    "needle_kind": TEXT,
+    "applicable": BOOL,  # False: recall does not apply to this model (an embedding model, no generation)
+    "recall": TEXT,  # the verdict: pass, fail, not applicable, ...
+    "failed_required": LENGTHS,  # the required lengths it failed, as length keys
+    "required": LENGTHS,  # every required length
+    "outcome": TEXT,
+    "failure": TEXT,
+    "phase": TEXT,
+    "message": TEXT,
+    "slot_ctx": INT,
+    "started_at": TEXT,
+    "job_s": FLOAT,
+    "length": TEXT,  # this trial's length key (empty: a configuration without trials)
+    "length_target": INT,
+    "length_fraction": FLOAT,
+    "depth": FLOAT,
+    "depth_actual": FLOAT,
+    "trial": INT,
+    "value": TEXT,
+    "answer": TEXT,
+    "passed": BOOL,
+    "prompt_n": INT,
+    "predicted_n": INT,
+    "prompt_ms": FLOAT,
+    "reason": TEXT,
+}
+
+
 def schema(columns: dict[str, pa.DataType]) -> pa.Schema:
     return pa.schema(list(columns.items()))

@@ -207,22 +207,6 @@ def _conversation_columns(talk: dict) -> dict:
     }
 
 
-def _column(values: list, kind: pa.DataType | None) -> pa.Array:
-    """One column of a table. A scalar is cast safely (2.5 is no int64); lists and structs are built as
-    their type; a column the registry does not name (a setting since removed) keeps its values' type."""
-    if kind is None:
-        return pa.array(values)
-    if pa.types.is_nested(kind):
-        return pa.array(values, type=kind)
-    return pa.array(values).cast(kind)
-
-
-def _table(rows: list[dict], types: dict[str, pa.DataType]) -> pa.Table:
-    """The rows as a table of the registry's columns and types (every column, with no rows too)."""
-    names = list(types) + [k for k in dict.fromkeys(k for row in rows for k in row) if k not in types]
-    return pa.table({name: _column([row.get(name) for row in rows], types.get(name)) for name in names})
-
-
 # -- server starts of one configuration, pooled into one row --------------------------------------------------------
 
 
@@ -355,7 +339,7 @@ def arrow_tables(record_paths: list[Path], starts: list[list[Path]] = ()) -> dic
         ]
         rows["conversations"] += [{**row, **_conversation_columns(t)} for t in rec.get("conversations") or []]
     types = {"configs": cols.CONFIGS, "measurements": cols.MEASUREMENTS, "conversations": cols.CONVERSATIONS}
-    return {name: _table(table_rows, types[name]) for name, table_rows in rows.items()}
+    return {name: tablefiles.typed_table(table_rows, types[name]) for name, table_rows in rows.items()}
 
 
 def tables(record_paths: list[Path], search_paths: list[Path] = ()) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -420,7 +404,7 @@ def _search_row(s: dict) -> dict:
 
 
 def arrow_search_table(summary_paths: list[Path]) -> pa.Table:
-    return _table([_search_row(records.load(p, "search")) for p in summary_paths], cols.SEARCHES)
+    return tablefiles.typed_table([_search_row(records.load(p, "search")) for p in summary_paths], cols.SEARCHES)
 
 
 def search_table(summary_paths: list[Path]) -> pd.DataFrame:

@@ -50,3 +50,19 @@ def keys_of(parquet_path: Path | str) -> set[tuple[str, str]]:
     """The (model, config_id) pairs a table holds, read from those two columns alone."""
     t = pq.read_table(parquet_path, columns=["model", "config_id"])
     return set(zip(t.column("model").to_pylist(), t.column("config_id").to_pylist()))
+
+
+def _column(values: list, kind: pa.DataType | None) -> pa.Array:
+    """One column of a table. A scalar is cast safely (2.5 is no int64); lists and structs are built as
+    their type; a column the registry does not name (a setting since removed) keeps its values' type."""
+    if kind is None:
+        return pa.array(values)
+    if pa.types.is_nested(kind):
+        return pa.array(values, type=kind)
+    return pa.array(values).cast(kind)
+
+
+def typed_table(rows: list[dict], types: dict[str, pa.DataType]) -> pa.Table:
+    """The rows as a table of the registry's columns and types (every column, with no rows too)."""
+    names = list(types) + [k for k in dict.fromkeys(k for row in rows for k in row) if k not in types]
+    return pa.table({name: _column([row.get(name) for row in rows], types.get(name)) for name in names})

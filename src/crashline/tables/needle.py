@@ -9,6 +9,7 @@ from pathlib import Path
 import pandas as pd
 import pyarrow as pa
 
+from ..core import columns as cols
 from ..core import settings as settings_mod
 from ..core import records
 from . import files as tablefiles
@@ -32,8 +33,9 @@ TRIAL_COLUMNS = (
 )
 
 
-def _spec_text(spec) -> str:
-    return json.dumps(spec)  # 2048 -> "2048", 0.9 -> "0.9", 1.0 -> "1.0": ints and fractions stay apart
+def length_key(spec) -> str:
+    """A needle length as the table keeps it (``columns.LENGTHS``): 2048 -> "2048", 0.9 -> "0.9", 1.0 -> "1.0"."""
+    return json.dumps(spec)
 
 
 def _config_columns(rec: dict) -> dict:
@@ -51,8 +53,8 @@ def _config_columns(rec: dict) -> dict:
         "needle_kind": ns.get("kind"),
         "applicable": rec["applicable"],
         "recall": rec["recall"],
-        "failed_required": json.dumps([_spec_text(s) for s in rec.get("failed_required") or []]),
-        "required": json.dumps([_spec_text(s) for s in ns.get("required") or []]),
+        "failed_required": [length_key(s) for s in rec.get("failed_required") or []],
+        "required": [length_key(s) for s in ns.get("required") or []],
         "outcome": rec["outcome"],
         "failure": rec.get("failure"),
         "phase": rec.get("phase"),
@@ -72,9 +74,9 @@ def _seconds_between(start: str | None, end: str | None) -> float | None:
     return (datetime.fromisoformat(end) - datetime.fromisoformat(start)).total_seconds()
 
 
-def table(record_paths) -> pd.DataFrame:
-    """Needle records into one row per trial (a configuration without trials gets one row with
-    empty trial columns)."""
+def table(record_paths) -> pa.Table:
+    """Needle records into one row per trial of the registry's columns (``columns.NEEDLE``; a configuration
+    without trials gets one row with empty trial columns)."""
     rows = []
     for path in record_paths:
         rec = records.load(path, "needle")
@@ -83,15 +85,15 @@ def table(record_paths) -> pd.DataFrame:
         if not trials:
             rows.append({**base, "length": None})
         for t in trials:
-            rows.append({**base, "length": _spec_text(t["length"]), **{k: t.get(k) for k in TRIAL_COLUMNS}})
-    return pd.DataFrame(rows)
+            rows.append({**base, "length": length_key(t["length"]), **{k: t.get(k) for k in TRIAL_COLUMNS}})
+    return tablefiles.typed_table(rows, cols.NEEDLE)
 
 
 def write_table(record_paths, path: Path) -> pd.DataFrame:
     """``table`` written atomically as Parquet, CSV and JSON."""
-    frame = table([Path(p) for p in record_paths])
-    tablefiles.write(pa.Table.from_pandas(frame, preserve_index=False), path)
-    return frame
+    arrow = table([Path(p) for p in record_paths])
+    tablefiles.write(arrow, path)
+    return arrow.to_pandas()
 
 
 def _value(value):
@@ -126,14 +128,14 @@ def _config_grid(cid: str, rows: pd.DataFrame) -> dict:
     first = rows.iloc[0]
     trials = rows[rows["length"].notna()]
     depths = list(dict.fromkeys(float(d) for d in trials["depth"])) if not trials.empty else []
-    required = json.loads(first["required"])
+    required = list(first["required"])
     return {
         "config_id": cid,
         "server_args": first["server_args"],
         "prompt_style": first["prompt_style"],
         "applicable": bool(first["applicable"]),
         "recall": first["recall"],
-        "failed_required": [length_label(json.loads(s)) for s in json.loads(first["failed_required"])],
+        "failed_required": [length_label(json.loads(s)) for s in first["failed_required"]],
         "outcome": first["outcome"],
         "message": _value(first["message"]),
         "slot_ctx": _int(first["slot_ctx"]),
@@ -200,7 +202,7 @@ def recall_failures(frame: pd.DataFrame | None) -> dict[tuple[str, str], str]:
     for (model, cid), rows in frame.groupby(["model", "config_id"], sort=False):
         if model in exempt:
             continue
-        failed = json.loads(rows.iloc[0]["failed_required"])
+        failed = list(rows.iloc[0]["failed_required"])
         if not failed:
             continue
         bad = rows[rows["length"].isin(failed) & ~rows["passed"].fillna(False).astype(bool)]
