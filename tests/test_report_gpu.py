@@ -7,6 +7,7 @@ peaks, the log and the exit status), so these tests check today's code, not the 
 
 from __future__ import annotations
 
+import sys
 import html as markup
 import re
 from pathlib import Path
@@ -368,3 +369,28 @@ def test_the_answer_of_the_h200_tune_is_the_search_s_interleaved_winner_and_fit_
     (answer,) = read_json(LEASE / "recommendation.json")
     ratios = {f["label"]: round(f["ratio"], 2) for f in answer["fit_on"]}
     assert ratios == {"--fit on --cache-ram 0": 0.97, "--fit on": 1.33} and round(answer["over_fit_on"], 2) == 0.97
+
+
+def test_tune_prints_the_tie_and_each_fit_run_under_the_margin_as_the_report_says(tmp_path):
+    """What tune prints is recommendation.json as the current code writes it from the lease's records: the tie and
+    why it went one way, and each --fit on run with what its peak left where that was under the margin."""
+    sys.path.insert(0, str(REPO / "bench"))
+    import rerender
+
+    from crashline.cli.tune import answer
+
+    rerender.rerender(LEASE, tmp_path / "results")
+    (found,) = read_json(tmp_path / "results" / "recommendation.json")
+    assert found["tie"] and found["tie"].endswith("ahead of `553dad665d` on prefill, decode and time to first token")
+    assert {(f["label"], f["headroom_mib"], f["under_margin"]) for f in found["fit_on"]} == {
+        ("--fit on --cache-ram 0", 832.0, 1024),
+        ("--fit on", 832.0, 1024),
+    }
+    lines = answer({"results_dir": str(tmp_path / "results")})
+    assert lines[1].startswith("  end to end 4303.1 t/s, tied for the fastest by end to end t/s per request")
+    assert lines[2] == f"  {found['tie']}"
+    assert (
+        "  0.97× the end to end t/s of --fit on --cache-ram 0 (its peak left 832 MiB, under the 1,024 MiB margin: it "
+        "could not be the answer)"
+    ) in lines
+    assert any(line.startswith("  1.33× the end to end t/s of --fit on (its peak left 832 MiB") for line in lines)

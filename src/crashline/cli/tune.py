@@ -347,10 +347,13 @@ def answer(cfg: dict) -> list[str]:
         if not a["winner"]:
             lines.append(f"{a['machine']}: no recommendation: {a['why']}.")
             continue
+        best = "tied for the fastest" if a.get("tie") else "the fastest"
         lines += [
             f"{a['machine']}: use {a['use']}",
-            f"  {a['metric_label']} {a['speed']:.1f} t/s, the best by {a['objective']}"
+            f"  {a['metric_label']} {a['speed']:.1f} t/s, {best} by {a['objective']}"
             + (f"; {a['memory']}" if a.get("memory") else ""),
+            *([f"  {a['tie']}"] if a.get("tie") else []),
+            *(f"  {fit_line(f, a['metric_label'])}" for f in a.get("fit_on") or [] if f.get("ratio") is not None),
             f"  {a['command']}",
         ]
     said = next((cost_text(a["cost"]) for a in found if a.get("cost")), None)
@@ -361,6 +364,18 @@ def answer(cfg: dict) -> list[str]:
         *(["", *table, ""] if table else []),
         f"report: {layout.report_md()} and {layout.report_html()}",
     ]
+
+
+def fit_line(fit: dict, metric_label: str) -> str:
+    """The answer against one of llama.cpp's own placements: "1.35× the end to end t/s of --fit on --cache-ram 8192",
+    and where that placement fell under the margin, what it left."""
+    head = fit.get("headroom_mib")
+    under = (
+        f" (its peak left {head:,.0f} MiB, under the {fit['under_margin']:,} MiB margin: it could not be the answer)"
+        if fit.get("under_margin") and head is not None
+        else ""
+    )
+    return f"{fit['ratio']:.2f}× the {metric_label} t/s of {fit['label']}{under}"
 
 
 def run_folder(raw: dict, out: Path, verb: str, gpu: str | None = None) -> Path:

@@ -82,7 +82,8 @@ def fit_comparison(
             "fit": _placement_summary(fit, fit_speed),
             "speed": None if fit["outcome"] != Outcome.OK or missing(fit_speed) else float(fit_speed),
             # it survived with less headroom than the margin: faster or not, it could not be the recommendation
-            "under_margin": None if missing(h := fit["headroom_mib"]) or h >= margin_mib else margin_mib,
+            "headroom_mib": None if missing(h := fit["headroom_mib"]) else float(h),
+            "under_margin": None if missing(h) or h >= margin_mib else margin_mib,
             "recommended": None,
             "ratio": None,
             "is_fit": False,
@@ -176,8 +177,16 @@ def answers(ctx: dict) -> list[dict]:
                     if any(f["is_fit"] for f in fits)
                     else min((f["ratio"] for f in fits), default=None),
                     "fit_on": [
-                        {"label": f["label"], "config_id": f["fit"]["config_id"], "ratio": f["ratio"]} for f in fits
+                        {
+                            "label": f["label"],
+                            "config_id": f["fit"]["config_id"],
+                            "ratio": f["ratio"],
+                            "headroom_mib": f["headroom_mib"],
+                            "under_margin": f["under_margin"],  # the margin it fell under, where it did
+                        }
+                        for f in fits
                     ],
+                    "tie": r.get("tie"),  # tied with others on the objective: why this one (None: no tie)
                     "use": r["use"],
                     "command": reproduce_command(r["winner_row"]["command_argv"]),
                     "speed": r["winner_speed"],
