@@ -115,7 +115,7 @@ def run(args) -> None:
             measure(
                 model_name=t["model"],
                 item={"id": t["id"], "settings": S.resolve(t["given"]), "given": t["given"]},
-                config=jobs.search_spec(cfg, t["model"], t["group"]["id"])["config"],
+                config=jobs.search_spec(cfg, t["model"], t["group"]["id"]).config,
                 fetch_record=inputs["fetch_record"],
                 manifest=inputs["manifest"],
                 provenance=inputs["provenance"],

@@ -162,7 +162,7 @@ def job_spec(job):
 
     def spec(wildcards):
         job_id = wildcards.gid if job in ("search", "search_needle") else wildcards.cid
-        return crashline_jobs.as_param(
+        return crashline_jobs.to_json(
             crashline_jobs.spec(job, CFG, wildcards.model, job_id)
         )
 

@@ -39,19 +39,42 @@ def test_specs_hold_what_each_job_reads_and_nothing_else():
     cfg = C.load(REPO / "config" / "config.yaml")
     item = C.expand(cfg)[0]
     measure, needle = (jobs.spec(j, cfg, item["model"], item["id"]) for j in ("measure", "needle"))
-    assert set(measure["config"]) == {
+    assert set(measure.config) == {
         *("server", "workloads", "conversations", "repetitions", "warmup_requests", "budget", "telemetry"),
     }
     # a config without conversations has no key for them: its measurements keep their job key
     bare = jobs.spec("measure", {**cfg, "conversations": []}, item["model"], item["id"])
-    assert set(bare["config"]) == {"server", "workloads", "repetitions", "warmup_requests", "budget", "telemetry"}
-    assert set(needle["config"]) == {"models", "server", "budget", "needle"}
-    assert set(measure["config"]["server"]) == {"startup_timeout_s", "request_timeout_s", "stop_timeout_s"}
+    assert set(bare.config) == {"server", "workloads", "repetitions", "warmup_requests", "budget", "telemetry"}
+    assert set(needle.config) == {"models", "server", "budget", "needle"}
+    assert set(measure.config["server"]) == {"startup_timeout_s", "request_timeout_s", "stop_timeout_s"}
     # the margin decides what may be recommended, not what a server measures: a search and its recall check have it
-    assert "margin_mib" not in measure["config"]["budget"] and "margin_mib" not in needle["config"]["budget"]
+    assert "margin_mib" not in measure.config["budget"] and "margin_mib" not in needle.config["budget"]
     edited = {**cfg, "needle": {**cfg["needle"], "depths": [0.5]}}
     assert jobs.spec("measure", edited, item["model"], item["id"]) == measure  # recall settings: measure kept
     assert jobs.spec("needle", edited, item["model"], item["id"]) != needle
+
+
+def test_a_spec_is_typed_per_job_and_reads_back_only_as_written():
+    """Each server job's spec is a frozen dataclass of its own fields: its text (the rule's params) reads back equal,
+    and text that is not a spec (the whole config, a spec lacking a field) is refused naming the keys."""
+    import dataclasses
+    import json
+
+    cfg = C.load(REPO / "config" / "config.yaml")
+    item, group = C.expand(cfg)[0], {"model": "m", "id": "g"}
+    for job in ("measure", "needle"):
+        spec = jobs.spec(job, cfg, item["model"], item["id"])
+        assert type(spec).job == job and jobs.from_json(jobs.to_json(spec)) == spec and spec.id == item["id"]
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            spec.config = cfg
+    assert json.loads(jobs.to_json(jobs.spec("needle", cfg, item["model"], item["id"])))["job"] == "needle"
+    whole = json.dumps({"job": "measure", "model": item["model"], **cfg})
+    with pytest.raises(C.ConfigError, match=r"--spec of a measure job: unknown key 'budget'.*; no 'item'"):
+        jobs.from_json(whole)
+    with pytest.raises(C.ConfigError, match="no job of measure, needle, search, search_needle"):
+        jobs.from_json(json.dumps(group))
+    with pytest.raises(C.ConfigError, match="--spec: not JSON"):
+        jobs.from_json("{")
 
 
 def test_what_changed_names_each_leaf_by_its_path():
@@ -106,8 +129,8 @@ def test_search_probes_are_measured_again_after_an_edit(tmp_path, tiny_moe, serv
         spec = jobs.spec("search", cfg, "tiny", C.expand_searches(cfg)[0]["id"])
         summary = run_search(
             model_name="tiny",
-            group=spec["group"],
-            config=spec["config"],
+            group=spec.group,
+            config=spec.config,
             fetch_record=fetch_record(model),
             manifest=inspect_gguf(model),
             provenance=server_provenance,

@@ -326,8 +326,8 @@ def test_the_margin_is_searched_from_the_prediction_on_the_h200_search(tmp_path,
     spec = jobs.spec("search", cfg, "qwen3-30b-a3b", real["group"])
     summary = search.run_search(
         model_name="qwen3-30b-a3b",
-        group=spec["group"],
-        config=spec["config"],
+        group=spec.group,
+        config=spec.config,
         fetch_record={},
         manifest=read_json(TUNE_H200 / "results" / "models" / "qwen3-30b-a3b" / "manifest.json"),
         provenance={},

@@ -113,15 +113,15 @@ def test_search_climbs_then_starts_the_finalists_again_interleaved(tmp_path, tin
     )
     (group,) = C.expand_searches(cfg)
     spec = jobs.spec("search", cfg, "tiny", group["id"])
-    assert (spec["group"]["climb"], spec["group"]["starts"]) == (2, 2)
-    assert spec["group"]["objective"] == {"metric": "decode_tps", "workload": "short", **spec["group"]["objective"]}
+    assert (spec.group["climb"], spec.group["starts"]) == (2, 2)
+    assert spec.group["objective"] == {"metric": "decode_tps", "workload": "short", **spec.group["objective"]}
     out = tmp_path / "search"
 
     def search() -> dict:
         return run_search(
             model_name="tiny",
-            group=spec["group"],
-            config=spec["config"],
+            group=spec.group,
+            config=spec.config,
             fetch_record=fetch_record(tiny_moe),
             manifest=inspect_gguf(tiny_moe),
             provenance=server_provenance,
@@ -356,12 +356,12 @@ def test_a_search_clearly_slower_than_its_rival_stops_at_the_lowest_value_with_t
     (group,) = C.expand_searches(cfg)
     assert group["rivals"] == []  # the first search of its model has none
     spec = jobs.spec("search", cfg, "tiny", group["id"])
-    rival = _rival(spec["group"]["objective"], rival_tps, rival_tps * 0.9, rival_tps * 1.1)
+    rival = _rival(spec.group["objective"], rival_tps, rival_tps * 0.9, rival_tps * 1.1)
     out = tmp_path / "search"
     summary = run_search(
         model_name="tiny",
-        group=spec["group"],
-        config=spec["config"],
+        group=spec.group,
+        config=spec.config,
         fetch_record=fetch_record(tiny_moe),
         manifest=inspect_gguf(tiny_moe),
         provenance=server_provenance,

@@ -91,14 +91,16 @@ def _server_job(args) -> int:
     cfg, layout = _load(args)
     job = args.verb.replace("-", "_")
     if args.spec:
-        job_spec = json.loads(args.spec)
-        model, job_id = job_spec["model"], (job_spec.get("item") or job_spec.get("group"))["id"]
+        job_spec = jobs.from_json(args.spec)
+        if job_spec.job != job:
+            raise config_mod.ConfigError(f"{args.verb} --spec: the spec is of a {job_spec.job} job; give one of {job}")
+        model, job_id = job_spec.model, job_spec.id
     elif args.model and args.id:
         model, job_id = args.model, args.id
         job_spec = jobs.spec(job, cfg, model, job_id)
     else:
         raise config_mod.ConfigError(f"{args.verb} needs --model and --id (see `plan`), or --spec")
-    draft = (job_spec.get("item") or {}).get("settings", {}).get("draft_model")
+    draft = getattr(job_spec, "item", {}).get("settings", {}).get("draft_model")
     inputs = jobs.inputs(
         Path(args.fetch or layout.fetch(model)),
         Path(args.manifest or layout.manifest(model)),
@@ -107,7 +109,7 @@ def _server_job(args) -> int:
     )
     if job == "search":
         outputs = {"summary": args.out or layout.search(model, job_id)}
-        rivals = job_spec["group"].get("rivals") or []
+        rivals = job_spec.group.get("rivals") or []
         inputs["rivals"] = jobs.rivals(args.rival or [layout.search(model, gid) for gid in rivals], rivals)
     elif job == "search_needle":
         outputs = {
@@ -119,8 +121,8 @@ def _server_job(args) -> int:
             "record": args.out or layout.needle_record(model, job_id),
             "server_log": args.log or layout.needle_server_log(model, job_id),
         }
-        if job_spec.get("twin"):
-            inputs["twin_record"] = layout.needle_record(model, job_spec["twin"])
+        if job_spec.twin:
+            inputs["twin_record"] = layout.needle_record(model, job_spec.twin)
     else:
         outputs = {
             "record": args.out or layout.record(model, job_id),

@@ -9,13 +9,109 @@ drift apart.
 
 from __future__ import annotations
 
+import dataclasses
 import json
+from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
 from ..config import plan as config_mod
 from ..core.atomic import read_json
 
 SERVER_LIMITS = ("startup_timeout_s", "request_timeout_s", "stop_timeout_s")
+
+
+@dataclass(frozen=True)
+class MeasureSpec:
+    """What a measurement reads: the configuration (``item``: id, resolved settings, what the config wrote) and how
+    its server runs (``config``: server limits, workloads, conversations, soak, repetitions, budget, telemetry)."""
+
+    model: str
+    item: dict
+    config: dict
+    job: ClassVar[str] = "measure"
+
+    @property
+    def id(self) -> str:
+        return self.item["id"]
+
+
+@dataclass(frozen=True)
+class NeedleSpec:
+    """What a recall check reads: the configuration, the model's source and prompt style, server limits, the budget
+    and the needle grid (``config``); ``twin``: the configuration whose recall stands for this one's, if any."""
+
+    model: str
+    item: dict
+    config: dict
+    twin: str | None = None
+    job: ClassVar[str] = "needle"
+
+    @property
+    def id(self) -> str:
+        return self.item["id"]
+
+
+@dataclass(frozen=True)
+class SearchSpec:
+    """What a search reads: the group (settings, range, climb, starts, the objective, the margin, ``rivals`` with
+    prune) and what each probe reads (``config``, as a measurement's)."""
+
+    model: str
+    group: dict
+    config: dict
+    job: ClassVar[str] = "search"
+
+    @property
+    def id(self) -> str:
+        return self.group["id"]
+
+
+@dataclass(frozen=True)
+class SearchNeedleSpec:
+    """What a search's recall check reads: the group's id, the objective its candidates are ordered by, the margin,
+    and what a needle job reads (``config``)."""
+
+    model: str
+    group: dict
+    objective: dict
+    margin_mib: int
+    config: dict
+    job: ClassVar[str] = "search_needle"
+
+    @property
+    def id(self) -> str:
+        return self.group["id"]
+
+
+JobSpec = MeasureSpec | NeedleSpec | SearchSpec | SearchNeedleSpec
+KINDS: dict[str, type] = {k.job: k for k in (MeasureSpec, NeedleSpec, SearchSpec, SearchNeedleSpec)}
+
+
+def to_json(job_spec: JobSpec) -> str:
+    """The spec as the rule's params value: canonical JSON (the job's name beside its fields, an absent twin left
+    out), so equal specs are equal strings and a spec written before the classes reads the same."""
+    fields = {k: v for k, v in dataclasses.asdict(job_spec).items() if v is not None}
+    return json.dumps({"job": job_spec.job, **fields}, sort_keys=True, separators=(",", ":"))
+
+
+def from_json(text: str) -> JobSpec:
+    """A spec back from ``to_json``'s text (``--spec``); ConfigError naming what is wrong with it."""
+    from ..config.file import ConfigError
+
+    try:
+        raw = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"--spec: not JSON ({exc}); give the text the workflow passes (`crashline plan`)") from None
+    kind = KINDS.get(raw.pop("job", None)) if isinstance(raw, dict) else None
+    if kind is None:
+        raise ConfigError(f"--spec: no job of {', '.join(KINDS)} named in it; give the text the workflow passes")
+    names = {f.name for f in dataclasses.fields(kind)}
+    unknown, lacking = sorted(set(raw) - names), sorted(n for n in names - set(raw) if n != "twin")
+    if unknown or lacking:
+        said = "; ".join([*(f"unknown key {k!r}" for k in unknown), *(f"no {k!r}" for k in lacking)])
+        raise ConfigError(f"--spec of a {kind.job} job: {said}; give the text the workflow passes")
+    return kind(**raw)
 
 
 def _server(config: dict) -> dict:
@@ -33,24 +129,19 @@ def _soak(config: dict) -> dict:
     return {k: v for k, v in config["soak"].items() if k != "must_survive_h"}
 
 
-def measure_spec(config: dict, model: str, cid: str) -> dict:
+def measure_spec(config: dict, model: str, cid: str) -> MeasureSpec:
     """What a measurement reads: the configuration, the workloads and how they are run."""
-    return {
-        "job": "measure",
-        "model": model,
-        "item": config_mod.find(config, model, cid),
-        "config": _measurement_config(config, cid),
-    }
+    return MeasureSpec(model, config_mod.find(config, model, cid), _measurement_config(config, cid))
 
 
-def search_spec(config: dict, model: str, gid: str) -> dict:
+def search_spec(config: dict, model: str, gid: str) -> SearchSpec:
     """What a search reads: the group (settings, range, climb and starts, and the objective its climb and finalists
     are ranked by) and what each probe reads (``config``: the probes' job key does not hold the objective, so a
     new objective reruns the search, which reuses its records)."""
     group = {**config_mod.find_search(config, model, gid), "margin_mib": config["budget"]["margin_mib"]}
     if group.get("climb"):
         group = {**group, "objective": search_objective(config)}
-    return {"job": "search", "model": model, "group": group, "config": _measurement_config(config)}
+    return SearchSpec(model, group, _measurement_config(config))
 
 
 def search_objective(config: dict) -> dict:
@@ -61,44 +152,41 @@ def search_objective(config: dict) -> dict:
     return {**block, "metric": metric, "workload": config_mod.objective_workload(config)}
 
 
-def needle_spec(config: dict, model: str, cid: str) -> dict:
+def needle_spec(config: dict, model: str, cid: str) -> NeedleSpec:
     """What a recall check reads: the configuration, the model's source and prompt style, the needle
     grid and the budget it is checked under; and the configuration whose recall stands for it, if any."""
     from ..config.needle import needle_settings
 
-    twin = config_mod.needle_twin(config, model, cid)
-    return {
-        "job": "needle",
-        "model": model,
-        "item": config_mod.find(config, model, cid),
-        **({"twin": twin} if twin else {}),  # its recall is the twin's (the same llama-server arguments)
-        "config": {
+    return NeedleSpec(
+        model,
+        config_mod.find(config, model, cid),
+        {
             "models": {model: config["models"][model]},
             "server": _server(config),
             "budget": _budget(config),
             "needle": needle_settings(config),
         },
-    }
+        config_mod.needle_twin(config, model, cid),  # its recall is the twin's (the same llama-server arguments)
+    )
 
 
-def search_needle_spec(config: dict, model: str, gid: str) -> dict:
+def search_needle_spec(config: dict, model: str, gid: str) -> SearchNeedleSpec:
     """What a search's recall check reads: the group, the objective its candidates are ordered by, and what a
     needle job reads (the model's source and prompt style, server limits, the budget and margin, the grid)."""
     from ..config.needle import needle_settings
 
-    return {
-        "job": "search_needle",
-        "model": model,
-        "group": {"id": gid},
-        "objective": search_objective(config),
-        "margin_mib": config["budget"]["margin_mib"],
-        "config": {
+    return SearchNeedleSpec(
+        model,
+        {"id": gid},
+        search_objective(config),
+        config["budget"]["margin_mib"],
+        {
             "models": {model: config["models"][model]},
             "server": _server(config),
             "budget": _budget(config),
             "needle": needle_settings(config),
         },
-    }
+    )
 
 
 def workloads_of(config: dict, cid: str | None) -> list[dict]:
@@ -128,13 +216,8 @@ def _measurement_config(config: dict, cid: str | None = None) -> dict:
 SPECS = {"measure": measure_spec, "search": search_spec, "needle": needle_spec, "search_needle": search_needle_spec}
 
 
-def spec(job: str, config: dict, model: str, job_id: str) -> dict:
+def spec(job: str, config: dict, model: str, job_id: str) -> JobSpec:
     return SPECS[job](config, model, job_id)
-
-
-def as_param(job_spec: dict) -> str:
-    """The spec as the rule's params value: canonical JSON, so equal specs are equal strings."""
-    return json.dumps(job_spec, sort_keys=True, separators=(",", ":"))
 
 
 def inputs(fetch: Path, manifest: Path, provenance: Path, draft_fetch: Path | None = None) -> dict:
@@ -164,17 +247,17 @@ def rivals(paths: list, gids: list[str]) -> list[dict]:
     return [records.load(Path(p), "search") for p in paths]
 
 
-def run(job_spec: dict, inputs: dict, outputs: dict) -> str:
+def run(job_spec: JobSpec, inputs: dict, outputs: dict) -> str:
     """Run one job; returns the line it prints. ``outputs``: record, server_log, telemetry (measure);
     record, server_log (needle); summary (search)."""
-    model = job_spec["model"]
-    if job_spec["job"] == "measure":
+    model = job_spec.model
+    if isinstance(job_spec, MeasureSpec):
         from .measure import measure
 
         rec = measure(
             model_name=model,
-            item=job_spec["item"],
-            config=job_spec["config"],
+            item=job_spec.item,
+            config=job_spec.config,
             **inputs,
             record_path=Path(outputs["record"]),
             log_path=Path(outputs["server_log"]),
@@ -183,61 +266,61 @@ def run(job_spec: dict, inputs: dict, outputs: dict) -> str:
         return f"{model} {rec['config_id']}: {rec['outcome']}" + (
             f" ({rec['phase']}: {rec['message']})" if rec["message"] else ""
         )
-    if job_spec["job"] == "needle":
+    if isinstance(job_spec, NeedleSpec):
         from .needle import run_needle
 
-        if job_spec.get("twin"):
+        if job_spec.twin:
             from .needle import copy_twin
 
             rec = copy_twin(
-                job_spec["item"],
-                job_spec["twin"],
+                job_spec.item,
+                job_spec.twin,
                 Path(inputs["twin_record"]),
                 Path(outputs["record"]),
                 Path(outputs["server_log"]),
             )
-            return f"{model} {job_spec['item']['id']}: recall {rec['recall']}, as {job_spec['twin']}'s"
+            return f"{model} {job_spec.id}: recall {rec['recall']}, as {job_spec.twin}'s"
         rec = run_needle(
             model_name=model,
-            item=job_spec["item"],
-            config=job_spec["config"],
+            item=job_spec.item,
+            config=job_spec.config,
             **inputs,
             record_path=Path(outputs["record"]),
             log_path=Path(outputs["server_log"]),
         )
-        return f"{model} {job_spec['item']['id']}: recall {rec['recall']}"
+        return f"{model} {job_spec.id}: recall {rec['recall']}"
     rival_summaries = inputs.get("rivals") or []
     inputs = {k: v for k, v in inputs.items() if k not in ("draft_path", "rivals")}
-    if job_spec["job"] == "search_needle":
+    if isinstance(job_spec, SearchNeedleSpec):
         from .needle import run_search_needle
 
         rec = run_search_needle(
             model_name=model,
             summary_path=Path(outputs["search"]),
-            objective=job_spec["objective"],
-            margin_mib=job_spec["margin_mib"],
-            config=job_spec["config"],
+            objective=job_spec.objective,
+            margin_mib=job_spec.margin_mib,
+            config=job_spec.config,
             **inputs,
             out_path=Path(outputs["summary"]),
         )
         tested = ", ".join(rec["records"]) or "none"
-        return f"{model} search {job_spec['group']['id']}: recall checked for {tested}; recalled: {rec['recalled']}"
+        return f"{model} search {job_spec.id}: recall checked for {tested}; recalled: {rec['recalled']}"
     from ..core.locks import lease_for
     from .search import run_search
     from ..core.settings import resolve
 
-    group = job_spec["group"]
+    group = job_spec.group
     highest = resolve({**group["given"], "n_cpu_moe": group["range"][1]})  # the most the search asks of the host
     with lease_for(f"search {model} {group['id']}", highest, inputs["manifest"].get("layers")):  # every probe's
         summary = run_search(
             model_name=model,
             group=group,
-            config=job_spec["config"],
+            config=job_spec.config,
             **inputs,
             rivals=rival_summaries,
             out_dir=Path(outputs["summary"]).parent,
         )
     return (
-        f"{model} search {job_spec['group']['id']}: boundary n_cpu_moe {summary['boundary']}, use "
+        f"{model} search {job_spec.id}: boundary n_cpu_moe {summary['boundary']}, use "
         f"{summary['recommended_n_cpu_moe']}, {summary['server_starts']} server starts"
     )
