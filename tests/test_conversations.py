@@ -16,7 +16,7 @@ from crashline.core.records import Outcome
 from crashline.engine import planner
 from crashline.models.manifest import inspect_gguf
 
-from test_measure import measure_gemma
+from helpers import measure_gemma
 
 pytestmark = pytest.mark.e2e
 

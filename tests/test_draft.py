@@ -13,7 +13,7 @@ from crashline.report import model_sections
 from crashline.report.doc import Table
 from crashline.core.records import Outcome
 
-from test_measure import measure_gemma
+from helpers import measure_gemma
 
 pytestmark = pytest.mark.e2e
 

@@ -22,8 +22,8 @@ import pytest
 from conftest import REPO
 from crashline.engine import server as server_mod
 from crashline.core.atomic import read_json
-from test_measure import fetch_record, run
-from test_workflow_lint import copy_workflow
+from helpers import fetch_record, run
+from helpers import copy_workflow
 
 pytestmark = pytest.mark.faults
 
@@ -188,7 +188,7 @@ def test_a_port_taken_between_choosing_and_binding_is_retried(tmp_path, tiny_moe
 
 @pytest.mark.skipif(Path("/dev/nvidiactl").exists(), reason="the case of a machine without a GPU")
 def test_a_budget_without_a_gpu_is_refused_with_every_output_written(tmp_path, tiny_moe, server_provenance):
-    from test_measure import measure_one
+    from helpers import measure_one
 
     config = {
         "models": {"tiny": {"source": f"file:{tiny_moe}"}},
@@ -362,7 +362,7 @@ def full_disk(tmp_path):
 def test_a_full_disk_loses_nothing_and_leaves_no_server(tmp_path, tiny_moe, server_provenance, full_disk):
     from crashline.config import plan as C
     from crashline.jobs import measure as M
-    from test_measure import SCHEMA
+    from helpers import SCHEMA
 
     cfg = C.validate(
         {

@@ -258,7 +258,7 @@ def test_a_measurement_holds_its_gpu_names_it_and_runs_on_its_share_of_the_cpus(
 ):
     """The measurement path with two (fake) GPUs and a real llama-server (CPU build): the record names the GPU it
     held, the host's devices are that GPU alone, and the server got the share's threads (read back from its log)."""
-    from test_measure import fetch_record, measure_one
+    from helpers import fetch_record, measure_one
 
     nv = boards(2)
     monkeypatch.setattr(locks, "LOCK_DIR", tmp_path / "locks")

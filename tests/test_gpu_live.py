@@ -12,7 +12,7 @@ from crashline.config import plan as C
 from crashline.models import synthetic
 from crashline.engine.ballast import Ballast, BudgetError
 from crashline.core.host import gpus
-from test_measure import SCHEMA, fetch_record
+from helpers import SCHEMA, fetch_record
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not gpus()["present"], reason="needs an NVIDIA GPU (NVML)")]
 

@@ -13,7 +13,7 @@ from crashline.engine.server import ServerProcess
 from crashline.report.rows import memory_text
 from crashline.tables.aggregate import tables
 
-from test_measure import measure_gemma
+from helpers import measure_gemma
 
 ALLOCATE = "import time; chunks = [bytearray({mib} << 20) for _ in range(1)]; time.sleep(30)"
 

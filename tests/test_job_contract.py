@@ -19,8 +19,8 @@ from crashline.core.atomic import read_json
 from crashline.core.host import gpus
 from crashline.models.manifest import inspect_gguf
 from crashline.jobs.search import run_search
-from test_measure import SCHEMA, fetch_record
-from test_workflow_lint import copy_workflow
+from helpers import SCHEMA, fetch_record
+from helpers import copy_workflow
 
 
 def test_a_setting_whose_default_adds_no_argument_keeps_every_id(monkeypatch):

@@ -3,102 +3,17 @@ writes a record, and no server process outlives the job."""
 
 from __future__ import annotations
 
-import hashlib
 import os
 import signal
 import time
-from pathlib import Path
 
 import pandas as pd
 import psutil
 import pytest
 
-from crashline.config.plan import load_schema
 from crashline.config import plan as C
-from crashline.jobs import measure as M
 from crashline.jobs import serving
-from crashline.core.atomic import read_json
-
-
-SCHEMA = load_schema()
-
-
-def fetch_record(model_path) -> dict:
-    """What `fetch` records for a local file: its size and hash (measure checks it is unchanged)."""
-    path = Path(model_path)
-    digest = hashlib.sha256(path.read_bytes()).hexdigest()
-    return {
-        "source": f"file:{path}",
-        "sha256": digest,
-        "files": [{"name": path.name, "path": str(path), "bytes": path.stat().st_size, "sha256": digest}],
-    }
-
-
-def measure_one(folder: Path, model: str, fetch: dict, provenance: dict, config: dict, draft_path=None) -> dict:
-    """The first configuration of ``config`` (a raw config; validated here) measured on ``model``: its record, as
-    written to ``folder``/measure.json (the server's log and the telemetry beside it, as in a results folder)."""
-    cfg = C.validate(config, SCHEMA)
-    item = C.expand(cfg)[0]
-    M.measure(
-        model_name=model,
-        item=item,
-        config=cfg,
-        fetch_record=fetch,
-        manifest={},
-        provenance=provenance,
-        record_path=folder / "measure.json",
-        log_path=folder / "server.log",
-        telemetry_path=folder / "telemetry.parquet",
-        draft_path=draft_path,
-    )
-    return read_json(folder / "measure.json")
-
-
-def measure_gemma(folder: Path, gemma_fetch: dict, provenance: dict, config: dict, draft_path=None) -> dict:
-    """The one configuration of ``config`` measured on the real gemma (``measure_one``)."""
-    return measure_one(folder, "gemma", gemma_fetch, provenance, config, draft_path)
-
-
-def run(tmp_path, model_path, provenance, settings, workloads, reps=2, request_timeout_s=300, fetch=None, budget=None):
-    cfg = C.validate(
-        {
-            "models": {"tiny": {"source": f"file:{model_path}"}},
-            "defaults": {"threads": 2},
-            "configurations": [{"settings": settings}],
-            "workloads": workloads,
-            "repetitions": reps,
-            "server": {"startup_timeout_s": 120, "request_timeout_s": request_timeout_s},
-            **({"budget": budget} if budget else {}),
-        },
-        SCHEMA,
-    )
-    (item,) = C.expand(cfg)
-    fetch = fetch or fetch_record(model_path)
-    record_path = tmp_path / "measure.json"
-    rec = M.measure(
-        model_name="tiny",
-        item=item,
-        config=cfg,
-        fetch_record=fetch,
-        manifest={},
-        provenance=provenance,
-        record_path=record_path,
-        log_path=tmp_path / "server.log",
-    )
-    written = read_json(record_path)
-    assert (written["config_id"], written["outcome"], written["message"]) == (
-        item["id"],
-        rec["outcome"],
-        rec["message"],
-    )
-    assert not list(tmp_path.glob(".*.part")), "no temporary file left behind"
-    left = [
-        p
-        for p in psutil.Process().children(recursive=True)
-        if p.name() == "llama-server" and p.is_running() and p.status() != psutil.STATUS_ZOMBIE
-    ]
-    assert not left, "the server outlived the job"
-    return rec
+from helpers import run
 
 
 def test_ok_record_has_speeds_placement_and_memory(tmp_path, tiny_moe, server_provenance):

@@ -19,8 +19,8 @@ from crashline.core.paths import Layout
 
 from conftest import REPO
 from fake_nvml import FakeNvml
-from test_measure import SCHEMA, fetch_record, measure_one
-from test_workflow_e2e import snakemake
+from helpers import SCHEMA, fetch_record, measure_one
+from helpers import snakemake
 
 pytestmark = pytest.mark.e2e
 

@@ -24,7 +24,7 @@ from crashline.engine.server import ServerProcess
 from crashline.core.settings import command_line, resolve
 from crashline.engine.workloads import prose_text
 
-from test_measure import fetch_record
+from helpers import fetch_record
 
 SCHEMA = load_schema()
 

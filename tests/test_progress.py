@@ -17,7 +17,7 @@ import time
 import pytest
 
 from conftest import REPO
-from test_workflow_lint import copy_workflow
+from helpers import copy_workflow
 from crashline.core import progress
 from crashline.engine import provision
 from crashline.jobs.serving import say_run

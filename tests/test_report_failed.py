@@ -21,7 +21,7 @@ from crashline.core.atomic import write_json
 
 from conftest import FIXTURES
 from crashline.core.host import gpus
-from test_measure import SCHEMA, run as measure_one
+from helpers import SCHEMA, run as measure_one
 
 WARMUP = "common_init_from_params: warming up the model with an empty run - please wait"
 WORKLOADS = [{"name": "short", "prompt_tokens": 32, "gen_tokens": 4}]

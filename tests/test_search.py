@@ -11,7 +11,7 @@ import pytest
 
 import pandas as pd
 
-from test_measure import fetch_record
+from helpers import fetch_record
 from crashline.config.plan import load_schema
 from crashline.tables import aggregate
 from crashline.config import plan as C

@@ -15,7 +15,7 @@ from conftest import REPO
 from crashline.jobs import needle as needle_job
 from crashline.core import records
 from crashline.core.atomic import read_json
-from test_workflow_lint import copy_workflow
+from helpers import copy_workflow
 
 CONFIG = """
 models:

@@ -30,7 +30,7 @@ from crashline.engine.server import HOST, ServerProcess
 import test_publish
 from conftest import FIXTURES, REPO
 from test_publish import claim_for, git, section
-from test_workflow_lint import copy_workflow, dry_run
+from helpers import copy_workflow, dry_run
 
 bare = test_publish.bare  # the fixture: a real bare repository with the upstream README on main
 

@@ -25,7 +25,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from test_workflow_lint import copy_workflow
+from helpers import copy_workflow
 
 pytestmark = [pytest.mark.slurm, pytest.mark.e2e]
 

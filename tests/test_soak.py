@@ -9,7 +9,7 @@ import pytest
 
 from crashline.jobs import soak
 
-from test_measure import measure_gemma
+from helpers import measure_gemma
 
 
 def _points(slope: float, noise: float, n: int = 40, seed: int = 1) -> list[dict]:

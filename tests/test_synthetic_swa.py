@@ -15,7 +15,7 @@ from crashline.engine import planner
 from crashline.models import synthetic
 from crashline.models.manifest import inspect_gguf, swa_layers
 
-from test_measure import fetch_record, measure_one
+from helpers import fetch_record, measure_one
 
 KV_SIZE_RE = re.compile(r"llama_kv_cache: size =\s+([\d.]+) MiB")
 

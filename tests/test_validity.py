@@ -19,7 +19,7 @@ from crashline.core.atomic import read_json
 from crashline.report import model_sections
 from crashline.report.doc import Table
 
-from test_measure import SCHEMA, measure_gemma
+from helpers import SCHEMA, measure_gemma
 
 
 def test_bench_arguments_follow_the_settings_and_name_what_llama_bench_cannot_express():

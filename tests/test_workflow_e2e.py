@@ -4,37 +4,19 @@ the synthetic MoE; then an edit of one configuration re-measures only that confi
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
-import subprocess
-import sys
 
 import pandas as pd
 import pytest
 import yaml
 
 from conftest import REPO, WIDTHS, unreadable
+from helpers import snakemake
 
 # The module's first test runs the whole default workflow in its fixture: about 10 minutes on a 2-core AMD EPYC,
 # past the suite's 10-minute limit per test (it held before the needle and warm-up requests grew).
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1800)]
-
-
-def snakemake(workdir, *args, check=True):
-    env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
-    proc = subprocess.run(
-        [sys.executable, "-m", "snakemake", "--cores", "1", *args],
-        cwd=workdir,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=1800,
-    )
-    output = proc.stdout + proc.stderr
-    if check and proc.returncode != 0:
-        raise AssertionError(f"snakemake {' '.join(args)} failed:\n{output[-6000:]}")
-    return output
 
 
 def job_counts(output: str) -> dict[str, int]:

@@ -12,7 +12,7 @@ import pandas as pd
 import pytest
 
 from conftest import REPO
-from test_workflow_lint import copy_workflow
+from helpers import copy_workflow
 
 pytestmark = pytest.mark.e2e
 

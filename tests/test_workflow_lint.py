@@ -5,11 +5,11 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 
 from conftest import REPO
+from helpers import copy_workflow, dry_run
 
 
 def run(*args):
@@ -24,26 +24,6 @@ def test_snakefmt_check():
 def test_lint_is_clean():
     proc = run(sys.executable, "-m", "snakemake", "--lint")
     assert proc.returncode == 0 and "Congratulations" in proc.stdout + proc.stderr, proc.stdout + proc.stderr
-
-
-def copy_workflow(dest):
-    """A copy of the workflow, so that results of the checkout do not matter."""
-    for name in ("Snakefile", "rules", "scripts", "config", "profiles", "envs"):
-        (shutil.copytree if (REPO / name).is_dir() else shutil.copy)(REPO / name, dest / name)
-
-
-def dry_run(workdir, *args):
-    proc = subprocess.run(
-        [sys.executable, "-m", "snakemake", "-n", "report", *args],
-        cwd=workdir,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={**os.environ, "PYTHONPATH": str(REPO / "src")},
-    )
-    out = proc.stdout + proc.stderr
-    assert proc.returncode == 0, out
-    return out
 
 
 def test_dry_run_plans_one_measure_job_per_configuration(tmp_path):
