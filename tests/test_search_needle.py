@@ -55,6 +55,7 @@ def searched(tmp_path_factory, server_provenance):
         env={**os.environ, "PYTHONPATH": str(REPO / "src")},
     )
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-5000:]
+    (work / "console.txt").write_text(proc.stdout + proc.stderr)  # each job with its input and output, as planned
     return work / "results"
 
 
@@ -94,6 +95,12 @@ def test_a_pruned_search_runs_after_its_rival_and_stops_where_it_is_clearly_slow
         k: won[k] for k in ("median", "min", "max", "n")
     }
     folder = next(p.parent for p, s in summaries.items() if s is pruned)
+    # the workflow knows the order: the rival's summary is an input of the pruned search's job (not luck of order)
+    console = (searched.parent / "console.txt").read_text()
+    blocks = console.split("rule search:")[1:]
+    jobs = [dict(line.strip().split(": ", 1) for line in b.splitlines()[1:3]) for b in blocks]  # input, output
+    (job,) = [j for j in jobs if j["output"] == f"results/search/tiny/{pruned['group']}/search.json"]
+    assert f"results/search/tiny/{first['group']}/search.json" in job["input"].split(", "), job
     lowest = pruned["lowest_with_margin"]
     firsts = [
         records.load(folder / "records" / r / "measure.json", "measure") for r in pruned["records"] if "/" not in r
