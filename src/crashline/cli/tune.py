@@ -338,6 +338,7 @@ def answer(cfg: dict) -> list[str]:
     the command, and where the report is."""
     from ..core.atomic import read_json
     from ..core.paths import Layout
+    from ..report.model_sections import standing
     from ..report.sections import cost_text
 
     layout = Layout(cfg["results_dir"])
@@ -347,10 +348,9 @@ def answer(cfg: dict) -> list[str]:
         if not a["winner"]:
             lines.append(f"{a['machine']}: no recommendation: {a['why']}.")
             continue
-        best = "tied for the fastest" if a.get("tie") else "the fastest"
         lines += [
             f"{a['machine']}: use {a['use']}",
-            f"  {a['metric_label']} {a['speed']:.1f} t/s, {best} by {a['objective']}"
+            f"  {a['metric_label']} {a['speed']:.1f} t/s, {standing(a.get('tie'))} by {a['objective']}"
             + (f"; {a['memory']}" if a.get("memory") else ""),
             *([f"  {a['tie']}"] if a.get("tie") else []),
             *(f"  {fit_line(f, a['metric_label'])}" for f in a.get("fit_on") or [] if f.get("ratio") is not None),

@@ -12,6 +12,12 @@ from .compact import compacted, settings_cell
 from .serving_sections import cold_warm, conversations, soaks
 
 
+def standing(tie: str | None) -> str:
+    """Where the recommendation stands, as the report and ``tune`` both say it: tied (``tie``: why the tie went
+    its way, ``recommend``) or not."""
+    return "tied for the fastest" if tie else "the fastest"
+
+
 def or_blank(value) -> str:
     return "" if missing(value) else value
 
@@ -51,7 +57,7 @@ def recommendation(r: dict):
         return Para([Strong(f"No recommendation: {why}"), "."], "fail")
     answer = Para([Strong(["Use ", Code(r["use"])])], "answer")
     said = [
-        f"{r['metric_label'].capitalize()} {r['winner_speed']:.1f} t/s, the best by "
+        f"{r['metric_label'].capitalize()} {r['winner_speed']:.1f} t/s, {standing(r.get('tie'))} by "
         f"{r.get('objective_text') or r['workload']} among the configurations that survived every workload "
         "with the margin",
         f"; {r['memory']}." if r.get("memory") else ".",
