@@ -63,19 +63,16 @@ resume)
   # the model file was written again on this machine (the same bytes, a new mtime): its fetch record takes the new
   # mtime once the file's sha256 is the recorded one, else measure refuses it as replaced (lease of session 13)
   python - /tmp/res/$name <<'PY'
-import hashlib, json, os, sys
+import json, os, sys
 from pathlib import Path
+from crashline.models.verify import sha256_file
 for record in Path(sys.argv[1]).glob("**/models/*/fetch.json"):
     fetch = json.loads(record.read_text())
     for f in fetch["files"]:
         path = Path(f["path"])
         if not path.exists() or os.stat(path).st_mtime_ns == f.get("mtime_ns"):
             continue
-        digest = hashlib.sha256()
-        with open(path, "rb") as fh:
-            while chunk := fh.read(1 << 24):
-                digest.update(chunk)
-        if digest.hexdigest() != f["sha256"]:
+        if sha256_file(path) != f["sha256"]:
             sys.exit(f"{path}: not the file {record} recorded (sha256 differs)")
         f["mtime_ns"] = os.stat(path).st_mtime_ns
     record.write_text(json.dumps(fetch, indent=2))
