@@ -4,6 +4,7 @@ budget chosen to cause them. Skipped without an NVIDIA GPU; run on the GPU machi
 
 from __future__ import annotations
 
+import math
 import time
 
 import pytest
@@ -115,6 +116,49 @@ def test_load_failures_produced_live(tmp_path, medium_moe, server_provenance, bu
     rec = measure(tmp_path, medium_moe, server_provenance, settings, budget_mib=budget_mib)
     assert (rec["outcome"], rec["failure"], rec["phase"]) == ("load_failed", failure, "load"), rec["message"]
     assert rec["ballast"]["budget_mib"] == budget_mib and time.monotonic() - started < 120
+
+
+def test_fit_on_aimed_at_the_margin_live(tmp_path, medium_moe, server_provenance):
+    """#22: --fit on with crashline's target (the 1,024 MiB margin) on a 3 GiB card, a 2,048-token prompt at
+    -ub 2048: every start that left less than the margin is kept and the next raises --fit-target by the
+    shortfall, until one leaves the margin (three starts at most); the record is the last start's."""
+    from crashline.jobs import measure as M
+
+    cfg = C.validate(
+        {
+            "models": {"m": {"source": f"file:{medium_moe}"}},
+            "configurations": [{"settings": {"ctx": 4096, "ubatch": 2048, "batch": 2048, "fit": "on"}}],
+            "workloads": [{"name": "long", "prompt_tokens": 2048, "gen_tokens": 32}],
+            "repetitions": 1,
+            "budget": {"vram_budget_mib": 3072, "margin_mib": 1024},
+        },
+        SCHEMA,
+    )
+    (item,) = C.expand(cfg)
+    rec = M.measure(
+        model_name="m",
+        item=item,
+        config=cfg,
+        fetch_record=fetch_record(medium_moe),
+        manifest={},
+        provenance=server_provenance,
+        record_path=tmp_path / "measure.json",
+        log_path=tmp_path / "server.log",
+    )
+    attempts = rec["fit_aim"]["attempts"]
+    print("fit aim:", [(a["fit_target"], a["outcome"], a["headroom_mib"]) for a in attempts])
+    assert rec["outcome"] == "ok", rec["message"]
+    assert attempts[0]["fit_target"] == 1024 and len(attempts) <= M.FIT_AIM_STARTS
+    for before, after in zip(attempts, attempts[1:]):
+        short = 1024 if before["outcome"] == "oom" else 1024 - before["headroom_mib"]
+        assert short > 0 and after["fit_target"] == before["fit_target"] + math.ceil(math.ceil(short) / 64) * 64
+        assert (tmp_path / f"fit-target-{before['fit_target']}" / "measure.json").exists()
+    assert attempts[-1]["headroom_mib"] >= 1024 or len(attempts) == M.FIT_AIM_STARTS
+    command = rec["command"]
+    assert (
+        int(command[command.index("--fit-target") + 1]) == attempts[-1]["fit_target"] == rec["settings"]["fit_target"]
+    )
+    assert rec["memory"]["headroom_mib"] == attempts[-1]["headroom_mib"]
 
 
 # --- several GPUs: leases by UUID, the ballast on the leased GPU, a configuration across two ------------------

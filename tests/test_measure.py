@@ -4,6 +4,7 @@ writes a record, and no server process outlives the job."""
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import time
 
@@ -12,6 +13,7 @@ import psutil
 import pytest
 
 from crashline.config import plan as C
+from crashline.core import records
 from crashline.jobs import serving
 from helpers import run
 
@@ -305,6 +307,94 @@ def test_fit_on_starts_aimed_at_the_margin_and_the_context(tmp_path, tiny_moe, s
     rec = run(tmp_path / "older", tiny_moe, older, {"fit": "on", "ctx": 2048}, short, reps=1)
     assert rec["outcome"] == "ok" and rec["flags_left_out"] == {"fit_target": "--fit-target", "fit_ctx": "--fit-ctx"}
     assert "--fit-target" not in rec["command"] and "--fit-ctx" not in rec["command"] and "--fit" in rec["command"]
+
+
+def _aimed_job(tmp_path, monkeypatch, headroom_at, outcome_at=lambda target: "ok"):
+    """measure() of a --fit on configuration whose target crashline chose (margin 1024), each start played by a
+    stand-in for _measure whose peak leaves ``headroom_at(target)`` MiB: the loop of measure_aimed, no server."""
+    from crashline.core import records
+    from crashline.core.settings import aim_fit, resolve
+    from crashline.jobs import measure as M
+
+    starts = []
+
+    def one_start(*, model_name, item, config, record_path, log_path, skip_under_margin=None, **_):
+        target = item["settings"]["fit_target"]
+        starts.append((target, skip_under_margin))
+        log_path.write_text(f"server log at --fit-target {target}\n")
+        (record_path.parent / "telemetry.parquet").write_text(f"telemetry at {target}")
+        record = {
+            "config_id": item["id"],
+            "settings": item["settings"],
+            "outcome": outcome_at(target),
+            "memory": {"headroom_mib": float(headroom_at(target))},
+            "time_budget_s": {"server_start": 20.0, "workloads": 10.0, "total": 31.0},
+            "workloads": [],
+            "conversations": [],
+        }
+        return records.write(record_path, "measure", record)
+
+    monkeypatch.setattr(M, "_measure", one_start)
+    settings = aim_fit(resolve({"fit": "on", "ctx": 32768}), 1024)
+    record = M.measure(
+        model_name="m",
+        item={"id": "fit", "settings": settings, "given": {"fit": "on", "ctx": 32768}},
+        config={"budget": {"margin_mib": 1024}},
+        record_path=tmp_path / "measure.json",
+        log_path=tmp_path / "server.log",
+    )
+    return record, starts
+
+
+def test_fit_on_short_of_the_margin_starts_again_with_the_target_raised_by_the_shortfall(tmp_path, monkeypatch):
+    """#22: llama.cpp's --fit leaves --fit-target free by its own estimate; the H200's peaks left 832 and 918 MiB of
+    a 1,024 MiB target. The start that fell short is kept, the next raises the target by the shortfall (rounded up
+    to 64 MiB), and the record is the start that left the margin, its starts and time counted in the tables."""
+    from crashline.tables.aggregate import _time_columns, fit_aim_text
+
+    record, starts = _aimed_job(tmp_path, monkeypatch, lambda target: target - 192 + (40 if target > 1024 else 0))
+    assert starts == [(1024, 1024), (1216, 1024)]  # each start but the last skips timing once under the margin
+    assert record["settings"]["fit_target"] == 1216 and record["memory"]["headroom_mib"] == 1064
+    aim = record["fit_aim"]
+    assert [(a["fit_target"], a["headroom_mib"]) for a in aim["attempts"]] == [(1024, 832), (1216, 1064)]
+    assert (aim["margin_mib"], aim["asked_fit_target"]) == (1024, 1024)
+    kept = tmp_path / "fit-target-1024"
+    assert records.load(kept / "measure.json", "measure")["settings"]["fit_target"] == 1024
+    assert (kept / "server.log").read_text() == "server log at --fit-target 1024\n"
+    assert (kept / "telemetry.parquet").read_text() == "telemetry at 1024"
+    assert (tmp_path / "server.log").read_text() == "server log at --fit-target 1216\n"
+    assert records.load(tmp_path / "measure.json", "measure") == record
+    times = _time_columns(record)
+    assert (times["server_starts"], times["job_s"], times["serving_s"]) == (2, 62.0, 60.0)
+    assert fit_aim_text(aim) == (
+        "--fit-target 1024 left 832 MiB, under the 1,024 MiB margin; --fit-target 1216 left 1,064 MiB"
+    )
+
+
+def test_fit_on_aimed_stops_after_three_starts_and_an_oom_raises_it_by_the_margin(tmp_path, monkeypatch):
+    record, starts = _aimed_job(
+        tmp_path, monkeypatch, lambda target: 500.0, lambda target: "oom" if target == 1024 else "ok"
+    )
+    assert starts == [(1024, 1024), (2048, 1024), (2624, None)]  # the last start is timed whatever it leaves
+    assert [a["outcome"] for a in record["fit_aim"]["attempts"]] == ["oom", "ok", "ok"]
+    assert sorted(p.name for p in tmp_path.glob("fit-target-*")) == ["fit-target-1024", "fit-target-2048"]
+
+    for path in tmp_path.iterdir():
+        shutil.rmtree(path) if path.is_dir() else path.unlink()
+    record, starts = _aimed_job(tmp_path, monkeypatch, lambda target: 2000.0, lambda target: "load_failed")
+    assert starts == [(1024, 1024)]  # a failure a higher target cannot mend: one start
+    assert len(record["fit_aim"]["attempts"]) == 1
+
+
+def test_only_a_target_crashline_chose_is_aimed():
+    from crashline.core.settings import aim_fit, fit_aimed, resolve
+
+    assert fit_aimed(aim_fit(resolve({"fit": "on"}), 1024), {"fit": "on"})
+    assert not fit_aimed(resolve({"fit": "on", "fit_target": 2048}), {"fit": "on", "fit_target": 2048})
+    extra = {"fit": "on", "extra_args": ["--fit-target", "512"]}
+    assert not fit_aimed(aim_fit(resolve(extra), 1024), extra)
+    assert not fit_aimed(aim_fit(resolve({}), 1024), {})  # not --fit on
+    assert not fit_aimed(resolve({"fit": "on"}), {"fit": "on"})  # no margin to aim at
 
 
 def test_every_record_says_where_its_time_went(tmp_path, tiny_moe, server_provenance):

@@ -375,7 +375,8 @@ def fit_line(fit: dict, metric_label: str) -> str:
         if fit.get("under_margin") and head is not None
         else ""
     )
-    return f"{fit['ratio']:.2f}× the {metric_label} t/s of {fit['label']}{under}"
+    aimed = f" (aimed at the margin: {fit['aimed']})" if fit.get("aimed") else ""
+    return f"{fit['ratio']:.2f}× the {metric_label} t/s of {fit['label']}{under}{aimed}"
 
 
 def run_folder(raw: dict, out: Path, verb: str, gpu: str | None = None) -> Path:

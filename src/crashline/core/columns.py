@@ -155,6 +155,7 @@ CONFIGS: dict[str, pa.DataType] = {
     "n_parallel": INT,
     "n_ctx_slot": INT,
     "settings_used": TEXT,
+    "fit_aim": TEXT,  # --fit on aimed at the margin: each start's --fit-target and what its peak left, in words
     "n_threads_batch": INT,
     "layers_offloaded": INT,
     "buffers": BUFFERS,

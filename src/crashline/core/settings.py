@@ -366,6 +366,19 @@ def aim_fit(resolved: dict[str, Any], margin_mib: int | None) -> dict[str, Any]:
     return aimed
 
 
+def fit_aimed(resolved: dict[str, Any], given: dict[str, Any]) -> bool:
+    """Whether crashline chose this ``fit: on`` configuration's --fit-target (``aim_fit``: the margin), so the
+    measurement may raise it until the peak leaves the margin (jobs.measure.measure_aimed); a target the config
+    or extra_args gives is run as given."""
+    extra = {a.split("=", 1)[0] for a in resolved.get("extra_args") or []}
+    return (
+        resolved.get("fit") == "on"
+        and resolved.get("fit_target") is not None
+        and given.get("fit_target") is None
+        and not extra & set(FIT_AIM_FLAGS["fit_target"])
+    )
+
+
 # crashline sets these itself on every start (loopback only, a free port, the placement log level, the key).
 OWN_FLAGS = ("--host", "--port", "-lv", "--verbosity", "--log-verbosity", "--log-file", "--api-key", "--api-key-file")
 _OWN = (

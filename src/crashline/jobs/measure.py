@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-import json
 import hashlib
+import json
+import math
 from pathlib import Path
 
 import pandas as pd
@@ -227,7 +228,10 @@ def said_why_again(record_path: Path, inputs: dict) -> None:
         old = json.loads(Path(record_path).read_text())
     except (OSError, ValueError):
         return  # none yet, or unreadable: nothing to compare
-    before = {"item": {k: old.get(k) for k in ("id", "settings")}, "config": old.get("job_config")}
+    settings = old.get("settings")
+    if old.get("fit_aim") and isinstance(settings, dict):  # aimed at the margin: the target asked, not the one run
+        settings = {**settings, "fit_target": old["fit_aim"]["asked_fit_target"]}
+    before = {"item": {"id": old.get("id"), "settings": settings}, "config": old.get("job_config")}
     if before["config"] is None:
         return  # a record from before the job config was kept
     now = {"item": {k: inputs["item"].get(k) for k in ("id", "settings")}, "config": inputs["config"]}
@@ -239,12 +243,84 @@ def said_why_again(record_path: Path, inputs: dict) -> None:
 def measure(*, model_name: str, item: dict, **job) -> dict:
     """Start the server for one configuration, run the workloads, stop it, write the record (``_measure`` takes
     the job's other inputs and paths, and ``load_only``: start it and stop it once ready, for a search's
-    calibration), saying its outcome on the console."""
+    calibration), saying its outcome on the console. A ``--fit on`` whose target crashline chose is aimed at the
+    margin (``measure_aimed``)."""
     with progress.job(f"measure {model_name} {item['id']}"):
         said_why_again(job["record_path"], {"item": item, "config": job["config"]})
-        record = _measure(model_name=model_name, item=item, **job)
+        margin = job["config"]["budget"].get("margin_mib")
+        if margin is not None and not job.get("load_only") and settings_mod.fit_aimed(item["settings"], item["given"]):
+            record = measure_aimed(margin, model_name=model_name, item=item, **job)
+        else:
+            record = _measure(model_name=model_name, item=item, **job)
         progress.say(_final_text(record))
         return record
+
+
+FIT_AIM_STARTS = 3  # server starts at most for one --fit on aimed at the margin
+FIT_AIM_STEP_MIB = 64  # each raise of --fit-target is rounded up to this
+
+
+def fit_shortfall(record: dict, margin_mib: int) -> int | None:
+    """How many MiB a ``--fit on`` start fell short of the margin: the margin less its headroom where it served and
+    its peak left less; the whole margin where it ran out of memory after load (by how much is unknown). None where
+    it left the margin, had no VRAM limit, or failed otherwise (a higher target cannot mend that)."""
+    headroom = (record.get("memory") or {}).get("headroom_mib")
+    if headroom is None:
+        return None
+    if record["outcome"] == Outcome.OK:
+        return math.ceil(margin_mib - headroom) if headroom < margin_mib else None
+    return margin_mib if record["outcome"] == Outcome.OOM else None
+
+
+def measure_aimed(margin_mib: int, *, model_name: str, item: dict, **job) -> dict:
+    """``--fit on`` aimed at the margin. llama.cpp's --fit leaves --fit-target MiB free by its own estimate at load;
+    serving the workloads takes more (on the H200 the 30B-A3B at 12 GiB left 832 and 918 MiB with a 1,024 MiB target:
+    bench/results/lease-2026-12-02-s13). A start that leaves less than the margin, or runs out of memory, is kept
+    under ``fit-target-T/`` beside the record and the next start raises the target by what it fell short, rounded up
+    to FIT_AIM_STEP_MIB, FIT_AIM_STARTS starts at most; each start but the last skips its timed repetitions once a
+    warm-up is under the margin (it cannot be the answer). The record is the last start's: its settings hold the
+    target it ran, ``fit_aim`` every start's target, outcome, headroom and time (the tables count every start's)."""
+    asked = item["settings"]["fit_target"]
+    target, attempts = asked, []
+    for k in range(1, FIT_AIM_STARTS + 1):
+        last = k == FIT_AIM_STARTS
+        aimed = {**item, "settings": {**item["settings"], "fit_target": target}}
+        record = _measure(model_name=model_name, item=aimed, skip_under_margin=None if last else margin_mib, **job)
+        short = fit_shortfall(record, margin_mib)
+        headroom = (record.get("memory") or {}).get("headroom_mib")
+        attempts.append(
+            {
+                "fit_target": target,
+                "outcome": record["outcome"],
+                "headroom_mib": headroom,
+                "time_budget_s": record["time_budget_s"],
+            }
+        )
+        if short is None or last:
+            break
+        kept = keep_attempt(job, target)
+        raised = target + -(-short // FIT_AIM_STEP_MIB) * FIT_AIM_STEP_MIB
+        why = (
+            f"its peak left {headroom:,.0f} MiB, {short:,} MiB short of the {margin_mib:,} MiB margin"
+            if record["outcome"] == Outcome.OK
+            else f"{outcome_text(record)}, so the target goes up by the {margin_mib:,} MiB margin"
+        )
+        progress.say(f"--fit on --fit-target {target}: {why} (kept in {kept}); again with --fit-target {raised}")
+        target = raised
+    record["fit_aim"] = {"margin_mib": margin_mib, "asked_fit_target": asked, "attempts": attempts}
+    return records.write(job["record_path"], "measure", record)
+
+
+def keep_attempt(job: dict, target: int) -> Path:
+    """Move one aimed start's record, server log and telemetry into ``fit-target-T/`` beside the record."""
+    record_path = Path(job["record_path"])
+    kept = record_path.parent / f"fit-target-{target}"
+    kept.mkdir(exist_ok=True)
+    telemetry = Path(job.get("telemetry_path") or record_path.parent / "telemetry.parquet")
+    for path in (record_path, Path(job["log_path"]), telemetry):
+        if path.exists():
+            path.replace(kept / path.name)
+    return kept
 
 
 def _final_text(record: dict) -> str:
@@ -269,6 +345,7 @@ def _measure(
     draft_path: str | None = None,
     telemetry_path: Path | None = None,
     load_only: bool = False,
+    skip_under_margin: int | None = None,
 ) -> dict:
     clock = Stopwatch()
     resolved = item["settings"]
@@ -308,8 +385,9 @@ def _measure(
     def work(job: ServerJob) -> None:
         if not load_only:
             limit = vram_limit_mib(budget_mib, record["host"])
+            served = config if skip_under_margin is None else {**config, "timed_with_margin_mib": skip_under_margin}
             done["workloads"], done["talks"], done["soaked"], job.failure = run_workloads(
-                server, job.sampler, config, resolved, limit, clock
+                server, job.sampler, served, resolved, limit, clock
             )
 
     exit_with_workflow()

@@ -84,6 +84,8 @@ def fit_comparison(
             # it survived with less headroom than the margin: faster or not, it could not be the recommendation
             "headroom_mib": None if missing(h := fit["headroom_mib"]) else float(h),
             "under_margin": None if missing(h) or h >= margin_mib else margin_mib,
+            # aimed at the margin over several starts (jobs.measure.measure_aimed): each target and what it left
+            "aimed": None if missing(aim := fit.get("fit_aim")) else aim,
             "recommended": None,
             "ratio": None,
             "is_fit": False,
@@ -183,6 +185,7 @@ def answers(ctx: dict) -> list[dict]:
                             "ratio": f["ratio"],
                             "headroom_mib": f["headroom_mib"],
                             "under_margin": f["under_margin"],  # the margin it fell under, where it did
+                            "aimed": f["aimed"],  # the --fit-target of each start, where one was raised
                         }
                         for f in fits
                     ],

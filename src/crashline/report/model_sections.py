@@ -243,6 +243,11 @@ def fit(m: dict) -> list:
         elif f["recommended"]:
             outcome = f["fit"]["outcome"]
             said.append(Para([Code(f["label"]), f" did not survive ({outcome}): the recommendation stands."]))
+    said += [
+        Para([Code(f["label"]), f" was aimed at the margin, one server start per target: {f['aimed']}."])
+        for f in m["fit"]
+        if f["aimed"]
+    ]
     said += _fits_apart(m["fit"], metric)
     return [Para(lead), Table(header, rows, frozenset(range(3, 8)), marks), *said]
 

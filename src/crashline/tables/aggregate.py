@@ -38,17 +38,38 @@ def _settings_columns(resolved: dict) -> dict:
 SERVING_LAPS = ("server_start", "warmup_request", "workloads", "conversations", "soak")  # measure.py's clock
 
 
+def fit_aim_text(aim: dict | None) -> str | None:
+    """A --fit on aimed at the margin (jobs.measure.measure_aimed), in words: "--fit-target 1024 left 832 MiB, under
+    the 1,024 MiB margin; --fit-target 1216 left 1,041 MiB"; None where it was not aimed or needed one start."""
+    attempts = (aim or {}).get("attempts") or []
+    if len(attempts) < 2:
+        return None
+    said = []
+    for a in attempts:
+        served = a["outcome"] == Outcome.OK and a["headroom_mib"] is not None
+        left = f"left {a['headroom_mib']:,.0f} MiB" if served else f"ended {a['outcome']}"
+        short = not served or a["headroom_mib"] < aim["margin_mib"]
+        said.append(
+            f"--fit-target {a['fit_target']} {left}"
+            + (f", under the {aim['margin_mib']:,} MiB margin" if short else "")
+        )
+    return "; ".join(said)
+
+
 def _time_columns(rec: dict) -> dict:
     """What the job cost (its Stopwatch, time_budget_s): its whole time, and the part spent starting the server and
     serving requests; the rest is crashline's (setup, lock waits, ballast, stopping, telemetry, analysis)."""
     laps = rec.get("time_budget_s") or {}
+    # a --fit on aimed at the margin (jobs.measure.measure_aimed): the starts before the one recorded count too
+    before = [a["time_budget_s"] for a in ((rec.get("fit_aim") or {}).get("attempts") or [])[:-1]]
     return {
-        "job_s": laps.get("total"),
-        "serving_s": round(sum(laps.get(k, 0.0) for k in SERVING_LAPS), 3) if laps else None,
+        "job_s": round(sum(b.get("total", 0.0) for b in [laps, *before]), 3) if laps else None,
+        "serving_s": round(sum(b.get(k, 0.0) for b in [laps, *before] for k in SERVING_LAPS), 3) if laps else None,
         "first_request_s": laps.get("warmup_request"),  # lapped only once it answered
         "server_starts": 0  # refused before its server started (a budget or GPUs this machine cannot give)
         if rec.get("outcome") == Outcome.BUDGET_REFUSED
-        else (rec.get("starts") or 1) * (1 + sum(bool(t.get("restart_turn")) for t in rec.get("conversations") or [])),
+        else (rec.get("starts") or 1) * (1 + sum(bool(t.get("restart_turn")) for t in rec.get("conversations") or []))
+        + len(before),
     }
 
 
@@ -139,6 +160,7 @@ def _config_row(rec: dict) -> dict:
             f"{k} {v['used']} (asked {v['asked']})" for k, v in (rec.get("settings_used") or {}).items()
         )
         or None,
+        "fit_aim": fit_aim_text(rec.get("fit_aim")),
         "n_threads_batch": placement.get("n_threads_batch"),
         "layers_offloaded": placement.get("layers_offloaded"),
         "buffers": placement.get("buffers") or [],
