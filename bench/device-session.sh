@@ -13,6 +13,8 @@
 #                                                            # then measure each configuration id of MODEL, aggregate
 #   bash bench/device-session.sh soak ID...                  # measure with bench/configs/h200-draft-soak.yaml
 #   bash bench/device-session.sh all ID...                   # build, then soak (one call)
+#   bash bench/device-session.sh gputest ARGS...             # pytest -m gpu ARGS (e.g. tests/test_gpu_live.py -k aim)
+#   bash bench/device-session.sh order SHAPE ARGS...         # bench/warmup_bias.py order on that synthetic GGUF
 #   bash bench/device-session.sh sampler ARGS...             # bench/sampler_overhead.py on the synthetic 30B-A3B
 #                                                            # (written first), ARGS after --
 # The results stay under /tmp/res between calls; every call packs them into $OUT/results.tgz.
@@ -111,6 +113,19 @@ measure)
   fi
   for id in "$@"; do python -m crashline measure --model $model --id $id --config /tmp/$name.yaml; done
   python -m crashline aggregate --config /tmp/$name.yaml || true
+  ;;
+gputest)
+  pack=gpu-test.log
+  timeout 300 python -m pytest -m gpu -p no:cacheprovider -s -v "$@" > /tmp/res/gpu-test.log 2>&1 && step_rc=0 || step_rc=$?
+  tail -15 /tmp/res/gpu-test.log
+  ;;
+order)
+  shape=$1; shift; pack=order-$shape
+  write_model "$shape"
+  timeout 560 python bench/warmup_bias.py order --model /tmp/clc/models/$shape.gguf --out /tmp/res/$pack "$@" \
+    > /tmp/res/$pack.console.txt 2>&1 && step_rc=0 || step_rc=$?
+  mv /tmp/res/$pack.console.txt /tmp/res/$pack/console.txt 2>/dev/null || true
+  tail -4 /tmp/res/$pack/console.txt
   ;;
 sampler)
   model=/tmp/clc/models/qwen3-30b-a3b.gguf

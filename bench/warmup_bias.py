@@ -11,12 +11,26 @@ starts with its min and max. A value of 1.00 means the first timed request is as
 CONFIG is an ordinary crashline config with one configuration and R >= 3 repetitions (its ``warmup_requests`` is
 overridden). Every start's record is copied to DIR/records/ (raw, with its settings), DIR/warmup-bias.json holds
 the ratios and DIR/console.txt what the jobs printed.
+
+Position or prompt? A measurement's repetition k always sends prompt k (``workloads.one_run``: prompts differ by
+index), so a slow repetition 1 may be the first timed request or prompt 0's text (an MoE routes each text to other
+experts). ``order`` sends one llama-server, per start, the 64-token request a measurement sends first and then the
+prompts of ``--order`` (the first untimed: the warm-up at depth), e.g. 3,0,1,2,0,1,2,0,1,2, so that prompt 0 is
+sent at positions 1, 4 and 7:
+
+    python bench/warmup_bias.py order --model GGUF --settings JSON --prompt 16000 --starts 3 --out DIR
+
+The statistic, fixed before it ran: per start and metric, each timed request over the median of that start's
+timed requests; per position, the geometric mean of that over the starts; the position effect is position 1's
+over the geometric mean of the later positions that sent the same prompt (1.00: none). DIR/order.json holds every
+request (raw, with the command) and the statistic.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import shutil
 import statistics
 import subprocess
@@ -53,7 +67,103 @@ def summary(values: list[float]) -> dict:
     return {"median": statistics.median(values), "min": min(values), "max": max(values), "n": len(values)}
 
 
+METRICS = ("prefill_tps", "decode_tps", "e2e_tps")
+
+
+def per_request(r: dict) -> dict:
+    """A request's prefill and decode t/s (the server's timings) and its end to end t/s (tokens over its wall)."""
+    e2e = (r["prompt_n"] + r["predicted_n"]) / r["end_s"] if r.get("end_s") else None
+    return {"prefill_tps": r["prefill_tps"], "decode_tps": r["decode_tps"], "e2e_tps": e2e}
+
+
+def geomean(values: list[float]) -> float:
+    return math.exp(statistics.fmean(math.log(v) for v in values))
+
+
+def position_statistic(starts: list[list[dict]], order: list[int]) -> dict:
+    """The statistic of ``order`` (the module's docstring) from each start's timed requests, in order."""
+    timed = order[1:]
+    out = {}
+    for metric in METRICS:
+        ratios = []  # per start, per position
+        for requests in starts:
+            values = [r[metric] for r in requests]
+            mid = statistics.median(values)
+            ratios.append([v / mid for v in values])
+        by_position = [geomean([start[k] for start in ratios]) for k in range(len(timed))]
+        later = [k for k in range(1, len(timed)) if timed[k] == timed[0]]
+        out[metric] = {
+            "by_position": [round(v, 4) for v in by_position],
+            "each_start": [[round(v, 4) for v in start] for start in ratios],
+            "position_effect": round(by_position[0] / geomean([by_position[k] for k in later]), 4) if later else None,
+            "same_prompt_positions": [1, *(k + 1 for k in later)],
+        }
+    return out
+
+
+def order_main(argv: list[str]) -> None:
+    from crashline.core.settings import command_line, resolve
+    from crashline.engine.server import ServerProcess
+    from crashline.engine.workloads import Client, PromptSource, check_run, one_run
+    from crashline.config.expand import cache_dir
+    from crashline.engine.provision import provide
+
+    parser = argparse.ArgumentParser(description="position or prompt: see the docstring")
+    parser.add_argument("--model", required=True)
+    parser.add_argument("--settings", required=True, help="crashline settings as JSON")
+    parser.add_argument("--prompt", type=int, default=16000)
+    parser.add_argument("--gen", type=int, default=64)
+    parser.add_argument("--starts", type=int, default=3)
+    parser.add_argument("--order", default="3,0,1,2,0,1,2,0,1,2")
+    parser.add_argument("--out", required=True)
+    args = parser.parse_args(argv)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    order = [int(x) for x in args.order.split(",")]
+    binary = provide({"binary": None, "backend": "auto"}, cache_dir({}))["binary"]  # $LLAMA_SERVER, else built
+    command = command_line(binary, args.model, resolve(json.loads(args.settings)))
+    workload = {"name": f"prompt-{args.prompt}", "prompt_tokens": args.prompt, "gen_tokens": args.gen}
+    starts, raw = [], []
+    for start in range(args.starts):
+        with ServerProcess(command, out / f"server-{start + 1}.log") as server:
+            if server.start_ready(600) != "ready":
+                raise SystemExit(f"start {start + 1}: the server did not start; see {out}/server-{start + 1}.log")
+            client = Client.of(server, 600)
+            prompts = PromptSource(client)
+            client.complete(prompts.prompt(64, 0), 4, timeout_s=client.setup_timeout_s)  # as a measurement does
+            requests = []
+            for k, index in enumerate(order):
+                run = one_run(client, prompts, workload, index)
+                if problem := check_run(run, workload):
+                    raise SystemExit(f"start {start + 1}, request {k}: {problem}")
+                (r,) = run["requests"]
+                raw.append({"start": start + 1, "position": k, "prompt_index": index, **r})
+                print(
+                    f"start {start + 1} position {k} prompt {index}: "
+                    + ", ".join(f"{m} {v:,.1f}" for m, v in per_request(r).items()),
+                    flush=True,
+                )
+                if k:
+                    requests.append(per_request(r))
+            starts.append(requests)
+        result = {
+            "statistic": "per start and metric: each timed request / the median of that start's timed requests; per "
+            "position: the geometric mean over starts; position_effect: position 1 / the geometric mean of the later "
+            "positions that sent the same prompt",
+            "command": command,
+            "workload": workload,
+            "order": order,
+            "starts": len(starts),
+            "positions": position_statistic(starts, order),
+            "requests": raw,
+        }
+        (out / "order.json").write_text(json.dumps(result, indent=1) + "\n")
+    print(json.dumps({m: v["position_effect"] for m, v in result["positions"].items()}))
+
+
 def main() -> None:
+    if sys.argv[1:2] == ["order"]:
+        return order_main(sys.argv[2:])
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("config")
     parser.add_argument("--starts", type=int, default=2, help="server starts per warm-up setting")
