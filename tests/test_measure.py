@@ -339,7 +339,7 @@ def _aimed_job(tmp_path, monkeypatch, headroom_at, outcome_at=lambda target: "ok
     record = M.measure(
         model_name="m",
         item={"id": "fit", "settings": settings, "given": {"fit": "on", "ctx": 32768}},
-        config={"budget": {"margin_mib": 1024}},
+        config={"budget": {"vram_budget_mib": 12288}},  # as a job's spec gives it: no margin
         record_path=tmp_path / "measure.json",
         log_path=tmp_path / "server.log",
     )

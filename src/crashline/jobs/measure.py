@@ -247,9 +247,10 @@ def measure(*, model_name: str, item: dict, **job) -> dict:
     margin (``measure_aimed``)."""
     with progress.job(f"measure {model_name} {item['id']}"):
         said_why_again(job["record_path"], {"item": item, "config": job["config"]})
-        margin = job["config"]["budget"].get("margin_mib")
-        if margin is not None and not job.get("load_only") and settings_mod.fit_aimed(item["settings"], item["given"]):
-            record = measure_aimed(margin, model_name=model_name, item=item, **job)
+        # a job's config holds no margin (it does not decide what a server measures): the target crashline chose is
+        # the margin (settings.aim_fit); the H200 lease of session 14 ran unaimed while this read the budget's
+        if not job.get("load_only") and settings_mod.fit_aimed(item["settings"], item["given"]):
+            record = measure_aimed(item["settings"]["fit_target"], model_name=model_name, item=item, **job)
         else:
             record = _measure(model_name=model_name, item=item, **job)
         progress.say(_final_text(record))
