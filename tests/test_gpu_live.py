@@ -61,14 +61,14 @@ def test_a_budget_above_the_free_memory_is_refused():
             pass
 
 
-def measure(tmp_path, model, provenance, settings, budget_mib=None, gen_tokens=64):
+def measure(tmp_path, model, provenance, settings, budget_mib=None, gen_tokens=64, prompt_tokens=128):
     from crashline.jobs import measure as M
 
     cfg = C.validate(
         {
             "models": {"m": {"source": f"file:{model}"}},
             "configurations": [{"settings": settings}],
-            "workloads": [{"name": "short", "prompt_tokens": 128, "gen_tokens": gen_tokens}],
+            "workloads": [{"name": "short", "prompt_tokens": prompt_tokens, "gen_tokens": gen_tokens}],
             "repetitions": 1,
             "budget": {"vram_budget_mib": budget_mib},
         },
@@ -124,27 +124,8 @@ def test_fit_on_aimed_at_the_margin_live(tmp_path, medium_moe, server_provenance
     shortfall, until one leaves the margin (three starts at most); the record is the last start's."""
     from crashline.jobs import measure as M
 
-    cfg = C.validate(
-        {
-            "models": {"m": {"source": f"file:{medium_moe}"}},
-            "configurations": [{"settings": {"ctx": 4096, "ubatch": 2048, "batch": 2048, "fit": "on"}}],
-            "workloads": [{"name": "long", "prompt_tokens": 2048, "gen_tokens": 32}],
-            "repetitions": 1,
-            "budget": {"vram_budget_mib": 3072, "margin_mib": 1024},
-        },
-        SCHEMA,
-    )
-    (item,) = C.expand(cfg)
-    rec = M.measure(
-        model_name="m",
-        item=item,
-        config=cfg,
-        fetch_record=fetch_record(medium_moe),
-        manifest={},
-        provenance=server_provenance,
-        record_path=tmp_path / "measure.json",
-        log_path=tmp_path / "server.log",
-    )
+    settings = {"ctx": 4096, "ubatch": 2048, "batch": 2048, "fit": "on"}  # the default margin: 1,024 MiB
+    rec = measure(tmp_path, medium_moe, server_provenance, settings, budget_mib=3072, gen_tokens=32, prompt_tokens=2048)
     attempts = rec["fit_aim"]["attempts"]
     print("fit aim:", [(a["fit_target"], a["outcome"], a["headroom_mib"]) for a in attempts])
     assert rec["outcome"] == "ok", rec["message"]

@@ -300,7 +300,7 @@ def measure_aimed(margin_mib: int, *, model_name: str, item: dict, **job) -> dic
         if short is None or last:
             break
         kept = keep_attempt(job, target)
-        raised = target + -(-short // FIT_AIM_STEP_MIB) * FIT_AIM_STEP_MIB
+        raised = target + math.ceil(short / FIT_AIM_STEP_MIB) * FIT_AIM_STEP_MIB
         why = (
             f"its peak left {headroom:,.0f} MiB, {short:,} MiB short of the {margin_mib:,} MiB margin"
             if record["outcome"] == Outcome.OK
@@ -312,13 +312,17 @@ def measure_aimed(margin_mib: int, *, model_name: str, item: dict, **job) -> dic
     return records.write(job["record_path"], "measure", record)
 
 
+def telemetry_file(record_path: Path, telemetry_path: Path | None) -> Path:
+    """Where a measurement's telemetry goes: the path its job names, else beside its record."""
+    return Path(telemetry_path or Path(record_path).parent / "telemetry.parquet")
+
+
 def keep_attempt(job: dict, target: int) -> Path:
     """Move one aimed start's record, server log and telemetry into ``fit-target-T/`` beside the record."""
     record_path = Path(job["record_path"])
     kept = record_path.parent / f"fit-target-{target}"
     kept.mkdir(exist_ok=True)
-    telemetry = Path(job.get("telemetry_path") or record_path.parent / "telemetry.parquet")
-    for path in (record_path, Path(job["log_path"]), telemetry):
+    for path in (record_path, Path(job["log_path"]), telemetry_file(record_path, job.get("telemetry_path"))):
         if path.exists():
             path.replace(kept / path.name)
     return kept
@@ -407,7 +411,7 @@ def _measure(
     frame = sampler.frame() if sampler else pd.DataFrame()
     if sampler:
         sampler.close()
-    write_frame(frame, telemetry_path or record_path.parent / "telemetry.parquet")
+    write_frame(frame, telemetry_file(record_path, telemetry_path))
     clock.lap("telemetry")
     for w in workloads:
         w["telemetry"] = {k: window_summary(frame, v) for k, v in w.get("windows", {}).items()}
