@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # One GPU lease, several calls (bench/device.md): each call runs one step and packs what it has under $OUT.
 #   bash bench/device-session.sh build [SHAPE...]            # wheels, llama-server with CUDA (about 300 s); the
-#                                                            # synthetic GGUFs named are written meanwhile
+#                                                            # synthetic GGUFs named are written meanwhile;
+#                                                            # LLAMA_CMAKE_ARGS adds cmake options (a short
+#                                                            # lease: -DGGML_CUDA_FA=OFF builds in less time)
 #   bash bench/device-session.sh tune SHAPE VRAM [NAME]      # crashline tune of that GGUF (--ctx 32768 --prompt
 #                                                            # 16000) into /tmp/res/NAME (default SHAPE), its wall
 #                                                            # time in tune-wall.jsonl; stopped after TUNE_LIMIT_S
@@ -52,7 +54,7 @@ build)
   mkdir -p /tmp/llama && tar xzf .dev/llama-src-min.tar.gz -C /tmp/llama
   cmake -S /tmp/llama -B /tmp/llama/build -G Ninja -DCMAKE_BUILD_TYPE=Release -DGGML_CUDA=ON \
     -DCMAKE_CUDA_ARCHITECTURES=90 -DLLAMA_OPENSSL=OFF -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_BUILD_TESTS=OFF \
-    -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_CURL=OFF > /tmp/build.log 2>&1
+    -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_CURL=OFF ${LLAMA_CMAKE_ARGS:-} > /tmp/build.log 2>&1
   cmake --build /tmp/llama/build --target llama-server -j16 >> /tmp/build.log 2>&1
   tail -3 /tmp/build.log
   wait
