@@ -100,21 +100,37 @@ def usable(raw: dict) -> dict:
     }
 
 
-def native_adjustments(raw: dict | None = None) -> dict:
+def native_adjustments(raw: dict | None = None, unwanted: dict[str, str] | None = None) -> dict:
     """For a ``-march=native`` build: the probe, what is advertised but unusable, and the flags off.
 
-    ``disabled`` names the extensions switched off (it also names the build's cache folder);
-    ``flags`` go into CMAKE_C_FLAGS and CMAKE_CXX_FLAGS.
+    ``unwanted`` names extensions to switch off wherever they are advertised, each with the reason
+    (the build's code for them is known to fail). ``disabled`` names the extensions switched off (it
+    also names the build's cache folder), ``reasons`` says why each was; ``flags`` go into
+    CMAKE_C_FLAGS and CMAKE_CXX_FLAGS.
     """
     raw = probe() if raw is None else raw
     if not raw or "error" in raw:
-        return {"probe": raw, "disabled": [], "flags": []}
+        return {"probe": raw, "disabled": [], "reasons": {}, "flags": []}
     state = usable(raw)
-    disabled = [name for name, s in state.items() if s["advertised"] and not s["enabled"]]
+    reasons = {
+        name: "advertised by CPUID, not enabled for processes"
+        for name, s in state.items()
+        if s["advertised"] and not s["enabled"]
+    }
+    reasons.update(
+        {name: why for name, why in (unwanted or {}).items() if state[name]["advertised"] and name not in reasons}
+    )
+    disabled = [name for name in state if name in reasons]
     wanted = {"avx512": DISABLE_AVX512, "amx": DISABLE_AMX}
     compiler = _compiler()
     flags = [f for name in disabled for f in _accepted(compiler, wanted[name])]
-    return {"probe": {**raw, "xcr0_hex": hex(raw["xcr0"])}, "state": state, "disabled": disabled, "flags": flags}
+    return {
+        "probe": {**raw, "xcr0_hex": hex(raw["xcr0"])},
+        "state": state,
+        "disabled": disabled,
+        "reasons": {name: reasons[name] for name in disabled},
+        "flags": flags,
+    }
 
 
 def cpuinfo_flags() -> set[str]:

@@ -246,17 +246,28 @@ X86_OFF_WHEN_PORTABLE = (
     "GGML_AMX_BF16",
 )
 VARIANTS = ("native", "portable")
+# The pinned llama.cpp's AMX kernels crash on CPUs whose AMX works (SIGILL or SIGSEGV in
+# ggml_backend_amx_mul_mat at the check's first request, on a Xeon whose tile instructions run:
+# llama.cpp issue 20824, PR 26954); its AVX-512 code is kept.
+NATIVE_UNWANTED = {
+    "amx": f"llama.cpp {SDIST_VERSION}'s AMX kernels crash in ggml_backend_amx_mul_mat (llama.cpp #20824)"
+}
+# How a check server dies when the build's code cannot run here (an instruction the CPU or the OS
+# refuses traps as SIGILL; a tile or vector instruction without its state as SIGSEGV or SIGBUS):
+# a build of other CPU code may then serve. Any other death would end a portable build the same way.
+CODE_SIGNALS = ("SIGILL", "SIGSEGV", "SIGBUS")
 
 
 def variant_plan(variant: str) -> dict:
     """How one CPU variant is configured: its cache-folder suffix, CMake flags and why.
 
     ``native``: ``-march=native`` less the extensions CPUID advertises but the OS does not enable
-    for processes (``cpufeatures``). ``portable``: no ``-march=native``; only the x86 extensions
-    up to AVX2 that /proc/cpuinfo lists, never AVX-512 or AMX (the fallback when native dies).
+    for processes (``cpufeatures``), and less AMX (``NATIVE_UNWANTED``). ``portable``: no
+    ``-march=native``; only the x86 extensions up to AVX2 that /proc/cpuinfo lists, never AVX-512
+    or AMX (the fallback when native dies).
     """
     if variant == "native":
-        adjust = cpufeatures.native_adjustments()
+        adjust = cpufeatures.native_adjustments(unwanted=NATIVE_UNWANTED)
         extra = " ".join(adjust["flags"])
         flags = ["-DGGML_NATIVE=ON"] + ([f"-DCMAKE_C_FLAGS={extra}", f"-DCMAKE_CXX_FLAGS={extra}"] if extra else [])
         suffix = "-no-" + "-".join(adjust["disabled"]) if adjust["disabled"] else ""
@@ -438,9 +449,9 @@ def _checked(binary: Path, cache_dir: Path, log) -> dict:
 def provide(server_config: dict, cache_dir: Path, log=None) -> dict:
     """Find or build llama-server, prove it serves a request here, and describe it.
 
-    A given binary that fails the check is an error. A build that dies by a signal (an instruction
-    this machine cannot run) is rebuilt portable and checked again; the provenance lists every
-    attempt with its flags and check.
+    A given binary that fails the check is an error. A build that dies by SIGILL, SIGSEGV or SIGBUS
+    (``CODE_SIGNALS``: code this machine cannot run) is rebuilt portable and checked again; the
+    provenance lists every attempt with its flags and check.
     """
     given = _given_binary(server_config)
     if given:
@@ -474,8 +485,8 @@ def provide(server_config: dict, cache_dir: Path, log=None) -> dict:
         failed.append(
             {"variant": variant, "binary": str(binary), "build_flags": built["configure_flags"], "check": result}
         )
-        if result.get("signal") != "SIGILL":
-            break  # not an instruction this machine lacks: a portable build would fail the same way
+        if result.get("signal") not in CODE_SIGNALS:
+            break  # not code this machine cannot run: a portable build would fail the same way
         progress.say(f"the {variant} build was killed by {result['signal']}: trying the next CPU variant")
     raise ProvisionError(
         "no llama-server build passed the check:\n"
