@@ -307,7 +307,7 @@ def run_workflow(config_path: Path, workdir: Path, root: Path) -> bool:
     on the folder, so a Snakemake lock there is stale (a killed ``tune``) and is removed, and incomplete outputs
     are made again (Snakemake's --rerun-incomplete)."""
     from snakemake.api import SnakemakeApi
-    from snakemake.settings.enums import RerunTrigger
+    from snakemake.settings.enums import Quietness, RerunTrigger
     from snakemake.settings.types import (
         ConfigSettings,
         DAGSettings,
@@ -319,7 +319,10 @@ def run_workflow(config_path: Path, workdir: Path, root: Path) -> bool:
     profile = _profile(root)
     resources = dict(item.split("=", 1) for item in profile.get("resources", []))
     triggers = frozenset(RerunTrigger.parse_choice(t) for t in profile.get("rerun-triggers", []))
-    with SnakemakeApi(OutputSettings(printshellcmds=bool(profile.get("printshellcmds")))) as api:
+    # without Snakemake's banner (host, user, versions, paths: tune's own config line and the report's environment
+    # say what matters); each job and why it runs stay, on the console and in .snakemake/log/
+    quiet = {Quietness.HOST}
+    with SnakemakeApi(OutputSettings(printshellcmds=bool(profile.get("printshellcmds")), quiet=quiet)) as api:
         workflow = api.workflow(
             resource_settings=ResourceSettings(cores=1, resources={k: int(v) for k, v in resources.items()}),
             config_settings=ConfigSettings(configfiles=[config_path]),
