@@ -131,3 +131,14 @@ def test_what_if_other_cards_from_the_h200_search_calibration():
     assert "a prediction from this search's calibration, not measured; -ub 2048, 1,024 MiB margin" in md
     assert "| 12 GB (12,288 MiB) | 21 | 28 | does not fit |" in md
     assert "calibrated by search moe-synthetic/bench (ctx 32768)" in md
+
+
+def test_bold_keeps_its_spaces_outside_the_stars():
+    """ "**qwen3-30b-a3b: **the model does not recall…" showed its stars: a closing ** may not follow a space."""
+    from crashline.report import markdown
+    from crashline.report.doc import Code, Strong
+
+    assert markdown.inline([Strong("qwen3: "), "the model"]) == "**qwen3:** the model"
+    assert markdown.inline(["a", Strong(" b "), "c"]) == "a **b** c"
+    assert markdown.inline(Strong(["Use ", Code("-ub 512")])) == "**Use `-ub 512`**"
+    assert markdown.inline(Strong(" ")) == " "

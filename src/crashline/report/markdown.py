@@ -42,8 +42,12 @@ def inline(content, cell: bool = False) -> str:
         return "".join(inline(c, cell) for c in content)
     if isinstance(content, Code):
         return _code(content.text, cell)
-    if isinstance(content, Strong):
-        return f"**{inline(content.content, cell)}**"
+    if isinstance(content, Strong):  # spaces at either end go outside the stars, or Markdown shows the stars
+        inner = inline(content.content, cell)
+        text = inner.strip()
+        if not text:
+            return inner
+        return f"{inner[: len(inner) - len(inner.lstrip())]}**{text}**{inner[len(inner.rstrip()) :]}"
     if isinstance(content, (Mark, Abbr)):
         return inline(content.content, cell)
     if isinstance(content, Link):
