@@ -166,6 +166,10 @@ def test_tune_runs_the_workflow_and_prints_the_answer(tmp_path, tiny_moe, server
     starts = [int(n) for n in re.findall(r"run: about (\d+) more server start", first.stderr)]
     assert len(starts) >= 2 and starts == sorted(starts, reverse=True), first.stderr[-3000:]
     assert re.search(r"run: about \d+ more server start\(s\), [\d.]+ (s|min) left", first.stderr)
+    # the console is crashline's lines and Snakemake's step count, not its banner and per-job blocks
+    assert re.search(r"^\[measure tiny-moe [0-9a-f]{10}\] llama-server ready in ", first.stderr, re.M)
+    assert re.search(r"^\d+ of \d+ steps \(100%\) done$", first.stderr, re.M), first.stderr[-3000:]
+    assert "Snakemake version" not in first.stderr and not re.search(r"^\s+(output|reason): ", first.stderr, re.M)
     records = {p: p.stat().st_mtime_ns for p in results.rglob("measure.json")}
     second = tune()  # the same question again: Snakemake finds nothing to do
     assert second.returncode == 0 and "Nothing to be done" in second.stderr

@@ -319,9 +319,10 @@ def run_workflow(config_path: Path, workdir: Path, root: Path) -> bool:
     profile = _profile(root)
     resources = dict(item.split("=", 1) for item in profile.get("resources", []))
     triggers = frozenset(RerunTrigger.parse_choice(t) for t in profile.get("rerun-triggers", []))
-    # without Snakemake's banner (host, user, versions, paths: tune's own config line and the report's environment
-    # say what matters); each job and why it runs stay, on the console and in .snakemake/log/
-    quiet = {Quietness.HOST}
+    # the console of a tune is crashline's own lines (each labelled by its job) and Snakemake's step count: no
+    # banner of host, user and paths, no block of inputs, outputs and reasons per job (every job's own log is under
+    # results/logs/, and the report's environment says what the banner did)
+    quiet = {Quietness.HOST, Quietness.RULES}
     with SnakemakeApi(OutputSettings(printshellcmds=bool(profile.get("printshellcmds")), quiet=quiet)) as api:
         workflow = api.workflow(
             resource_settings=ResourceSettings(cores=1, resources={k: int(v) for k, v in resources.items()}),
