@@ -19,7 +19,7 @@ import pandas as pd
 from ..core import columns as cols
 from ..core.records import Outcome
 from .difference import difference, shown_value
-from .ties import break_tie, spread_of, ties
+from .ties import break_tie, overlap, spread_of, ties
 
 METRIC_LABEL = {"e2e_tps": "end to end", "decode_tps": "decode", "prefill_tps": "prefill", "aggregate_tps": "aggregate"}
 PER_REQUEST = {"e2e_tps": True, "decode_tps": True, "prefill_tps": True, "aggregate_tps": False}
@@ -304,6 +304,12 @@ def recommend(
                     )
                 else:
                     reason = f"slower: {speed:.1f} t/s ({pct:+.1f}%)" if pct is not None else "no speed"
+                    if pct is not None and cid in spread and overlap(spread[cid], spread[ranked[0][1]]):
+                        # within the fastest one's range, yet not tied: ties() lets only as many starts tie
+                        reason += (
+                            f", in one server start: only configurations started as often as the fastest "
+                            f"({spread[ranked[0][1]].starts} interleaved starts) can tie it"
+                        )
                 verdicts.append(
                     {"config_id": cid, "label": label, "failed": False, "tied": cid in tied, "speed": speed,
                      "reason": reason}
