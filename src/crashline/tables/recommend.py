@@ -225,7 +225,8 @@ def recommend(
             reverse=True,
         )
         spread = {cid: spread_of(speeds.loc[cid], metric) for _, cid in ranked}
-        tied = [cid for _, cid in ranked if ties(spread[cid], spread[ranked[0][1]])] if ranked else []
+        fastest = spread[ranked[0][1]] if ranked else None
+        tied = [cid for _, cid in ranked if ties(spread[cid], fastest)] if ranked else []
         headroom = dict(zip(group["config_id"], group["headroom_mib"]))
         rows = {cid: speeds.loc[cid] for cid in tied}
         winner, tie = break_tie(tied, headroom, rows, metric) if tied else (None, None)
@@ -304,11 +305,11 @@ def recommend(
                     )
                 else:
                     reason = f"slower: {speed:.1f} t/s ({pct:+.1f}%)" if pct is not None else "no speed"
-                    if pct is not None and cid in spread and overlap(spread[cid], spread[ranked[0][1]]):
+                    if pct is not None and cid in spread and overlap(spread[cid], fastest):
                         # within the fastest one's range, yet not tied: ties() lets only as many starts tie
                         reason += (
                             f", in one server start: only configurations started as often as the fastest "
-                            f"({spread[ranked[0][1]].starts} interleaved starts) can tie it"
+                            f"({fastest.starts} interleaved starts) can tie it"
                         )
                 verdicts.append(
                     {"config_id": cid, "label": label, "failed": False, "tied": cid in tied, "speed": speed,
