@@ -22,7 +22,8 @@ sent at positions 1, 4 and 7:
 
 The statistic, fixed before it ran: per start and metric, each timed request over the median of that start's
 timed requests; per position, the geometric mean of that over the starts; the position effect is position 1's
-over the geometric mean of the later positions that sent the same prompt (1.00: none). DIR/order.json holds every
+over the geometric mean of the later positions that sent the same prompt (1.00: none); the prompt effect is the
+geometric mean of the positions that sent position 1's prompt over that of the other positions. DIR/order.json holds every
 request (raw, with the command) and the statistic.
 """
 
@@ -97,6 +98,13 @@ def position_statistic(starts: list[list[dict]], order: list[int]) -> dict:
             "each_start": [[round(v, 4) for v in start] for start in ratios],
             "position_effect": round(by_position[0] / geomean([by_position[k] for k in later]), 4) if later else None,
             "same_prompt_positions": [1, *(k + 1 for k in later)],
+            "prompt_effect": round(
+                geomean([by_position[k] for k in (0, *later)])
+                / geomean([by_position[k] for k in range(len(timed)) if timed[k] != timed[0]]),
+                4,
+            )
+            if later and len(set(timed)) > 1
+            else None,
         }
     return out
 
@@ -149,7 +157,8 @@ def order_main(argv: list[str]) -> None:
         result = {
             "statistic": "per start and metric: each timed request / the median of that start's timed requests; per "
             "position: the geometric mean over starts; position_effect: position 1 / the geometric mean of the later "
-            "positions that sent the same prompt",
+            "positions that sent the same prompt; prompt_effect: the geometric mean of the positions that sent position 1's "
+            "prompt / that of the other positions",
             "command": command,
             "workload": workload,
             "order": order,
@@ -158,7 +167,7 @@ def order_main(argv: list[str]) -> None:
             "requests": raw,
         }
         (out / "order.json").write_text(json.dumps(result, indent=1) + "\n")
-    print(json.dumps({m: v["position_effect"] for m, v in result["positions"].items()}))
+    print(json.dumps({m: {k: v[k] for k in ("position_effect", "prompt_effect")} for m, v in result["positions"].items()}))
 
 
 def main() -> None:
