@@ -23,8 +23,8 @@ sent at positions 1, 4 and 7:
 The statistic, fixed before it ran: per start and metric, each timed request over the median of that start's
 timed requests; per position, the geometric mean of that over the starts; the position effect is position 1's
 over the geometric mean of the later positions that sent the same prompt (1.00: none); the prompt effect is the
-geometric mean of the positions that sent position 1's prompt over that of the other positions. DIR/order.json holds every
-request (raw, with the command) and the statistic.
+geometric mean of the positions that sent position 1's prompt over that of the other positions. DIR/order.json holds
+every request (raw, with the command) and the statistic.
 """
 
 from __future__ import annotations
@@ -157,8 +157,8 @@ def order_main(argv: list[str]) -> None:
         result = {
             "statistic": "per start and metric: each timed request / the median of that start's timed requests; per "
             "position: the geometric mean over starts; position_effect: position 1 / the geometric mean of the later "
-            "positions that sent the same prompt; prompt_effect: the geometric mean of the positions that sent position 1's "
-            "prompt / that of the other positions",
+            "positions that sent the same prompt; prompt_effect: the geometric mean of the positions that sent "
+            "position 1's prompt / that of the other positions",
             "command": command,
             "workload": workload,
             "order": order,
@@ -167,7 +167,9 @@ def order_main(argv: list[str]) -> None:
             "requests": raw,
         }
         (out / "order.json").write_text(json.dumps(result, indent=1) + "\n")
-    print(json.dumps({m: {k: v[k] for k in ("position_effect", "prompt_effect")} for m, v in result["positions"].items()}))
+    print(
+        json.dumps({m: {k: v[k] for k in ("position_effect", "prompt_effect")} for m, v in result["positions"].items()})
+    )
 
 
 def main() -> None:
