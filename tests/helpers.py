@@ -58,12 +58,23 @@ def measure_gemma(folder: Path, gemma_fetch: dict, provenance: dict, config: dic
     return measure_one(folder, "gemma", gemma_fetch, provenance, config, draft_path)
 
 
-def run(tmp_path, model_path, provenance, settings, workloads, reps=2, request_timeout_s=300, fetch=None, budget=None):
+def run(
+    tmp_path,
+    model_path,
+    provenance,
+    settings,
+    workloads,
+    reps=2,
+    request_timeout_s=300,
+    fetch=None,
+    budget=None,
+    starts=1,
+):
     cfg = C.validate(
         {
             "models": {"tiny": {"source": f"file:{model_path}"}},
             "defaults": {"threads": 2},
-            "configurations": [{"settings": settings}],
+            "configurations": [{"settings": settings, **({"starts": starts} if starts > 1 else {})}],
             "workloads": workloads,
             "repetitions": reps,
             "server": {"startup_timeout_s": 120, "request_timeout_s": request_timeout_s},

@@ -346,6 +346,29 @@ def test_expand_aims_fit_at_the_budget_margin():
     assert C.expand(C.validate(cfg, SCHEMA))[0]["id"] != fit["id"]
 
 
+def test_an_entry_s_starts_reach_its_measurement_only():
+    """``starts`` (#22): its configurations' items carry it (the most any entry listing one asks for), the
+    measurement's spec with them, the recall check's not (one check however often it is measured); the id is the
+    server's, so the same; an entry with a search is refused, naming search.starts."""
+    from crashline.jobs import eta, spec
+
+    cfg = base()
+    cfg["configurations"] = [{"models": ["m"], "grid": {"ubatch": [128, 512]}, "starts": 2}, {"models": ["m"]}]
+    items = {i["settings"]["ubatch"]: i for i in C.expand(C.validate(copy.deepcopy(cfg), SCHEMA))}
+    assert (items[128]["starts"], items[512]["starts"]) == (2, 2)  # 512 is also the second entry's: the most wins
+    cfg["configurations"][0].pop("starts")
+    alone = {i["settings"]["ubatch"]: i for i in C.expand(C.validate(copy.deepcopy(cfg), SCHEMA))}
+    assert "starts" not in alone[512] and alone[512]["id"] == items[512]["id"]
+    cfg["configurations"][0]["starts"] = 2
+    valid = C.validate(cfg, SCHEMA)
+    assert spec.measure_spec(valid, "m", items[128]["id"]).item["starts"] == 2
+    assert "starts" not in spec.needle_spec(valid, "m", items[128]["id"]).item
+    assert {j["starts"] for j in eta.plan(valid) if j["job"] == "measure"} == {2}
+    cfg["configurations"][0]["search"] = {"n_cpu_moe": [0, 8]}
+    with pytest.raises(C.ConfigError, match=r"configurations.0.starts = 2: .* move it to search.starts"):
+        C.validate(cfg, SCHEMA)
+
+
 def test_a_build_without_the_fit_aims_runs_fit_on_without_them():
     """llama.cpp builds from before --fit-target/--fit-ctx: crashline's aims are left out; asked ones are an error."""
     newer = set(S.server_args(S.aim_fit(S.resolve({"fit": "on"}), 1024))) | {"-nocb"}

@@ -59,6 +59,27 @@ def test_ok_record_has_speeds_placement_and_memory(tmp_path, tiny_moe, server_pr
     assert "-ub" in rec["command"] and rec["command"][rec["command"].index("-ub") + 1] == "128"
 
 
+def test_an_entry_with_starts_is_started_again_and_its_starts_are_one_row(tmp_path, tiny_moe, server_provenance):
+    """An entry's ``starts`` (#22: tune's --fit on runs, so that the spread between starts decides whether one ties
+    the answer): start 2 is a whole measurement in start-2/ beside the first, the record lists it, and the tables
+    pool the two as a search's finalist (every request of both, each start's median, both starts counted)."""
+    from crashline.tables.aggregate import tables
+
+    short = [{"name": "short", "prompt_tokens": 64, "gen_tokens": 8}]
+    rec = run(tmp_path, tiny_moe, server_provenance, {"ctx": 1024}, short, reps=2, starts=2)
+    assert rec["outcome"] == "ok" and rec["start_records"] == ["start-2/measure.json"]
+    later = records.load(tmp_path / "start-2" / "measure.json", "measure")
+    assert later["outcome"] == "ok" and later["config_id"] == rec["config_id"] and later["settings"] == rec["settings"]
+    assert "start_records" not in later and later["started_at"] >= rec["finished_at"]  # one after the other
+    assert (tmp_path / "start-2" / "server.log").read_text() and (tmp_path / "start-2" / "telemetry.parquet").exists()
+    configs, measurements = tables([tmp_path / "measure.json"])
+    (row,) = measurements.to_dict("records")
+    assert configs["starts"].tolist() == [2] and configs["server_starts"].tolist() == [2]
+    assert row["decode_tps_n"] == 4  # every timed request of both starts
+    medians = [rec["workloads"][0]["decode_tps"]["median"], later["workloads"][0]["decode_tps"]["median"]]
+    assert list(row["decode_tps_start_medians"]) == pytest.approx(medians)
+
+
 def test_prompt_beyond_context_is_a_failure_of_the_configuration(tmp_path, tiny_moe, server_provenance):
     rec = run(
         tmp_path,
@@ -309,18 +330,18 @@ def test_fit_on_starts_aimed_at_the_margin_and_the_context(tmp_path, tiny_moe, s
     assert "--fit-target" not in rec["command"] and "--fit-ctx" not in rec["command"] and "--fit" in rec["command"]
 
 
-def _aimed_job(tmp_path, monkeypatch, headroom_at, outcome_at=lambda target: "ok"):
+def _aimed_job(tmp_path, monkeypatch, headroom_at, outcome_at=lambda target: "ok", starts=1):
     """measure() of a --fit on configuration whose target crashline chose (margin 1024), each start played by a
     stand-in for _measure whose peak leaves ``headroom_at(target)`` MiB: the loop of measure_aimed, no server."""
     from crashline.core import records
     from crashline.core.settings import aim_fit, resolve
     from crashline.jobs import measure as M
 
-    starts = []
+    started = []
 
     def one_start(*, model_name, item, config, record_path, log_path, skip_under_margin=None, **_):
         target = item["settings"]["fit_target"]
-        starts.append((target, skip_under_margin))
+        started.append((target, skip_under_margin))
         log_path.write_text(f"server log at --fit-target {target}\n")
         (record_path.parent / "telemetry.parquet").write_text(f"telemetry at {target}")
         record = {
@@ -338,12 +359,17 @@ def _aimed_job(tmp_path, monkeypatch, headroom_at, outcome_at=lambda target: "ok
     settings = aim_fit(resolve({"fit": "on", "ctx": 32768}), 1024)
     record = M.measure(
         model_name="m",
-        item={"id": "fit", "settings": settings, "given": {"fit": "on", "ctx": 32768}},
+        item={
+            "id": "fit",
+            "settings": settings,
+            "given": {"fit": "on", "ctx": 32768},
+            **({"starts": starts} if starts > 1 else {}),
+        },
         config={"budget": {"vram_budget_mib": 12288}},  # as a job's spec gives it: no margin
         record_path=tmp_path / "measure.json",
         log_path=tmp_path / "server.log",
     )
-    return record, starts
+    return record, started
 
 
 def test_fit_on_short_of_the_margin_starts_again_with_the_target_raised_by_the_shortfall(tmp_path, monkeypatch):
@@ -384,6 +410,37 @@ def test_fit_on_aimed_stops_after_three_starts_and_an_oom_raises_it_by_the_margi
     record, starts = _aimed_job(tmp_path, monkeypatch, lambda target: 2000.0, lambda target: "load_failed")
     assert starts == [(1024, 1024)]  # a failure a higher target cannot mend: one start
     assert len(record["fit_aim"]["attempts"]) == 1
+
+
+def test_an_aimed_fit_with_starts_is_started_again_at_the_target_it_settled_on(tmp_path, monkeypatch):
+    """tune starts its --fit on runs as often as a finalist: start 2 runs at the target the aim settled on, timed
+    whatever it leaves; the tables count every start (two aimed, one more) and pool the two that served."""
+    from crashline.tables.aggregate import _pooled_records, _time_columns
+
+    record, started = _aimed_job(
+        tmp_path, monkeypatch, lambda target: target - 192 + (40 if target > 1024 else 0), starts=2
+    )
+    assert started == [(1024, 1024), (1216, 1024), (1216, None)]
+    assert record["start_records"] == ["start-2/measure.json"] and record["settings"]["fit_target"] == 1216
+    assert records.load(tmp_path / "start-2" / "measure.json", "measure")["settings"]["fit_target"] == 1216
+    assert (tmp_path / "start-2" / "server.log").read_text() == "server log at --fit-target 1216\n"
+    (pooled,) = _pooled_records([tmp_path / "measure.json"], [])
+    assert pooled["starts"] == 2 and pooled["fit_aim"] == record["fit_aim"]
+    assert _time_columns(pooled)["server_starts"] == 3
+
+
+@pytest.mark.parametrize(
+    ("headroom", "outcome", "said"),
+    [
+        (900.0, "ok", "--fit on left less than the 1,024 MiB margin at every target"),
+        (2000.0, "load_failed", "start 1 ended load_failed, so it cannot be the answer"),
+    ],
+)
+def test_a_fit_that_cannot_be_the_answer_is_not_started_again(tmp_path, monkeypatch, capsys, headroom, outcome, said):
+    record, started = _aimed_job(tmp_path, monkeypatch, lambda target: headroom, lambda target: outcome, starts=2)
+    assert all(skip for _, skip in started[:-1]) and "start_records" not in record
+    assert not (tmp_path / "start-2").exists()
+    assert f"no start 2/2: {said}" in capsys.readouterr().err
 
 
 def test_only_a_target_crashline_chose_is_aimed():

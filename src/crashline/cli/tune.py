@@ -154,12 +154,15 @@ def config(
         if on_gpu:
             fit_on = {**kv_settings, "ubatch": ubatches[0], "fit": "on"}
             search = {"n_cpu_moe": [0, 1000], "prune": True}  # the search clamps the range to the model's layers
+            # each fit run is started as often as the searches' finalists, so the spread between starts decides
+            # whether llama.cpp's placement ties crashline's answer (a run started once cannot tie a finalist)
+            starts = {"starts": finalist_starts()}
             configurations += [
                 {"settings": {**kv_settings, **NO_PROMPT_CACHE}, "grid": grid, "search": search},
-                {"settings": {**fit_on, **NO_PROMPT_CACHE}},  # the bar: llama.cpp's placement, the rest as ours
+                {"settings": {**fit_on, **NO_PROMPT_CACHE}, **starts},  # the bar: llama.cpp's placement, the rest ours
                 # and llama-server --fit on with its own prompt cache (8192 MiB unless set), named in the command so
                 # that the two fit runs differ in what they say: what the cache costs
-                {"settings": {**fit_on, "cache_ram": DEFAULT_CACHE_RAM_MIB}},
+                {"settings": {**fit_on, "cache_ram": DEFAULT_CACHE_RAM_MIB}, **starts},
             ]
         else:
             configurations.append({"settings": {**kv_settings, **NO_PROMPT_CACHE}, "grid": grid})
@@ -177,6 +180,13 @@ def config(
     }
     config_mod.validate(raw, config_mod.load_schema())  # a bad combination is named before anything runs
     return raw
+
+
+def finalist_starts() -> int:
+    """How often a search's finalist is started: the schema's default of ``search.starts``, which tune's searches
+    keep."""
+    entry = config_mod.load_schema()["properties"]["configurations"]["items"]["properties"]
+    return int(entry["search"]["properties"]["starts"]["default"])
 
 
 def trained_context(source: str) -> int | None:
@@ -379,8 +389,10 @@ def fit_line(fit: dict, metric_label: str) -> str:
         if fit.get("under_margin") and head is not None
         else ""
     )
+    from ..report.model_sections import fit_starts
+
     aimed = f" (aimed at the margin: {fit['aimed']})" if fit.get("aimed") else ""
-    return f"{fit['ratio']:.2f}× the {metric_label} t/s of {fit['label']}{under}{aimed}"
+    return f"{fit['ratio']:.2f}× the {metric_label} t/s of {fit['label']}{fit_starts(fit)}{under}{aimed}"
 
 
 def run_folder(raw: dict, out: Path, verb: str, gpu: str | None = None) -> Path:

@@ -65,6 +65,11 @@ def expand_searches(config: dict) -> list[dict]:
         given = {k: v for k, v in given.items() if k != "n_cpu_moe"}
         lo, hi = entry["search"]["n_cpu_moe"]
         how = {k: entry["search"][k] for k in ("climb", "starts", "prune") if k in entry["search"]}
+        if "starts" in entry:
+            raise ConfigError(
+                f"config key configurations.{i}.starts = {entry['starts']!r}: an entry with a search starts its "
+                "finalists search.starts times, not the entry's; move it to search.starts"
+            )
         if lo > hi:
             raise ConfigError(
                 f"config key configurations.{i}.search.n_cpu_moe = {[lo, hi]!r}: the range is "
@@ -89,9 +94,11 @@ def expand_searches(config: dict) -> list[dict]:
 def expand(config: dict) -> list[dict]:
     """Every (model, configuration) the config asks for, resolved, with ids; duplicates once.
 
-    Each item: {"model", "id", "settings" (resolved), "given" (what the config wrote)}. A configuration
-    with ``fit: on`` gets ``fit_target`` (budget.margin_mib) and ``fit_ctx`` (its ctx) in its settings unless
-    it sets them (settings.aim_fit); they are not in "given", so a build without those flags leaves them out.
+    Each item: {"model", "id", "settings" (resolved), "given" (what the config wrote)}, and "starts" where its
+    entry asks for more than one server start (the most any entry listing it asks for; not in the id: the same
+    server). A configuration with ``fit: on`` gets ``fit_target`` (budget.margin_mib) and ``fit_ctx`` (its ctx) in
+    its settings unless it sets them (settings.aim_fit); they are not in "given", so a build without those flags
+    leaves them out.
     Entries with a ``search`` are not here: see expand_searches. The rows of the claims files
     come last, one configuration each: a row identical to a sweep configuration has its id, and
     is measured once, by the same job.
@@ -102,7 +109,9 @@ def expand(config: dict) -> list[dict]:
         resolved = settings_mod.aim_fit(_resolve(i, given), margin)  # fit on aims at the margin, at ctx
         for model in entry.get("models") or list(config["models"]):
             cid = settings_mod.config_id(model, resolved)
-            seen.setdefault((model, cid), {"model": model, "id": cid, "settings": resolved, "given": given})
+            item = seen.setdefault((model, cid), {"model": model, "id": cid, "settings": resolved, "given": given})
+            if entry.get("starts", 1) > item.get("starts", 1):
+                item["starts"] = entry["starts"]
     for item in claims_load.claim_configurations(claims_load.load_claims(config.get("claims") or [], config)):
         entry = {"model": item["model"], "id": item["id"], "settings": item["resolved"], "given": item["settings"]}
         seen.setdefault((item["model"], item["id"]), entry)

@@ -96,6 +96,13 @@ class Layout:
 
 
 PROBES = "records"
+LATER_START = "start-{}"  # the folder of a configuration's server start k > 1, beside its first start's record
+
+
+def later_start(record_path: str | Path, k: int) -> Path:
+    """The folder of server start ``k`` (2, 3, ...) of the configuration whose first start is recorded at
+    ``record_path``: ``start-K/`` beside it (a search's finalists; an entry's ``starts``)."""
+    return Path(record_path).parent / LATER_START.format(k)
 
 
 class SearchFolder:

@@ -38,7 +38,7 @@ def plan(config: dict) -> list[dict]:
     jobs = []
     for item in config_mod.expand(config):
         model, cid = item["model"], item["id"]
-        jobs.append({"job": "measure", "out": str(layout.record(model, cid)), "starts": 1})
+        jobs.append({"job": "measure", "out": str(layout.record(model, cid)), "starts": item.get("starts", 1)})
         twin = config_mod.needle_twin(config, model, cid)
         jobs.append({"job": "needle", "out": str(layout.needle_record(model, cid)), "starts": 0 if twin else 1})
     for group in config_mod.expand_searches(config):

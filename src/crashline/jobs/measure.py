@@ -21,6 +21,7 @@ from ..models.sources import SourceError, check_unchanged
 from ..core.supervision import exit_with_workflow
 from ..engine.telemetry import window_summary, write_frame
 from ..core.records import utc_now
+from ..core.paths import later_start
 from .serve import ServerJob, Stopwatch, outcome_text
 from .serving import run_workloads
 
@@ -253,8 +254,46 @@ def measure(*, model_name: str, item: dict, **job) -> dict:
             record = measure_aimed(item["settings"]["fit_target"], model_name=model_name, item=item, **job)
         else:
             record = _measure(model_name=model_name, item=item, **job)
+        if item.get("starts", 1) > 1 and not job.get("load_only"):
+            record = later_starts(record, item["starts"], model_name=model_name, item=item, **job)
         progress.say(_final_text(record))
         return record
+
+
+def later_starts(record: dict, starts: int, *, model_name: str, item: dict, **job) -> dict:
+    """Server starts 2..``starts`` of a configuration whose entry asks for several (``starts``), one after another,
+    each a whole measurement at the settings the first ran (an aimed --fit on at the target it settled on), recorded
+    in ``start-K/`` beside the record, which lists them (``start_records``, relative to its folder); the tables pool
+    them as a search's finalist's starts, so that the spread between starts decides a tie (tables.ties). None after
+    a start that failed, or a --fit on whose last aim still left less than the margin: it cannot be the answer."""
+    record_path = Path(job["record_path"])
+    later, last = [], record
+    for k in range(2, starts + 1):
+        if why := _no_more_starts(last, k - 1, record):
+            progress.say(f"no start {k}/{starts}: {why}")
+            break
+        progress.say(f"start {k}/{starts} of {item['id']}, as the first ran")
+        folder = later_start(record_path, k)
+        folder.mkdir(parents=True, exist_ok=True)
+        paths = {"record_path": folder / "measure.json", "log_path": folder / "server.log"}
+        last = _measure(
+            model_name=model_name,
+            item={**item, "settings": record["settings"]},
+            **{**job, **paths, "telemetry_path": folder / "telemetry.parquet"},
+        )
+        later.append(str(paths["record_path"].relative_to(record_path.parent)))
+    return records.write(record_path, "measure", {**record, "start_records": later}) if later else record
+
+
+def _no_more_starts(last: dict, k: int, first: dict) -> str | None:
+    """Why a configuration is not started again: its last start (``k``) failed, or its --fit on could not be aimed."""
+    if last["outcome"] != Outcome.OK:
+        return f"start {k} ended {outcome_text(last)}, so it cannot be the answer"
+    aim = first.get("fit_aim")
+    if aim and fit_shortfall(first, aim["margin_mib"]) is not None:
+        margin = f"{aim['margin_mib']:,} MiB margin"
+        return f"--fit on left less than the {margin} at every target, so it cannot be the answer"
+    return None
 
 
 FIT_AIM_STARTS = 3  # server starts at most for one --fit on aimed at the margin

@@ -48,7 +48,7 @@ from ..core import progress, records
 from ..core import settings as settings_mod
 from .measure import job_key, measure
 from .serve import outcome_text
-from ..core.paths import SearchFolder
+from ..core.paths import LATER_START, SearchFolder
 from ..core.records import Outcome
 from .search_rules import (
     best_rival,
@@ -175,7 +175,7 @@ class _Search:
         """Start ``k`` (2, 3, ...) of a finalist; its speed, None where it did not survive with the margin."""
         cid = self.measured[n]
         progress.say(f"start {k}/{self.starts} of n_cpu_moe {n} (configuration {cid}), interleaved with the finalists")
-        self.ids_of[n].append(f"{cid}/start-{k}")
+        self.ids_of[n].append(f"{cid}/{LATER_START.format(k)}")
         rec = self._measure(n, self.ids_of[n][-1])
         self.starts_of[n].append(rec)
         self.finalist_starts = max(0, self.finalist_starts - 1)

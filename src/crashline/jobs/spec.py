@@ -157,9 +157,10 @@ def needle_spec(config: dict, model: str, cid: str) -> NeedleSpec:
     grid and the budget it is checked under; and the configuration whose recall stands for it, if any."""
     from ..config.needle import needle_settings
 
+    item = config_mod.find(config, model, cid)
     return NeedleSpec(
         model,
-        config_mod.find(config, model, cid),
+        {k: v for k, v in item.items() if k != "starts"},  # one recall check, however often it is measured
         {
             "models": {model: config["models"][model]},
             "server": _server(config),

@@ -86,13 +86,16 @@ def fit_comparison(
             "under_margin": None if missing(h) or h >= margin_mib else margin_mib,
             # aimed at the margin over several starts (jobs.measure.measure_aimed): each target and what it left
             "aimed": None if missing(aim := fit.get("fit_aim")) else aim,
+            "starts": int(fit.get("starts") or 1),
             "recommended": None,
             "ratio": None,
             "is_fit": False,
+            "tied": False,  # with the recommendation, by the spread between starts (tables.ties)
         }
         if rec:
             entry["recommended"] = _placement_summary(pd.Series(rec["winner_row"]), rec["winner_speed"])
             entry["is_fit"] = rec["winner"] == fit["config_id"]
+            entry["tied"] = any(v["config_id"] == fit["config_id"] and v.get("tied") for v in rec["others"])
             if fit["outcome"] == Outcome.OK and not missing(fit_speed) and fit_speed:
                 entry["ratio"] = rec["winner_speed"] / fit_speed  # the bar: llama.cpp's own answer
         out.append(entry)
@@ -186,6 +189,8 @@ def answers(ctx: dict) -> list[dict]:
                             "headroom_mib": f["headroom_mib"],
                             "under_margin": f["under_margin"],  # the margin it fell under, where it did
                             "aimed": f["aimed"],  # the --fit-target of each start, where one was raised
+                            "starts": f["starts"],
+                            "tied": f["tied"],  # with the answer, by the spread between starts
                         }
                         for f in fits
                     ],

@@ -230,8 +230,8 @@ def fit(m: dict) -> list:
                         Strong(f"{f['ratio']:.2f}×"),
                         f" the {metric} t/s of ",
                         Code(f["label"]),
-                        f" at the objective workload, with {f['recommended']['headroom']} MiB of headroom against "
-                        f"its {f['fit']['headroom']}"
+                        f" at the objective workload{fit_starts(f)}, with {f['recommended']['headroom']} MiB of "
+                        f"headroom against its {f['fit']['headroom']}"
                         + (
                             f", under the {f['under_margin']:,} MiB margin, so it could not be the recommendation."
                             if f["under_margin"]
@@ -250,6 +250,17 @@ def fit(m: dict) -> list:
     ]
     said += _fits_apart(m["fit"], metric)
     return [Para(lead), Table(header, rows, frozenset(range(3, 8)), marks), *said]
+
+
+def fit_starts(f: dict) -> str:
+    """How a fit run stands against the recommendation by the spread between starts: tied, or measured in one
+    start (which cannot tie a configuration started several times); nothing where it is apart, or under the margin
+    (out whatever its starts)."""
+    if f.get("under_margin"):
+        return ""
+    if f.get("tied"):
+        return f" (tied: within the spread between its {f['starts']} server starts and the recommendation's)"
+    return " (in one server start)" if f.get("starts", 1) < 2 else ""
 
 
 def _fits_apart(fits: list[dict], metric: str) -> list:

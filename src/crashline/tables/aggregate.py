@@ -5,7 +5,8 @@
 ``conversations``: one row per model × configuration × conversation workload, its turns a nested list.
 ``searches``: one row per n_cpu_moe search.
 
-A search's finalist has several server starts (``records/ID/`` and ``records/ID/start-K/``): its starts
+A search's finalist has several server starts (``records/ID/`` and ``records/ID/start-K/``), and so has a
+configuration whose entry asks for ``starts`` (its record lists the later ones, ``start_records``): its starts
 are one row in ``configs`` and ``measurements`` (``pool_starts``), with ``starts`` the number of starts,
 each statistic over every request of every start, and ``*_start_medians`` each start's own median.
 Other records are one row each, as they are.
@@ -318,14 +319,17 @@ def start_groups(search_paths: list[Path]) -> list[list[Path]]:
 
 def _pooled_records(record_paths: list[Path], starts: list[list[Path]]):
     """Each record path's record, the starts of one configuration (``starts``) pooled into one, at the place of
-    the first of them given."""
+    the first of them given; a record that lists later starts of its own (``start_records``: an entry's ``starts``)
+    pooled with them."""
     group_of = {Path(p).absolute(): group for group in starts for p in group}
     given = {Path(p).absolute() for p in record_paths}
     done = set()
     for path in record_paths:
         group = group_of.get(Path(path).absolute())
         if group is None:
-            yield records.load(path, "measure")
+            rec = records.load(path, "measure")
+            later = [records.load(Path(path).parent / p, "measure") for p in rec.get("start_records") or []]
+            yield pool_starts([rec, *later])
         elif id(group) not in done:
             done.add(id(group))
             yield pool_starts([records.load(p, "measure") for p in group if Path(p).absolute() in given])
