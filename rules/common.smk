@@ -147,12 +147,19 @@ def measure_inputs(wildcards):
 
 
 def needle_inputs(wildcards):
-    """A needle job's inputs: a measurement's, and the needle record of the configuration whose recall stands
-    for this one's (the same llama-server arguments), which it copies."""
-    twin = crashline_config.needle_twin(CFG, wildcards.model, wildcards.cid)
+    """A needle job's inputs: a measurement's, the needle record of the configuration whose recall stands
+    for this one's (the same llama-server arguments), which it copies, and for a --fit on aimed at the margin
+    its measure record, whose --fit-target it is checked at."""
+    model, cid = wildcards.model, wildcards.cid
+    twin = crashline_config.needle_twin(CFG, model, cid)
     return {
         **measure_inputs(wildcards),
-        **({"twin": LAYOUT.needle_record(wildcards.model, twin)} if twin else {}),
+        **({"twin": LAYOUT.needle_record(model, twin)} if twin else {}),
+        **(
+            {"measured": LAYOUT.record(model, cid)}
+            if crashline_config.recall_as_measured(CFG, model, cid)
+            else {}
+        ),
     }
 
 

@@ -21,6 +21,7 @@ SERVER_INPUTS = {
     "draft": "--draft",
     "search": "--search",
     "rivals": "--rival",
+    "measured": "--measured",
 }
 SERVER_OUTPUTS = {"record": "--out", "summary": "--out", "server_log": "--log", "telemetry": "--telemetry"}
 

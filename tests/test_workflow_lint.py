@@ -76,3 +76,33 @@ def test_configfile_runs_that_file_alone_with_the_ids_plan_prints(tmp_path):
     ids = {item["id"] for item in json.loads(plan.stdout)}
     planned = set(re.findall(r"records/mine/([0-9a-f]{10})/measure\.json", out))
     assert len(ids) == 2 and planned == ids
+
+
+def test_the_needle_of_a_fit_aimed_at_the_margin_waits_for_its_measurement(tmp_path):
+    """#22: recall of a --fit on is checked at the --fit-target its measurement settled on, so its needle job takes
+    the measure record as an input (and passes it to the job); a plain configuration's needle does not wait."""
+    copy_workflow(tmp_path)
+    (tmp_path / "mine.yaml").write_text(
+        "models:\n  mine:\n    source: synthetic:tiny-moe\n"
+        "configurations:\n  - settings: {fit: 'on'}\n  - settings: {ubatch: 128}\n"
+        "workloads:\n  - {name: short, prompt_tokens: 64, gen_tokens: 16}\n"
+    )
+    out = dry_run(tmp_path, "--configfile", "mine.yaml")
+    needles = [block for block in out.split("\n\n") if re.search(r"^rule needle:", block.strip(), re.M)]
+    waits = {
+        re.search(r"records/mine/(\w+)/needle\.json", b).group(1): re.findall(
+            r"records/mine/(\w+)/measure\.json", re.search(r"^\s*input: (.*)$", b, re.M).group(1)
+        )
+        for b in needles
+    }
+    assert sorted(map(len, waits.values())) == [0, 1], out
+    (fit,) = [cid for cid, measured in waits.items() if measured == [cid]]
+    plan = subprocess.run(
+        [sys.executable, "-m", "crashline", "plan", "--config", "mine.yaml"],
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(REPO / "src")},
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert f"{fit}  " in plan.stdout and "--fit on" in plan.stdout.split(f"{fit}  ", 1)[1].splitlines()[0]

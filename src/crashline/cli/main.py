@@ -67,6 +67,11 @@ def parser() -> argparse.ArgumentParser:
         s.add_argument(
             "--rival", action="append", help="search: a rival's search.json (default: the layout's, as the group says)"
         )
+        s.add_argument(
+            "--measured",
+            help="needle of a --fit on aimed at the margin: its measure record, whose --fit-target it is checked at "
+            "(default: the layout's)",
+        )
         s.add_argument("--out")
         s.add_argument("--log")
         s.add_argument("--telemetry")

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from ..config import plan as config_mod
+from ..core import settings as settings_mod
 from ..core.atomic import read_json, write_json
 from ..core.paths import Layout, merged_records
 
@@ -123,6 +124,8 @@ def _server_job(args) -> int:
         }
         if job_spec.twin:
             inputs["twin_record"] = layout.needle_record(model, job_spec.twin)
+        if settings_mod.fit_aimed(job_spec.item["settings"], job_spec.item["given"]):  # checked as it was measured
+            inputs["measured"] = Path(args.measured or layout.record(model, job_id))
     else:
         outputs = {
             "record": args.out or layout.record(model, job_id),

@@ -165,6 +165,14 @@ def needle_twin(config: dict, model: str, cid: str) -> str | None:
     return _plan(config)["twins"][(model, cid)]
 
 
+def recall_as_measured(config: dict, model: str, cid: str) -> bool:
+    """Whether ``cid``'s recall check runs at the settings its measurement settled on, read from its measure record:
+    a --fit on aimed at the margin, whose --fit-target the measurement raises where a start's peak fell short
+    (jobs.measure.measure_aimed). Its needle job waits for that record."""
+    item = find(config, model, cid)
+    return settings_mod.fit_aimed(item["settings"], item["given"])
+
+
 OBJECTIVE_METRICS = {
     "e2e_tps": "end-to-end t/s per request: its prompt and generated tokens over the whole time it took, as a user "
     "waits for it, so prefill and decode both count",

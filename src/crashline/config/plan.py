@@ -28,6 +28,7 @@ from .expand import (  # noqa: F401 - as above
     find_search,
     needle_twin,
     objective_workload,
+    recall_as_measured,
     resolve_objective,
 )
 from .validate import check_flags, validate  # noqa: F401 - as above

@@ -72,9 +72,12 @@ def run_needle(
     manifest: dict | None = None,
     draft_path: str | None = None,
     rng: random.Random | None = None,
+    measured: Path | None = None,
 ) -> dict:
-    """Start the server for one configuration, run every needle trial, stop it, write the record."""
+    """Start the server for one configuration, run every needle trial, stop it, write the record; a --fit on aimed
+    at the margin at the target its measurement settled on (``measured``: its measure record, ``as_measured``)."""
     with progress.job(f"needle {model_name} {item['id']}"):
+        item = as_measured(item, Path(measured)) if measured else item
         record = _run_needle(
             model_name, item, config, fetch_record, provenance, record_path, log_path, manifest, draft_path, rng
         )
@@ -83,6 +86,20 @@ def run_needle(
             server = "" if record["outcome"] == "ok" else f"; the server {outcome_text(record)}"
             progress.say(f"needle recall {record['recall']}{failed}{server}")
         return record
+
+
+def as_measured(item: dict, measured: Path) -> dict:
+    """A --fit on aimed at the margin, checked at the --fit-target its measurement settled on (``measured``, its
+    measure record: jobs.measure.measure_aimed raises the target where a start's peak fell short), so that its recall
+    is of the placement its speed and headroom are; the target asked where the record is not of this
+    configuration (it was measured under another id, or not yet)."""
+    record = records.load(measured, "measure") if measured.exists() else {}
+    if record.get("config_id") != item["id"] or not record.get("fit_aim"):
+        return item
+    target = record["settings"]["fit_target"]
+    if target != item["settings"]["fit_target"]:
+        progress.say(f"checked at --fit-target {target}, where its measurement left the margin ({measured})")
+    return {**item, "settings": {**item["settings"], "fit_target": target}}
 
 
 def copy_twin(item: dict, twin: str, twin_path: Path, record_path: Path, log_path: Path) -> dict:
