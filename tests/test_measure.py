@@ -437,6 +437,8 @@ def test_an_aimed_fit_with_starts_is_started_again_at_the_target_it_settled_on(t
     ],
 )
 def test_a_fit_that_cannot_be_the_answer_is_not_started_again(tmp_path, monkeypatch, capsys, headroom, outcome, said):
+    (tmp_path / "start-2").mkdir()  # an earlier run's second start: stale once this run starts it no more
+    (tmp_path / "start-2" / "measure.json").write_text("{}")
     record, started = _aimed_job(tmp_path, monkeypatch, lambda target: headroom, lambda target: outcome, starts=2)
     assert all(skip for _, skip in started[:-1]) and "start_records" not in record
     assert not (tmp_path / "start-2").exists()

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import math
+import shutil
 from pathlib import Path
 
 import pandas as pd
@@ -282,6 +284,10 @@ def later_starts(record: dict, starts: int, *, model_name: str, item: dict, **jo
             **{**job, **paths, "telemetry_path": folder / "telemetry.parquet"},
         )
         later.append(str(paths["record_path"].relative_to(record_path.parent)))
+    for k in itertools.count(len(later) + 2):  # what an earlier run of this job left past its starts now: stale
+        if not later_start(record_path, k).is_dir():
+            break
+        shutil.rmtree(later_start(record_path, k))
     return records.write(record_path, "measure", {**record, "start_records": later}) if later else record
 
 
