@@ -257,18 +257,18 @@ def measure(*, model_name: str, item: dict, **job) -> dict:
         else:
             record = _measure(model_name=model_name, item=item, **job)
         if item.get("starts", 1) > 1 and not job.get("load_only"):
-            record = later_starts(record, item["starts"], model_name=model_name, item=item, **job)
+            record = later_starts(record, model_name=model_name, item=item, **job)
         progress.say(_final_text(record))
         return record
 
 
-def later_starts(record: dict, starts: int, *, model_name: str, item: dict, **job) -> dict:
-    """Server starts 2..``starts`` of a configuration whose entry asks for several (``starts``), one after another,
+def later_starts(record: dict, *, model_name: str, item: dict, **job) -> dict:
+    """Server starts 2..N of a configuration whose entry asks for N (``item["starts"]``), one after another,
     each a whole measurement at the settings the first ran (an aimed --fit on at the target it settled on), recorded
     in ``start-K/`` beside the record, which lists them (``start_records``, relative to its folder); the tables pool
     them as a search's finalist's starts, so that the spread between starts decides a tie (tables.ties). None after
     a start that failed, or a --fit on whose last aim still left less than the margin: it cannot be the answer."""
-    record_path = Path(job["record_path"])
+    record_path, starts = Path(job["record_path"]), item["starts"]
     later, last = [], record
     for k in range(2, starts + 1):
         if why := _no_more_starts(last, k - 1, record):
