@@ -24,7 +24,10 @@ The statistic, fixed before it ran: per start and metric, each timed request ove
 timed requests; per position, the geometric mean of that over the starts; the position effect is position 1's
 over the geometric mean of the later positions that sent the same prompt (1.00: none); the prompt effect is the
 geometric mean of the positions that sent position 1's prompt over that of the other positions. DIR/order.json holds
-every request (raw, with the command) and the statistic.
+every request (raw, with the command) and the statistic. ``order-stats DIR`` computes it again from that file, with
+the spread between requests and each effect's two-standard-error half-width (post hoc, session 16):
+
+    python bench/warmup_bias.py order-stats DIR
 """
 
 from __future__ import annotations
@@ -105,8 +108,42 @@ def position_statistic(starts: list[list[dict]], order: list[int]) -> dict:
             )
             if later and len(set(timed)) > 1
             else None,
+            **noise(ratios, 1 + len(later), len(timed)),
         }
     return out
+
+
+def noise(ratios: list[list[float]], same: int, timed: int) -> dict:
+    """Post hoc (session 16, not fixed before the lease): the spread between requests within a start, as the
+    standard deviation of the log ratios to the start's median, and the two-standard-error half-width it gives each
+    effect, whose sides hold 1 and ``same - 1`` positions (position effect), ``same`` and ``timed - same`` (prompt
+    effect), each position a geometric mean over the starts."""
+    logs = [math.log(v) for start in ratios for v in start]
+    if len(logs) < 2:
+        return {}
+    sd, n = statistics.stdev(logs), len(ratios)
+    half = lambda a, b: round(2 * sd * math.sqrt(1 / (a * n) + 1 / (b * n)), 4)  # noqa: E731
+    return {
+        "request_sd_log": round(sd, 4),
+        "position_effect_2se": half(1, same - 1) if same > 1 else None,
+        "prompt_effect_2se": half(same, timed - same) if timed > same else None,
+    }
+
+
+def order_stats(folder: str) -> None:
+    """The statistic of ``order`` again from DIR/order.json's raw requests (DIR/order-stats.json)."""
+    raw = json.loads((Path(folder) / "order.json").read_text())
+    order, starts = raw["order"], {}
+    for r in raw["requests"]:
+        if r["position"]:
+            starts.setdefault(r["start"], []).append(per_request(r))
+    stats = position_statistic([starts[k] for k in sorted(starts)], order)
+    (Path(folder) / "order-stats.json").write_text(json.dumps(stats, indent=1) + "\n")
+    print(
+        json.dumps(
+            {m: {k: v for k, v in x.items() if k not in ("each_start", "by_position")} for m, x in stats.items()}
+        )
+    )
 
 
 def order_main(argv: list[str]) -> None:
@@ -175,6 +212,8 @@ def order_main(argv: list[str]) -> None:
 def main() -> None:
     if sys.argv[1:2] == ["order"]:
         return order_main(sys.argv[2:])
+    if sys.argv[1:2] == ["order-stats"]:
+        return order_stats(sys.argv[2])
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("config")
     parser.add_argument("--starts", type=int, default=2, help="server starts per warm-up setting")
