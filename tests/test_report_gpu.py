@@ -462,3 +462,37 @@ def test_the_fit_bar_started_as_often_as_the_answer_can_tie_it(tmp_path, factor,
         assert found["tie"] == (
             f"tied with 1 other(s) on speed; chosen for the most VRAM headroom (+154 MiB against `{FIT_BAR}`)"
         )
+
+
+LEASE_S17 = REPO / "bench" / "results" / "lease-2026-12-03-s17"
+
+
+@pytest.mark.parametrize(
+    ("shape", "winner", "fit_bar", "more"),
+    [("tune30", "bd8df82c42", "3b5e95f382", 154), ("tune40x192", "e702c8a90d", "3d169afe93", 970)],
+)
+def test_llama_cpps_placement_ties_the_answer_where_both_were_started_twice(tmp_path, shape, winner, fit_bar, more):
+    """#22's last item, on the H200 (session 17): tune started both --fit on runs twice, as a finalist. On both shapes
+    `--fit on --cache-ram 0` (llama.cpp's placement at crashline's other settings) lies within the spread between
+    the answer's starts: tied, said so beside the ratio, and the answer kept for its headroom; `--fit on --cache-ram
+    8192` (llama-server's own prompt cache) stays apart. Read from the lease's records, rendered by the current code."""
+    import rerender
+
+    from crashline.cli.tune import answer
+
+    results = tmp_path / "results"
+    rerender.rerender(LEASE_S17 / shape / "tune" / "results", results)
+    (found,) = read_json(results / "recommendation.json")
+    fits = {f["label"]: f for f in found["fit_on"]}
+    bar, cached = fits["--fit on --cache-ram 0"], fits["--fit on --cache-ram 8192"]
+    assert found["winner"] == winner and bar["config_id"] == fit_bar
+    assert (bar["starts"], bar["tied"], cached["starts"], cached["tied"]) == (2, True, 2, False)
+    assert cached["ratio"] > 1.10 and found["headroom_mib"] > bar["headroom_mib"]
+    assert found["tie"].startswith("tied with") and f"most VRAM headroom (+{more:,} MiB against" in found["tie"]
+    said = " (tied: within the spread between its 2 server starts and the recommendation's)"
+    lines = answer({"results_dir": str(results)})
+    assert any(x.startswith(f"  {bar['ratio']:.2f}× the end to end t/s of --fit on --cache-ram 0{said}") for x in lines)
+    md = (results / "report.md").read_text()
+    assert f"of `--fit on --cache-ram 0` at the objective workload{said}" in md
+    assert f"\nTied with {found['tie'][len('tied with ') :]}. Two configurations are tied" in md
+    assert "`--fit on --cache-ram 0` was aimed at the margin, its `--fit-target` raised after each start" in md

@@ -69,8 +69,7 @@ def recommendation(r: dict):
             2,
             Para(
                 [
-                    "Tied: ",
-                    r["tie"],
+                    r["tie"][0].upper() + r["tie"][1:],
                     ". Two configurations are tied when neither range lies above the other (the medians of their "
                     "server starts where the fastest had several: then only those started as often count).",
                 ]
@@ -244,7 +243,14 @@ def fit(m: dict) -> list:
             outcome = f["fit"]["outcome"]
             said.append(Para([Code(f["label"]), f" did not survive ({outcome}): the recommendation stands."]))
     said += [
-        Para([Code(f["label"]), f" was aimed at the margin, one server start per target: {f['aimed']}."])
+        Para(
+            [
+                Code(f["label"]),
+                " was aimed at the margin, its ",
+                Code("--fit-target"),
+                f" raised after each start that left less: {f['aimed']}.",
+            ]
+        )
         for f in m["fit"]
         if f["aimed"]
     ]
