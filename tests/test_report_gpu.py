@@ -451,7 +451,7 @@ def test_the_fit_bar_started_as_often_as_the_answer_can_tie_it(tmp_path, factor,
     bar = next(f for f in found["fit_on"] if f["config_id"] == FIT_BAR)
     assert found["winner"] == "bd8df82c42" and (bar["starts"], bar["tied"]) == (1 if factor is None else 2, tied)
     said = {
-        True: " (tied: within the spread between its 2 server starts and the recommendation's)",
+        True: " (tied: within the spread between its 2 server starts and the recommendation's: as fast an answer)",
         False: " (in one server start)" if factor is None else "",
     }[tied]
     line = next(x for x in answer({"results_dir": str(results)}) if "of --fit on --cache-ram 0" in x)
@@ -489,7 +489,7 @@ def test_llama_cpps_placement_ties_the_answer_where_both_were_started_twice(tmp_
     assert (bar["starts"], bar["tied"], cached["starts"], cached["tied"]) == (2, True, 2, False)
     assert cached["ratio"] > 1.10 and found["headroom_mib"] > bar["headroom_mib"]
     assert found["tie"].startswith("tied with") and f"most VRAM headroom (+{more:,} MiB against" in found["tie"]
-    said = " (tied: within the spread between its 2 server starts and the recommendation's)"
+    said = " (tied: within the spread between its 2 server starts and the recommendation's: as fast an answer)"
     lines = answer({"results_dir": str(results)})
     assert any(x.startswith(f"  {bar['ratio']:.2f}× the end to end t/s of --fit on --cache-ram 0{said}") for x in lines)
     md = (results / "report.md").read_text()

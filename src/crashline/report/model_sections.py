@@ -265,7 +265,8 @@ def fit_starts(f: dict) -> str:
     if f.get("under_margin"):
         return ""
     if f.get("tied"):
-        return f" (tied: within the spread between its {f['starts']} server starts and the recommendation's)"
+        spread = f"within the spread between its {f['starts']} server starts and the recommendation's"
+        return f" (tied: {spread}: as fast an answer)"
     return " (in one server start)" if f.get("starts", 1) < 2 else ""
 
 
