@@ -248,7 +248,7 @@ def fit(m: dict) -> list:
                 Code(f["label"]),
                 " was aimed at the margin, its ",
                 Code("--fit-target"),
-                f" raised after each start that left less: {f['aimed']}.",
+                f" raised after each start that left less than the margin: {f['aimed']}.",
             ]
         )
         for f in m["fit"]
