@@ -476,6 +476,7 @@ def test_llama_cpps_placement_ties_the_answer_where_both_were_started_twice(tmp_
     `--fit on --cache-ram 0` (llama.cpp's placement at crashline's other settings) lies within the spread between
     the answer's starts: tied, said so beside the ratio, and the answer kept for its headroom; `--fit on --cache-ram
     8192` (llama-server's own prompt cache) stays apart. Read from the lease's records, rendered by the current code."""
+    sys.path.insert(0, str(REPO / "bench"))
     import rerender
 
     from crashline.cli.tune import answer
