@@ -22,6 +22,17 @@ from crashline.jobs import measure as M
 SCHEMA = load_schema()
 
 
+def by_hand(tmp_path: Path, provenance: dict, *args: str) -> dict:
+    """``provenance`` with its llama-server started as ``llama-server ... ARGS``: a wrapper script, so that a fault
+    test can make a real server do what no config may ask of it (extra_args passes only what core/serverflags.py
+    allows)."""
+    script = tmp_path / "llama-server-by-hand"
+    quoted = " ".join(f"'{a}'" for a in args)
+    script.write_text(f"#!/bin/sh\nexec '{provenance['binary']}' \"$@\" {quoted}\n")
+    script.chmod(0o755)
+    return {**provenance, "binary": str(script)}
+
+
 def fetch_record(model_path) -> dict:
     """What `fetch` records for a local file: its size and hash (measure checks it is unchanged)."""
     path = Path(model_path)

@@ -233,8 +233,9 @@ def test_override_tensor_experts_to_the_cpu():
     assert chosen["placement_from"] == "log"
     assert chosen["cpu_bytes"] == pytest.approx(48 * EXPERTS * ACTIVE, rel=1e-6)
     assert chosen["bound_tps"] == pytest.approx(bound(moe(48), None)["bound_tps"], rel=1e-6)
-    # extra_args that move tensors make the settings as silent as -ot
-    assert bound(moe(0, extra_args=["-ot", "exps=CPU"]), None)["bound_tps"] is None
+    # extra_args that move tensors make the settings as silent as -ot, in any spelling llama.cpp reads
+    assert bound(moe(0, extra_args=["--cpu_moe"]), None)["bound_tps"] is None
+    assert bound(moe(0, extra_args=["-ncffn", "4"]), None)["bound_tps"] is None
 
 
 def test_dense_tensors_kept_in_ram_are_read_there():

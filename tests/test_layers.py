@@ -37,6 +37,7 @@ CONFIG_MODULES = {
     "crashline.config.expand",
     "crashline.config.file",
     "crashline.core.settings",
+    "crashline.core.serverflags",  # which llama-server flags extra_args may pass (re alone)
     "crashline.config.source",
     "crashline.config.shape",
     "crashline.config.needle",

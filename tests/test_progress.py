@@ -172,7 +172,7 @@ models:
 configurations:
   - settings: {ubatch: 128}
     search: {n_cpu_moe: [0, 3], climb: 0}
-  - settings: {extra_args: ["--no-such-flag"]}   # llama-server refuses it: the job fails at load
+  - settings: {extra_args: ["--numa", "bogus"]}   # llama-server refuses the value: the job fails at load
 workloads:
   - {name: short, prompt_tokens: 64, gen_tokens: 16}
 repetitions: 2
@@ -204,8 +204,8 @@ def test_the_workflow_console_shows_each_job_as_it_happens(tmp_path, server_prov
     assert "probe 1: n_cpu_moe 0 ok; boundary at 0" in search
     assert "search done: boundary n_cpu_moe 0, use 0, 2 server starts" in search
     failed = re.compile(r"^\[measure tiny [0-9a-f]{10}\] (.*)$", re.M).findall(console)
-    assert any(line.startswith("starting llama-server: tiny ") and "--no-such-flag" in line for line in failed)
-    refused = "load_failed: arguments (load: error: invalid argument: --no-such-flag"
+    assert any(line.startswith("starting llama-server: tiny ") and "--numa bogus" in line for line in failed)
+    refused = 'load_failed: arguments (load: error while handling argument "--numa": invalid value'
     assert f"llama-server did not start: {refused}" in "\n".join(failed)
     assert f"measurement {refused}" in "\n".join(failed)
     # each line is in the job's log as well, once

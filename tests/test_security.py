@@ -128,10 +128,10 @@ def test_the_server_listens_on_loopback_only_whatever_extra_args_say(tmp_path, s
         (["--model=other.gguf"], "--model", "name the model under models:"),
         (["-hf", "org/repo"], "-hf", "name the model under models:"),
         (["-mu", "https://example.invalid/m.gguf"], "-mu", "name the model under models:"),
-        (["-md", "draft.gguf"], "-md", "draft_model setting"),
+        (["-md", "draft.gguf"], "-md", "setting 'draft_model' sets"),
         (["--path", "/etc"], "--path", "reads its model and nothing else"),
         (["--slot-save-path=/tmp/x"], "--slot-save-path", "reads its model and nothing else"),
-        (["--api-key", "k"], "--api-key", "with a key only crashline's client knows"),
+        (["--api-key", "k"], "--api-key", "a key only crashline's client knows"),
         (["--ssl-key-file", "k.pem"], "--ssl-key-file", "answers crashline's key alone"),
         (["--tools", "all"], "--tools", "runs no tools"),
         (["--rpc", "10.0.0.1:50052"], "--rpc", "listens on loopback"),
@@ -140,9 +140,9 @@ def test_the_server_listens_on_loopback_only_whatever_extra_args_say(tmp_path, s
 def test_extra_args_may_not_choose_the_model_files_or_who_reaches_the_server(args, flag, fix):
     """A config (or claims file: both resolve settings here) that passes one of them is refused, naming the flag."""
     with pytest.raises(settings.SettingsError) as err:
-        settings.resolve({"extra_args": ["-fa", "on", *args]})
+        settings.resolve({"extra_args": ["--poll", "50", *args]})
     assert f"passes {flag}," in str(err.value) and fix in str(err.value), err.value
-    settings.resolve({"extra_args": ["-fa", "on", "--no-mmap"]})  # flags that only tune the server still pass
+    settings.resolve({"extra_args": ["--poll", "50", "--no-op-offload"]})  # flags that only tune the server pass
 
 
 def test_a_server_answers_only_the_key_crashline_holds(tmp_path, server_binary, tiny_moe, monkeypatch):

@@ -14,6 +14,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 from collections.abc import Callable, Iterable
+from . import serverflags
 from .errors import CrashlineError
 
 MAX_INT = 2**31 - 1  # llama.cpp reads an integer flag as a C int
@@ -297,8 +298,7 @@ def resolve(settings: dict[str, Any]) -> dict[str, Any]:
         resolved["spec_type"] = "draft-simple"
     if resolved["extra_args"] is None:
         resolved["extra_args"] = []
-    resolved["extra_args"] = list(resolved["extra_args"])
-    _check_extra_args(resolved["extra_args"])
+    resolved["extra_args"] = _check_extra_args(list(resolved["extra_args"]))
     return resolved
 
 
@@ -345,23 +345,21 @@ def _check_gpus(resolved: dict[str, Any]) -> None:
 
 # The aims of llama.cpp's --fit placement: the VRAM it leaves free per device, the smallest context it may cut to.
 FIT_AIMS = ("fit_target", "fit_ctx")
-FIT_AIM_FLAGS = {"fit_target": ("--fit-target", "-fitt"), "fit_ctx": ("--fit-ctx", "-fitc")}
 
 
 def aim_fit(resolved: dict[str, Any], margin_mib: int | None) -> dict[str, Any]:
     """With ``fit: on``, llama.cpp's --fit aims at crashline's headroom: --fit-target is the budget's margin
     (MiB left free on each device, which is what a survivor needs to be recommended) and --fit-ctx the
-    configuration's ctx, unless the settings (or extra_args) set them. Other configurations are unchanged.
+    configuration's ctx, unless the settings set them. Other configurations are unchanged.
 
     llama.cpp's own defaults are --fit-target 1024 and --fit-ctx 4096. With -c given, --fit never cuts the
     context (common/fit.cpp: "context size set by user"), so --fit-ctx only states the intent there."""
     if resolved.get("fit") != "on":
         return resolved
     aimed = dict(resolved)
-    extra = {a.split("=", 1)[0] for a in resolved.get("extra_args") or []}
     wanted = {"fit_target": margin_mib, "fit_ctx": resolved.get("ctx")}
     for name, value in wanted.items():
-        if aimed.get(name) is None and value is not None and not extra & set(FIT_AIM_FLAGS[name]):
+        if aimed.get(name) is None and value is not None:
             aimed[name] = int(value)
     return aimed
 
@@ -369,69 +367,20 @@ def aim_fit(resolved: dict[str, Any], margin_mib: int | None) -> dict[str, Any]:
 def fit_aimed(resolved: dict[str, Any], given: dict[str, Any]) -> bool:
     """Whether crashline chose this ``fit: on`` configuration's --fit-target (``aim_fit``: the margin), so the
     measurement may raise it until the peak leaves the margin (jobs.measure.measure_aimed); a target the config
-    or extra_args gives is run as given."""
-    extra = {a.split("=", 1)[0] for a in resolved.get("extra_args") or []}
-    return (
-        resolved.get("fit") == "on"
-        and resolved.get("fit_target") is not None
-        and given.get("fit_target") is None
-        and not extra & set(FIT_AIM_FLAGS["fit_target"])
-    )
+    gives is run as given."""
+    return resolved.get("fit") == "on" and resolved.get("fit_target") is not None and given.get("fit_target") is None
 
 
-# crashline sets these itself on every start (loopback only, a free port, the placement log level, the key).
-OWN_FLAGS = ("--host", "--port", "-lv", "--verbosity", "--log-verbosity", "--log-file", "--api-key", "--api-key-file")
-_OWN = (
-    "crashline sets itself (the server listens on 127.0.0.1, on a free port, with a key only crashline's client "
-    "knows, logging at level 4)"
-)
-
-# Flags of the pinned llama-server (common/arg.cpp) that extra_args may not pass, each group with why and the fix.
-# A record names the model crashline fetched and hashed; a server that serves files or runs tools hands them to
-# any local process over loopback.
-REFUSED_FLAGS = {
-    (
-        "selects another model, or adds weights to it, so the record would name a model that did not run",
-        "name the model under models: (a speculative draft with the draft_model setting)",
-    ): (
-        "-m", "--model", "-mu", "--model-url", "-hf", "-hfr", "--hf-repo", "-hff", "--hf-file", "-hft", "--hf-token",
-        "-dr", "--docker-repo", "-hfd", "-hfrd", "--hf-repo-draft", "--spec-draft-hf", "-md", "--model-draft",
-        "--spec-draft-model", "-mm", "--mmproj", "-mmu", "--mmproj-url", "--lora", "--lora-scaled",
-        "--control-vector", "--control-vector-scaled", "--models-dir", "--models-preset", "--models-max",
-        "--models-autoload", "--no-models-autoload",
-    ),
-    (
-        "makes the server read or write files of this machine, which it would serve to any local process",
-        "remove it: crashline measures a server that reads its model and nothing else",
-    ): (
-        "--path", "--slot-save-path", "--media-path", "--log-prompts-dir", "--logits-output-dir",
-        "--chat-template-file", "--grammar-file", "-jf", "--json-schema-file", "-f", "--file", "-bf",
-        "--binary-file", "-sysf", "--system-prompt-file", "--context-file", "--ui-config-file",
-        "--webui-config-file", "-o", "--output", "--output-file", "-lcs", "--lookup-cache-static", "-lcd",
-        "--lookup-cache-dynamic", "--tts-speaker-file", "--video-ffmpeg-dir",
-    ),
-    (
-        "changes who may reach the server or what it runs for them",
-        "remove it: crashline's server listens on loopback, runs no tools and answers crashline's key alone",
-    ): (
-        "--api-prefix", "--ssl-key-file", "--ssl-cert-file", "--rpc", "--reuse-port", "--tools",
-        "--tools-runtime", "--ui-mcp-proxy", "--webui-mcp-proxy",
-    ),
-}  # fmt: skip
-
-
-def _check_extra_args(args: list[str]) -> None:
-    """extra_args pass through verbatim, except the flags crashline owns and those REFUSED_FLAGS names."""
-    for arg in args:
-        flag = str(arg).split("=", 1)[0]
-        if flag in OWN_FLAGS:
-            why, fix = _OWN, "remove it"
-        else:
-            why, fix = next(((w, f) for (w, f), flags in REFUSED_FLAGS.items() if flag in flags), (None, None))
-            if why is None:
-                continue
-        reason = f"extra_args = {args!r} passes {flag}, which {why}; {fix}"
-        raise SettingsError(f"setting {reason}", reason)
+def _check_extra_args(args: list[str]) -> list[str]:
+    """extra_args as llama-server will get them (``--flag=value`` split in two), if every flag may pass
+    (core/serverflags.py); SettingsError naming the first that may not, why and the fix."""
+    args = serverflags.split_equals(args)
+    try:
+        serverflags.parse(args)
+    except serverflags.FlagRefused as exc:
+        reason = f"extra_args = {args!r} {exc.reason}"
+        raise SettingsError(f"setting {reason}", reason) from None
+    return args
 
 
 def canonical(resolved: dict[str, Any]) -> str:
@@ -482,6 +431,12 @@ def for_binary(
                 f"this build ({build}) does not have; remove the setting or use a newer build"
             )
         kept[name], dropped[name] = None, missing[0]
+    for f in serverflags.parse(resolved.get("extra_args") or []):
+        if f.flag not in supported:
+            raise SettingsError(
+                f"setting extra_args passes {f.given}, which this build ({build}) does not list in its --help; "
+                "remove it or use a newer build"
+            )
     return kept, dropped
 
 

@@ -12,6 +12,7 @@ partly busy, the answer is serial execution: each waits for the other.
 from __future__ import annotations
 
 from . import logparse, planner
+from ..core import serverflags
 from ..core.units import MIB
 
 SATURATED = 0.85  # of the limit
@@ -185,12 +186,15 @@ PLACEMENT_FLAGS = frozenset(
         "--device",
         "-nkvo",
         "--no-kv-offload",
+        "-ncffn",
+        "--n-cpu-ffn",
     }
 )
 
 
 def _moves_tensors(extra_args) -> bool:
-    return any(str(a).split("=", 1)[0] in PLACEMENT_FLAGS for a in extra_args or ())
+    """Whether ``extra_args`` (of any record, one that predates the allowlist too) has a flag that moves tensors."""
+    return any(serverflags.normalise(str(a).split("=", 1)[0]) in PLACEMENT_FLAGS for a in extra_args or ())
 
 
 def _settings_placement(manifest: dict, settings: dict, gpu: bool) -> dict | None:

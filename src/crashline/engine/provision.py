@@ -20,8 +20,9 @@ from pathlib import Path
 
 import requests
 
-from ..core import cpufeatures, progress
+from ..core import cpufeatures, progress, serverflags
 from . import servercheck
+from .server import private_home, server_env
 from ..core.locks import held
 from ..core.atomic import atomic_path, read_json, write_json
 from ..models.sources import sha256_file
@@ -49,14 +50,17 @@ def _ask(binary: Path, flag: str) -> subprocess.CompletedProcess:
     where it cannot run or does not answer within ASK_TIMEOUT_S (a binary that is no llama-server may wait for
     input forever)."""
     try:
-        return subprocess.run(
-            [str(binary), flag],
-            capture_output=True,
-            text=True,
-            errors="replace",
-            stdin=subprocess.DEVNULL,
-            timeout=ASK_TIMEOUT_S,
-        )
+        with private_home() as home:  # the environment and folders a llama-server gets, nothing of ours
+            return subprocess.run(
+                [str(binary), flag],
+                capture_output=True,
+                text=True,
+                errors="replace",
+                stdin=subprocess.DEVNULL,
+                timeout=ASK_TIMEOUT_S,
+                cwd=home,
+                env=server_env(os.environ, home),
+            )
     except subprocess.TimeoutExpired:
         raise ProvisionError(
             f"{binary} {flag} did not answer within {ASK_TIMEOUT_S} s; is it a llama-server? (server.binary, "
@@ -88,7 +92,6 @@ def _devices(binary: Path) -> list[str]:
     return out
 
 
-HELP_FLAGS_RE = re.compile(r"^\s*((?:-[\w-]+,?\s*)+)")
 # Flags crashline passes on every start; `-fa` must take on|off|auto (llama.cpp b6340, September 2025, on).
 REQUIRED_FLAGS = ("-m", "--host", "--port", "-lv", "-ngl", "-c", "-b", "-ub", "-ctk", "-ctv", "-fa", "-np")
 FA_VALUE_RE = re.compile(r"^\s*-fa,\s+--flash-attn\s+\[on\|off\|auto\]", re.M)
@@ -100,13 +103,7 @@ def _help_flags(binary: Path) -> list[str]:
     if it lacks one crashline always passes."""
     proc = _ask(binary, "--help")
     text = proc.stdout + proc.stderr
-    flags = {
-        f.rstrip(",")
-        for line in text.splitlines()
-        if (m := HELP_FLAGS_RE.match(line))
-        for f in m[1].split()
-        if f.startswith("-")
-    }
+    flags = {flag for option in serverflags.help_flags(text) for flag in option}
     missing = [f for f in REQUIRED_FLAGS if f not in flags]
     if "-fa" in flags and not FA_VALUE_RE.search(text):
         missing.append("-fa on|off|auto")
