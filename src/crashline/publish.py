@@ -23,12 +23,11 @@ from .config.claims import load_claims
 from .report.markdown import CORRECTION_END as END_MARKER
 from .report.markdown import CORRECTION_START as START_MARKER
 from .report.markdown import headings
-from .engine.server import SECRET_VARIABLES
 from .core.errors import CrashlineError
 
 AUTHOR_NAME = "crashline"
 AUTHOR_EMAIL = "crashline@localhost"
-TOKEN_VARIABLES = SECRET_VARIABLES
+TOKEN_VARIABLES = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")  # read here alone: no llama-server gets them
 
 
 class PublishError(CrashlineError, RuntimeError):

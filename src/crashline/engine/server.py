@@ -12,6 +12,12 @@ its way to the file, so the server's own writes never wait on Python.
 Every server answers only requests that carry its own random key (``--api-key-file``, a 0600 file removed
 once the server has read it; a key on the command line would show in /proc to every local user): another
 local process can reach the loopback port, but cannot use the server. /health stays open, as llama.cpp keeps it.
+
+A server sees only what crashline chose (``server_env``): a handful of variables (``PASSED_VARIABLES``: the path,
+the locale, which GPUs), none of llama.cpp's own (``LLAMA_ARG_*``, ``LLAMA_API_KEY``, ``GGML_*``), and a private empty
+folder of its own as its home, its config and cache folders and its working directory, so llama.cpp reads no
+``~/.config/llama.cpp/config.ini``. The system-wide ``/etc/llama.cpp/config.ini`` cannot be hidden that way: a server
+is not started while it exists, and one whose log says it read a config file anyway is stopped (``ForeignSettings``).
 """
 
 from __future__ import annotations
@@ -26,11 +32,13 @@ import socket
 import subprocess
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
 import requests
 
+from ..core.errors import CrashlineError
 from .hostmem import MemoryCgroup
 
 HOST = "127.0.0.1"
@@ -40,13 +48,51 @@ NOISE = r" srv +(load|update): +- prompt "
 PR_SET_PDEATHSIG = 1
 PORT_ATTEMPTS = 3
 BIND_FAILED_RE = re.compile(r"couldn't bind HTTP server socket")
-SECRET_VARIABLES = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")  # never handed to llama-server (it is given -m)
-ARG_VARIABLES = "LLAMA_ARG_"  # llama.cpp reads any flag from these (LLAMA_ARG_MODEL...): crashline's flags alone count
+# The variables a llama.cpp binary gets from crashline's environment; nothing else reaches it. llama.cpp reads any
+# flag from LLAMA_ARG_* (the model, the key, tools), its key from LLAMA_API_KEY, its port from AIP_HTTP_PORT and
+# behaviour from GGML_*; a token is no business of a server given -m. What is passed picks the programs and libraries
+# it runs with, the locale and the GPUs a job holds.
+PASSED_VARIABLES = (
+    "PATH", "LD_LIBRARY_PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ",
+    "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES",
+)  # fmt: skip
+# llama.cpp applies this before its command line (common/arg.cpp, common_params_apply_system_config), and no
+# environment moves it; the user-level one lies under the home, which a server gets empty.
+SYSTEM_CONFIG = Path("/etc/llama.cpp/config.ini")
+CONFIG_READ_RE = re.compile(r"using config file: (.*)")
 
 
-def server_env(env: dict) -> dict:
-    """The environment a llama-server gets: ``env`` less tokens and the variables that would set its flags."""
-    return {k: v for k, v in env.items() if k not in SECRET_VARIABLES and not k.startswith(ARG_VARIABLES)}
+class ForeignSettings(CrashlineError, RuntimeError):
+    """A llama.cpp config file would set (or did set) a server's settings behind crashline's command line."""
+
+
+def system_config_refusal(path: Path | None = None) -> str | None:
+    """Why no server may start while the system-wide config.ini exists; None where it does not."""
+    path = path or SYSTEM_CONFIG
+    if not path.exists():
+        return None
+    return (
+        f"{path} exists: every llama-server reads it before its command line, so its settings would apply to "
+        "every measurement without the record showing them; move it away while crashline runs"
+    )
+
+
+def server_env(env: dict, home: str | os.PathLike) -> dict:
+    """The environment a llama.cpp binary gets: ``PASSED_VARIABLES`` of ``env``, and ``home`` (a private empty
+    folder) as its home, config, cache and temporary folder."""
+    home = str(home)
+    kept = {k: env[k] for k in PASSED_VARIABLES if k in env}
+    return {**kept, "HOME": home, "XDG_CONFIG_HOME": home, "XDG_CACHE_HOME": home, "TMPDIR": home}
+
+
+@contextlib.contextmanager
+def private_home() -> Iterator[Path]:
+    """A fresh 0700 folder of this user's for one llama.cpp process (``server_env``), removed afterwards."""
+    home = Path(tempfile.mkdtemp(prefix="crashline-home-"))
+    try:
+        yield home
+    finally:
+        shutil.rmtree(home, ignore_errors=True)
 
 
 def _die_with_parent() -> None:
@@ -82,6 +128,8 @@ class ServerProcess:
         self.ready_after_s: float | None = None
         self.api_key = secrets.token_urlsafe(32)
         self._key_file: str | None = None
+        self._home: contextlib.ExitStack | None = None  # the private folder of ``private_home``, while it serves
+        self.home: Path | None = None
 
     @property
     def command(self) -> list[str]:
@@ -96,7 +144,7 @@ class ServerProcess:
         return {"Authorization": f"Bearer {self.api_key}"}
 
     def _write_key(self) -> None:
-        fd, self._key_file = tempfile.mkstemp(prefix="crashline-key-")  # 0600, this user's alone
+        fd, self._key_file = tempfile.mkstemp(prefix="crashline-key-", dir=self.home)  # 0600, this user's alone
         with os.fdopen(fd, "w") as f:
             f.write(self.api_key + "\n")
 
@@ -109,15 +157,29 @@ class ServerProcess:
     def url(self) -> str:
         return f"http://{HOST}:{self.port}"
 
+    def _make_home(self) -> None:
+        if self._home is None:
+            self._home = contextlib.ExitStack()
+            self.home = self._home.enter_context(private_home())
+
+    def _remove_home(self) -> None:
+        if self._home is not None:
+            self._home.close()
+            self._home = self.home = None
+
     def start(self, append: bool = False) -> None:
+        if why := system_config_refusal():
+            raise ForeignSettings(why)
         self.port = free_port()
         self._remove_key()
+        self._make_home()
         self._write_key()
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         if self.host_ram_mib and self.cgroup is None:
             self.cgroup = MemoryCgroup(self.host_ram_mib).create()  # HostBudgetError where none can be made
         self._exit_noted = False
-        with open(self.log_path, "ab" if append else "wb") as log:  # a retry keeps the earlier attempt's lines
+        mode = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | (os.O_APPEND if append else os.O_TRUNC)
+        with open(os.open(self.log_path, mode, 0o666), "wb") as log:  # a retry keeps the earlier attempt's lines
             out = self._start_filter(log)
             try:
                 self.proc = subprocess.Popen(
@@ -126,7 +188,8 @@ class ServerProcess:
                     stdout=out,
                     stderr=subprocess.STDOUT,
                     start_new_session=True,
-                    env=server_env(self.given_env or os.environ),
+                    cwd=self.home,
+                    env=server_env(self.given_env or os.environ, self.home),
                     preexec_fn=self._in_child,
                 )
             finally:
@@ -206,11 +269,20 @@ class ServerProcess:
                 if session.get(f"{self.url}/health", timeout=2).status_code == 200 and self._listening():
                     self.ready_after_s = time.monotonic() - self.started_at
                     self._remove_key()  # read at its start: it answers /health only after parsing its arguments
+                    self._refuse_foreign_config()
                     return "ready"
             except requests.RequestException:
                 pass
             time.sleep(0.1)
         return "timeout"
+
+    def _refuse_foreign_config(self) -> None:
+        """ForeignSettings where the log says llama.cpp applied a config file (its settings unseen by the record)."""
+        if found := CONFIG_READ_RE.search(self.log_text()):
+            raise ForeignSettings(
+                f"llama-server read {found[1].strip()} before its command line, so settings the record does not "
+                "show applied; move that file away while crashline runs"
+            )
 
     def start_ready(self, timeout_s: float, on_start=None, attempts: int = PORT_ATTEMPTS, append: bool = False) -> str:
         """Start and wait until ready; when another program took the port between choosing and
@@ -233,6 +305,7 @@ class ServerProcess:
         self._remove_key()
         if self.proc is None:
             self._remove_cgroup()
+            self._remove_home()
             return None
         if self.proc.poll() is None:
             with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -250,6 +323,7 @@ class ServerProcess:
             self.returncode = self.proc.returncode
         self._note_exit()
         self._remove_cgroup()
+        self._remove_home()
         return self.returncode
 
     def _remove_cgroup(self) -> None:

@@ -17,7 +17,7 @@ from ..core.locks import Lease, LeaseError, lease_for
 from ..core.records import Outcome
 from ..engine import logparse
 from ..engine.ballast import Ballast, BudgetError
-from ..engine.server import ServerProcess
+from ..engine.server import ForeignSettings, ServerProcess
 from ..engine.telemetry import Sampler
 
 
@@ -125,6 +125,14 @@ class ServerJob:
             self.failure = start_refused(exc)
             log_path.parent.mkdir(parents=True, exist_ok=True)
             log_path.write_text(f"crashline: no llama-server started: {exc}\n")
+        except ForeignSettings as exc:  # a llama.cpp config file would set what the record cannot show
+            self.failure = {
+                "outcome": Outcome.ERROR,
+                "failure": "foreign_settings",
+                "phase": "load",
+                "message": str(exc),
+            }
+            progress.say(f"llama-server refused: {exc}")
         except Exception as exc:  # a crashline fault still leaves a record and no server behind
             message = f"{type(exc).__name__}: {exc}"
             self.failure = {"outcome": Outcome.ERROR, "failure": "crashline", "phase": self.phase, "message": message}

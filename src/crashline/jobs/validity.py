@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import resource
 import subprocess
 import time
@@ -25,6 +26,7 @@ import psutil
 from ..core import progress
 from ..core.records import Outcome
 from ..core.thresholds import shared
+from ..engine.server import private_home, server_env
 from ..engine.telemetry import busy_seconds
 
 TOLERANCE = 0.10  # a ratio further than this from 1 is flagged
@@ -82,7 +84,15 @@ def run_bench(binary: str, model_path: str, args: list[str], test: list[str], re
     what = f"llama-bench {' '.join(test)} (up to {timeout_s:.0f} s)"
     try:
         with progress.heartbeat(what):
-            done = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s)
+            with private_home() as home:  # the environment and folders a llama-server gets, nothing of ours
+                done = subprocess.run(
+                    command,
+                    capture_output=True,
+                    text=True,
+                    timeout=timeout_s,
+                    cwd=home,
+                    env=server_env(os.environ, home),
+                )
     except subprocess.TimeoutExpired as exc:
         raise BenchError(f"llama-bench ran past {timeout_s} s: {' '.join(command)}") from exc
     wall = max(time.monotonic() - started, 1e-3)
