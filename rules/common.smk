@@ -12,6 +12,7 @@ from crashline.jobs import eta as crashline_eta  # noqa: E402
 from crashline.core import settings as crashline_settings  # noqa: E402
 from crashline.tables import recommend as crashline_recommend  # noqa: E402
 from crashline.core.atomic import write_json  # noqa: E402
+from crashline.core.owned import UnsafeFolderError, own_results  # noqa: E402
 from crashline.core.paths import (
     Layout,
     merged_records as crashline_merged_records,
@@ -46,6 +47,16 @@ except crashline_config.ConfigError as exc:
 
 LAYOUT = Layout(CFG["results_dir"])
 RESULTS = CFG["results_dir"]
+# The results folder and its .crashline/ are the user's own, which nobody else can make a write land elsewhere
+# through (crashline.core.owned): checked on every run, dry ones too, before anything is written there.
+try:
+    own_results(RESULTS, "results_dir")
+except UnsafeFolderError as exc:
+    raise WorkflowError(str(exc)) from None
+except OSError as exc:
+    raise WorkflowError(
+        f"crashline cannot make results_dir {RESULTS}: {exc.strerror or exc}"
+    ) from None
 
 
 def report_not_made(layout, log_dir: Path) -> str | None:

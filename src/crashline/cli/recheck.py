@@ -10,6 +10,7 @@ from pathlib import Path
 from ..config import plan as config_mod
 from ..config.plan import ConfigError
 from ..core.atomic import read_json
+from ..core.owned import outside_inputs, own_folder
 from ..core.paths import Layout
 
 # What is not the earlier run's to keep: where this one writes, what it merges, its own claims and publishing.
@@ -70,7 +71,8 @@ def answer(cfg: dict) -> list[str]:
 def recheck(results: str | Path, binary: str | Path, out: str | Path = "recheck") -> list[str]:
     from .tune import run_folder
 
-    out = Path(out).resolve()
+    outside_inputs(out, "--out", [results])  # its results would land in the earlier run's, or hold it
+    out = own_folder(out, "--out", create=False)  # refused before anything runs; its real path
     raw = config(results, binary, out)
     path = run_folder(raw, out, "recheck")
     return [f"config: {path}", *answer(config_mod.validate(raw, config_mod.load_schema()))]

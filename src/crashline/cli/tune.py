@@ -21,6 +21,7 @@ import yaml
 
 from ..config import plan as config_mod
 from ..core.atomic import atomic_path
+from ..core.owned import own_folder, own_results
 from ..config.file import ConfigError
 from ..engine.planner import DEFAULT_CACHE_RAM_MIB
 from ..engine.suggest import DEFAULT_UBATCHES as UBATCHES
@@ -403,6 +404,8 @@ def run_folder(raw: dict, out: Path, verb: str, gpu: str | None = None) -> Path:
     from ..core.supervision import WORKFLOW_PID
 
     root = workflow_dir()
+    own_folder(out, "--out")  # the user's own, and its results folder: nothing of ours lands elsewhere
+    own_results(out / "results", "--out")
     try:
         with exclusive(out / ".tune.lock", f"crashline {verb} in {out}"):
             path = out / f"{verb}.yaml"
@@ -445,7 +448,7 @@ def tune(
     threads: str | None = None,
 ) -> list[str]:
     """Write the config, run the workflow (``run_folder``), return the answer's lines."""
-    out = Path(out).resolve()
+    out = own_folder(out, "--out", create=False)  # refused before anything runs; its real path
     vram_mib = parse_size_mib(vram, "--vram") if vram else None
     margin_mib = parse_size_mib(margin, "--margin", minimum=0) if margin else None
     tried = levers(ubatch, cache_type, threads)

@@ -10,11 +10,15 @@ from pathlib import Path
 from ..config import plan as config_mod
 from ..core import settings as settings_mod
 from ..core.atomic import read_json, write_json
+from ..core.owned import own_results
 from ..core.paths import Layout, merged_records
 
 
 def _load(args) -> tuple[dict, Layout]:
+    """The config and its results layout, once the results folder is found to be the user's own (core.owned): made
+    where missing, except by ``plan``, which writes nothing."""
     cfg = config_mod.load(args.config)
+    own_results(cfg["results_dir"], "results_dir", create=args.verb != "plan")
     return cfg, Layout(cfg["results_dir"])
 
 

@@ -6,10 +6,13 @@ import contextlib
 import errno
 import json
 import os
+import stat
 import tempfile
 from pathlib import Path
 from typing import Any
 from collections.abc import Iterator
+
+from .errors import CrashlineError
 
 
 def current_umask() -> int:
@@ -63,6 +66,35 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     finally:
         if tmp_path.exists():
             tmp_path.unlink()
+
+
+class UnsafeFileError(CrashlineError, ValueError):
+    """An output path that is a symbolic link or no plain file: nothing is written through it."""
+
+
+def open_output(path: str | os.PathLike, append: bool = False, binary: bool = False):
+    """``path`` opened for writing (appending with ``append``) as open() would, made as the umask says (0644 under
+    022), except that a symbolic link there is never followed (O_NOFOLLOW) and anything but a plain file of one link
+    is refused: what is written lands in that file, not in one another user pointed it at. For what is written
+    as it goes (a log); a whole file at once is ``atomic_path``'s."""
+    path = Path(path)
+    flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK | (os.O_APPEND if append else 0)
+    try:
+        fd = os.open(path, flags, 0o666)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise UnsafeFileError(f"{path} is a symbolic link; remove it (nothing was written through it)") from None
+        if exc.errno == errno.ENXIO:  # a FIFO nobody reads
+            raise UnsafeFileError(f"{path} is not a plain file; remove it (nothing was written to it)") from None
+        raise named(exc, path) from None
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:
+        os.close(fd)
+        raise UnsafeFileError(f"{path} is not a plain file of one link; remove it (nothing was written to it)")
+    os.set_blocking(fd, True)
+    if not append:
+        os.ftruncate(fd, 0)
+    return os.fdopen(fd, ("a" if append else "w") + ("b" if binary else ""))
 
 
 def write_json(path: str | os.PathLike, obj: Any) -> None:

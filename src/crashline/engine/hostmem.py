@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 from .ballast import BudgetError
+from ..core.atomic import open_output
 from ..core.units import MIB
 
 MOUNTS = Path("/proc/self/mounts")
@@ -163,7 +164,7 @@ class MemoryCgroup:
         if self.path is None or self.oom_kills() == 0:
             return False
         peak = self.peak_mib()
-        with open(log_path, "a") as log:
+        with open_output(log_path, append=True) as log:
             log.write(OOM_LINE.format(limit=self.limit_mib, peak=f"{peak:,.0f} MiB" if peak else "unknown") + "\n")
         return True
 

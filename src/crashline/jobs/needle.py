@@ -26,6 +26,7 @@ import requests
 from ..core import host, progress
 from ..engine import logparse
 from ..core import records
+from ..core.atomic import open_output
 from .measure import model_summary, require_unchanged, server_command
 from .haystack import NeedleClient
 from .serve import ServerJob, outcome_text, server_failure
@@ -108,10 +109,10 @@ def copy_twin(item: dict, twin: str, twin_path: Path, record_path: Path, log_pat
     log says whose recall it is."""
     record = {**records.load(twin_path, "needle"), "config_id": item["id"], "settings": item["settings"]}
     record.update(given=item["given"], recall_of=twin)
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    log_path.write_text(
+    _note(
+        log_path,
         f"crashline: no llama-server started: configuration {twin} runs the same llama-server arguments, so its "
-        f"recall stands for this one's (its needle-server.log)\n"
+        f"recall stands for this one's (its needle-server.log)\n",
     )
     records.write(record_path, "needle", record)
     progress.say(f"needle recall of {item['id']} is {twin}'s (the same llama-server arguments): {record['recall']}")
@@ -236,7 +237,8 @@ def _finish(record: dict, server: ServerProcess, run: _Run, ns: dict, log_path: 
 def _note(log_path: Path, text: str) -> None:
     """The server log is a job output: say in it why there is no server output."""
     Path(log_path).parent.mkdir(parents=True, exist_ok=True)
-    Path(log_path).write_text(text)
+    with open_output(log_path) as f:  # never through a link planted at the log's name
+        f.write(text)
 
 
 # --- a search's recall check ---------------------------------------------------------------------------------

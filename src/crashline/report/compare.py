@@ -10,6 +10,7 @@ import pandas as pd
 
 from ..core import columns as cols
 from ..core.atomic import atomic_path, read_json, write_json
+from ..core.owned import outside_inputs, own_folder
 from ..core.paths import Layout
 from ..core.records import Outcome
 from ..config.plan import ConfigError
@@ -24,10 +25,16 @@ from .doc import Code, Document, Figure, Para, Section, Strong, Table
 FIGURES = "figures"
 
 
+def _folder(given: str) -> Path:
+    """The results folder of ``[NAME=]RESULTS``."""
+    name, sep, path = given.partition("=")
+    return Path(path if sep else given).expanduser()
+
+
 def read_run(given: str) -> Run:
     """A run from ``[NAME=]RESULTS``: the results folder of a finished run (its report was made)."""
-    name, sep, path = given.partition("=")
-    folder = Path(path if sep else given).expanduser()
+    name, sep, _ = given.partition("=")
+    folder = _folder(given)
     layout = Layout(folder.resolve())
     for needed, what in ((layout.recommendation(), "its recommendation"), (layout.measurements_table(), "its tables")):
         if not needed.is_file():
@@ -172,6 +179,8 @@ def compare(given: list[str], out: Path) -> tuple[Path, list[dict]]:
         raise ConfigError("compare needs at least two results folders (RESULTS or NAME=RESULTS)")
     if len(set(names)) < len(names):
         raise ConfigError(f"two runs are named alike ({', '.join(names)}): name them, as NAME=RESULTS")
+    outside_inputs(out, "--out", [_folder(g) for g in given])  # never an input's figures overwritten or deleted
+    own_folder(out, "--out", create=False)  # refused before anything is drawn
     rows = compare_mod.compare(runs)
     by_name = {r.name: r for r in runs}
     drawn = {}
@@ -183,7 +192,7 @@ def compare(given: list[str], out: Path) -> tuple[Path, list[dict]]:
     doc = document(rows, drawn)
     pages = {"compare.md": markdown.page(doc), "compare.html": html.page(doc)}
     table = [_jsonable(r) for r in rows]  # everything made before anything is written
-    out.mkdir(parents=True, exist_ok=True)
+    own_folder(out, "--out")
     F.write({m: [f] for m, f in drawn.items()}, out / FIGURES)
     for name, text in pages.items():
         with atomic_path(out / name) as tmp:
