@@ -139,11 +139,19 @@ BAD = {
     ),
     "parallel 0": (
         setting("settings", parallel=0),
-        "config key configurations.0.settings.parallel = 0: expected an integer of at least 1",
+        "config key configurations.0.settings.parallel = 0: expected an integer from 1 to 256",
     ),
     "parallel negative": (
         setting("defaults", parallel=-2),
-        "config key defaults.parallel = -2: expected an integer of at least 1",
+        "config key defaults.parallel = -2: expected an integer from 1 to 256",
+    ),
+    "parallel past llama.cpp's 256 sequences": (
+        setting("defaults", parallel=4096),
+        "config key defaults.parallel = 4096: expected an integer from 1 to 256",
+    ),
+    "a null that would drop a flag crashline passes": (
+        setting("settings", batch=None),
+        "batch = null would leave out -b, which crashline passes as 2048 by default; remove the key",
     ),
     "threads negative": (
         setting("defaults", threads=-1),

@@ -20,6 +20,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from .errors import CrashlineError
+
 SWITCH, VALUE = 0, 1
 
 # Options that change placement or speed and that no setting covers: every spelling, and whether it takes a value.
@@ -224,7 +226,7 @@ _REFUSED = {flag: reason for reason, spellings in REFUSED.items() for flag in sp
 _HELP_FLAG_RE = re.compile(r"^-{1,2}[A-Za-z0-9][\w.-]*$")
 
 
-class FlagRefused(ValueError):
+class FlagRefused(CrashlineError, ValueError):
     """An ``extra_args`` that may not reach llama-server: ``reason`` says which argument, why and the fix."""
 
     def __init__(self, reason: str):

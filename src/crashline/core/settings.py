@@ -65,7 +65,8 @@ SETTINGS: dict[str, Setting] = {
         Setting("cache_type_k", "-ctk", "choice", "f16", "KV cache type for K", CACHE_TYPES),
         Setting("cache_type_v", "-ctv", "choice", "f16", "KV cache type for V", CACHE_TYPES),
         Setting("flash_attn", "-fa", "choice", "auto", "flash attention", ("on", "off", "auto")),
-        Setting("parallel", "-np", "int", 1, "parallel slots", minimum=1),
+        # llama.cpp refuses more than LLAMA_MAX_SEQ (256) sequences at load (src/llama-cparams.h)
+        Setting("parallel", "-np", "int", 1, "parallel slots", minimum=1, maximum=256),
         Setting(
             "threads",
             "-t",
@@ -268,11 +269,26 @@ def _check_batches(resolved: dict[str, Any]) -> None:
         raise SettingsError(f"setting {reason}", reason)
 
 
+def _check_nulls(settings: dict[str, Any]) -> None:
+    """A null where crashline passes a default would drop the flag silently (``ubatch: null`` ran llama.cpp's own
+    ubatch while the record showed none): refused, naming the default and how to get llama.cpp's."""
+    for name, value in settings.items():
+        default = SETTINGS[name].default
+        if value is None and default not in (None, ()):
+            what = SETTINGS[name].flag or _BOOL_FLAGS.get(name, (None,))[0]
+            dropped = f"would leave out {what}, which crashline passes" if what else "would unset what crashline sets"
+            reason = (
+                f"{name} = null {dropped} as {default!r} by default; remove the key for that default, or give a value"
+            )
+            raise SettingsError(f"setting {reason}", reason)
+
+
 def resolve(settings: dict[str, Any]) -> dict[str, Any]:
     """Every known setting with the user's value or crashline's default; unknown names fail."""
     unknown = sorted(set(settings) - set(SETTINGS))
     if unknown:
         raise _unknown(unknown)
+    _check_nulls(settings)
     resolved = {}
     for name, setting in SETTINGS.items():
         value = settings.get(name, setting.default)
