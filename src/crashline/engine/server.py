@@ -38,6 +38,7 @@ from pathlib import Path
 import psutil
 import requests
 
+from ..core.atomic import open_output
 from ..core.errors import CrashlineError
 from .hostmem import MemoryCgroup
 
@@ -178,8 +179,7 @@ class ServerProcess:
         if self.host_ram_mib and self.cgroup is None:
             self.cgroup = MemoryCgroup(self.host_ram_mib).create()  # HostBudgetError where none can be made
         self._exit_noted = False
-        mode = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | (os.O_APPEND if append else os.O_TRUNC)
-        with open(os.open(self.log_path, mode, 0o666), "wb") as log:  # a retry keeps the earlier attempt's lines
+        with open_output(self.log_path, append=append, binary=True) as log:  # a retry keeps the earlier lines
             out = self._start_filter(log)
             try:
                 self.proc = subprocess.Popen(
@@ -296,7 +296,7 @@ class ServerProcess:
             state = self.wait_ready(timeout_s)
             if state != "exited" or not BIND_FAILED_RE.search(self.log_text()) or attempt == attempts - 1:
                 return state
-            with open(self.log_path, "a") as log:
+            with open_output(self.log_path, append=True) as log:
                 log.write(f"crashline: port {self.port} was taken by another program; starting again on another\n")
         return state
 
