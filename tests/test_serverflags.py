@@ -202,6 +202,7 @@ def test_the_server_sees_no_variable_config_file_or_key_but_crashline_s(tmp_path
         env = _environ(server.proc.pid)
         assert set(env) <= {*srv.PASSED_VARIABLES, "HOME", "XDG_CONFIG_HOME", "XDG_CACHE_HOME", "TMPDIR"}, env
         assert env["HOME"] == env["XDG_CONFIG_HOME"] == str(private) and env["CUDA_VISIBLE_DEVICES"] == ""
+        assert env["CUDA_CACHE_PATH"] == str(home / ".nv" / "ComputeCache")  # the user's kernel cache, kept
         assert os.readlink(f"/proc/{server.proc.pid}/cwd") == str(private)
         assert private.stat().st_mode & 0o777 == 0o700 and list(private.iterdir()) == []  # the key file was read
         log = server.log_text()

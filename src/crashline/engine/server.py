@@ -52,10 +52,11 @@ BIND_FAILED_RE = re.compile(r"couldn't bind HTTP server socket")
 # The variables a llama.cpp binary gets from crashline's environment; nothing else reaches it. llama.cpp reads any
 # flag from LLAMA_ARG_* (the model, the key, tools), its key from LLAMA_API_KEY, its port from AIP_HTTP_PORT and
 # behaviour from GGML_*; a token is no business of a server given -m. What is passed picks the programs and libraries
-# it runs with, the locale and the GPUs a job holds.
+# it runs with, the locale, the GPUs a job holds and where the CUDA driver keeps the kernels it compiles (the user's
+# ~/.nv/ComputeCache unless CUDA_CACHE_PATH says otherwise: an empty home would compile them at every start).
 PASSED_VARIABLES = (
     "PATH", "LD_LIBRARY_PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ",
-    "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES",
+    "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "CUDA_CACHE_PATH", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES",
 )  # fmt: skip
 # llama.cpp applies this before its command line (common/arg.cpp, common_params_apply_system_config), and no
 # environment moves it; the user-level one lies under the home, which a server gets empty.
@@ -83,6 +84,8 @@ def server_env(env: dict, home: str | os.PathLike) -> dict:
     folder) as its home, config, cache and temporary folder."""
     home = str(home)
     kept = {k: env[k] for k in PASSED_VARIABLES if k in env}
+    if "CUDA_CACHE_PATH" not in kept and env.get("HOME"):  # the driver's kernel cache stays the user's own
+        kept["CUDA_CACHE_PATH"] = str(Path(env["HOME"]) / ".nv" / "ComputeCache")
     return {**kept, "HOME": home, "XDG_CONFIG_HOME": home, "XDG_CACHE_HOME": home, "TMPDIR": home}
 
 
