@@ -311,14 +311,6 @@ def _refusal(given: str, flag: str) -> str | None:
     )
 
 
-def flags_in(args: list[str] | tuple[str, ...] | None) -> set[str]:
-    """The spellings llama.cpp looks up for every flag of an accepted ``extra_args`` (each spelling of its option)."""
-    found: set[str] = set()
-    for f in parse(split_equals(list(args or []))):
-        found.update(next(s for s, _ in ALLOWED if f.flag in s))
-    return found
-
-
 def help_flags(text: str) -> list[list[str]]:
     """Each option a llama-server ``--help`` lists, as its spellings (the first column: ``-cb, --cont-batching,
     -nocb, --no-cont-batching``); continuation lines, indented, are no options."""
