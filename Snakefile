@@ -44,3 +44,15 @@ onstart:
     said = crashline_eta.text(*crashline_eta.left(planned))
     if said:
         print(said, file=sys.stderr)
+
+
+# The main command ends with the answer, the summary table and the report's path on the console, the lines `crashline
+# tune` prints (one function: cli.tune.answer), whenever the run made or kept the report (a run `--until` an earlier
+# step says nothing: its report could be of another config). tune prints them itself.
+onsuccess:
+    from crashline.cli.tune import answer
+    from crashline.core.supervision import WORKFLOW_PID
+
+    made = any(job.rule.name == "report" for job in workflow.dag.jobs)
+    if made and os.environ.get(WORKFLOW_PID) != str(os.getpid()):
+        print("\n".join(["", *answer(CFG)]))

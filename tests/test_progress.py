@@ -193,6 +193,11 @@ def test_the_workflow_console_shows_each_job_as_it_happens(tmp_path, server_prov
     )
     console = proc.stdout + proc.stderr
     assert proc.returncode == 0, console[-5000:]
+    # #41: the main command ends with the answer, the summary table and where the report is, as tune does
+    ending = proc.stdout.strip().splitlines()
+    assert ending[-1] == "report: results/report.md and results/report.html", proc.stdout[-3000:]
+    assert any(line.startswith("tiny: use ") for line in ending), proc.stdout[-3000:]
+    assert (tmp_path / "results" / "summary.md").read_text().strip().splitlines()[-1] in ending
     search = re.compile(r"^\[search tiny [0-9a-f]{10}\] (.*)$", re.M).findall(console)
     tps = r"[\d,]+\.\d t/s"
     server = r"starting llama-server: tiny -ngl 999 --n-cpu-moe (\d) .*-ub 128 "
