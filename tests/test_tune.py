@@ -13,6 +13,7 @@ import time
 
 import pandas as pd
 import pytest
+import yaml
 
 from crashline.config.file import ConfigError
 from crashline.cli.tune import _hf_file, config, model_source
@@ -60,20 +61,29 @@ def test_the_llama_server_shorthand_is_resolved_from_the_hf_cache(tmp_path):
 
 
 def test_a_prompt_longer_than_the_context_is_refused_before_anything_runs(tmp_path, tiny_moe):
-    with pytest.raises(ConfigError, match="--prompt 4096 plus 64 generated tokens does not fit --ctx 4096"):
+    with pytest.raises(ConfigError, match=r"--prompt 4096 plus 512 generated tokens \(--gen\) does not fit --ctx 4096"):
         config(str(tiny_moe), 4096, 4096, None, None, tmp_path)
+    with pytest.raises(
+        ConfigError, match=r"--prompt 1024 plus 3100 generated tokens \(--gen\) does not fit --ctx 4096"
+    ):
+        config(str(tiny_moe), 4096, 1024, None, None, tmp_path, gen=3100)
     raw = config(str(tiny_moe), 8192, 4096, 12288, 512, tmp_path)
     assert raw["budget"] == {"vram_budget_mib": 12288, "margin_mib": 512}
     assert raw["objective"] == {"workload": "prompt-4096"} and len(raw["configurations"]) == 3
+    # the reply is the user's (--gen, #40): 512 tokens unless asked, the objective's workload carries it
+    assert raw["workloads"] == [{"name": "prompt-4096", "prompt_tokens": 4096, "gen_tokens": 512}]
+    assert config(str(tiny_moe), 8192, 4096, None, None, tmp_path, gen=300)["workloads"][0]["gen_tokens"] == 300
 
 
 def test_a_prompt_past_the_models_training_context_is_refused_at_once(tmp_path, tiny_moe):
     """llama-server caps each slot's context at the model's training context whatever -c says: tiny-moe (trained
     for 8,192) at --ctx 32768 --prompt 16000 ran every configuration into context_exceeded (#27)."""
     for model in (str(tiny_moe), "synthetic:tiny-moe"):
-        with pytest.raises(ConfigError, match=r"trained for a context of 8,192 tokens.*give --prompt 8128 or less"):
+        with pytest.raises(ConfigError, match=r"trained for a context of 8,192 tokens.*give --prompt 7680 or less"):
             config(model, 32768, 16000, None, None, tmp_path)
-    assert config(str(tiny_moe), 32768, 8128, None, None, tmp_path)["objective"] == {"workload": "prompt-8128"}
+        with pytest.raises(ConfigError, match=r"8,000 \+ 300 generated tokens.*give --prompt 7892 or less"):
+            config(model, 32768, 8000, None, None, tmp_path, gen=300)
+    assert config(str(tiny_moe), 32768, 7680, None, None, tmp_path)["objective"] == {"workload": "prompt-7680"}
     assert config("synthetic:qwen3-30b-a3b", 32768, 16000, None, None, tmp_path)  # trained for 40,960
 
 
@@ -146,11 +156,13 @@ def test_tune_runs_the_workflow_and_prints_the_answer(tmp_path, tiny_moe, server
     assert lines[1].startswith("tiny-moe: use ") and lines[-1].startswith(f"report: {results / 'report.md'}")
     # one decision: what tune printed is the report's headline and recommendation.json's answer
     (answer,) = json.loads((results / "recommendation.json").read_text())
-    assert lines[1] == f"tiny-moe: use {answer['use']}" and f"  {answer['command']}" in lines[3:5]
+    assert lines[1] == f"tiny-moe: use {answer['use']}" and f"  {answer['command']}" in lines[3:6]
     # two ubatch values on 2 CPU cores are often tied: then the line after the speed says why this one
     standing = "tied for the fastest" if answer["tie"] else "the fastest"
     assert lines[2].startswith(f"  end to end {answer['speed']:.1f} t/s, {standing} by ")
-    assert (lines[3] == f"  {answer['tie']}") if answer["tie"] else (lines[3] == f"  {answer['command']}")
+    assert (lines[3] == f"  {answer['tie']}") if answer["tie"] else (lines[3] == f"  {answer['reply_length']['text']}")
+    # then where the answer would change with the reply length (#40), at the default reply of 512 tokens
+    assert f"  {answer['reply_length']['text']}" in lines[3:5] and answer["reply_length"]["gen_tokens"] == 512
     assert f"**Use `{answer['use']}`**" in (results / "report.md").read_text()
     assert answer["winner"] in (results / "report.md").read_text()
     # the short table at the end, as llama-bench -o md prints one: every configuration, the recommendation starred
@@ -177,6 +189,33 @@ def test_tune_runs_the_workflow_and_prints_the_answer(tmp_path, tiny_moe, server
     assert second.returncode == 0 and "Nothing to be done" in second.stderr
     assert {p: p.stat().st_mtime_ns for p in results.rglob("measure.json")} == records
     assert second.stdout.splitlines()[1] == lines[1]
+
+
+@pytest.mark.e2e
+def test_tune_gen_is_the_reply_asked_and_the_answer_says_where_it_would_change(tmp_path):
+    """tune --gen 300 (#40): the objective's workload generates 300 tokens, and the answer names the reply length at
+    which another configuration would finish a request first, or that none would within the replies the context
+    leaves (4,096 - 1,024 = 3,072 tokens): the same words in tune's line, recommendation.json and the report."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "crashline", "tune", "synthetic:tiny-moe", "--ctx", "4096", "--prompt", "1024"]
+        + ["--gen", "300", "--out", str(tmp_path / "t")],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    written = yaml.safe_load((tmp_path / "t" / "tune.yaml").read_text())
+    assert written["workloads"] == [{"name": "prompt-1024", "prompt_tokens": 1024, "gen_tokens": 300}]
+    results = tmp_path / "t" / "results"
+    (answer,) = json.loads((results / "recommendation.json").read_text())
+    reply = answer["reply_length"]
+    assert reply["gen_tokens"] == 300 and reply["range"] == [1, 3072]
+    assert reply["text"].startswith("Reply length: ") and "300-token reply asked" in reply["text"]
+    assert f"  {reply['text']}" in proc.stdout.splitlines()
+    assert reply["text"].replace("`", "").split(" (")[0] in (results / "report.md").read_text().replace("`", "")
+    measured = pd.read_parquet(results / "tables" / "measurements.parquet")
+    assert set(measured["gen_tokens"]) == {300}
 
 
 @pytest.mark.parametrize("asked", [["--vram", "8GiB"], ["--gpu", "5"]])

@@ -125,6 +125,11 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("model", help="a GGUF path, a source (hf:, pypi:, https://, synthetic:) or OWNER/REPO:QUANT")
     s.add_argument("--ctx", type=int, required=True, help="the context size to serve (-c)")
     s.add_argument("--prompt", type=int, required=True, help="the prompt length that must survive, in tokens")
+    s.add_argument(
+        "--gen",
+        type=int,
+        help="the reply's length in tokens: the objective is the whole request, prompt and reply (default 512)",
+    )
     s.add_argument("--vram", "--budget", help="the VRAM to fit into (24GiB, 24GB, 24576 MiB); default: the card")
     s.add_argument("--margin", help="VRAM headroom to keep (default 1024 MiB)")
     s.add_argument("--gpu", help="the GPU to use (its CUDA index, in nvidia-smi's order)")

@@ -29,7 +29,10 @@ from ..engine.suggest_inputs import default_margin_mib, parse_size_mib
 
 SHORTHAND_RE = re.compile(r"^([A-Za-z0-9][\w.-]*)/([A-Za-z0-9][\w.-]*):([\w.-]+)$")
 SOURCE_KINDS = ("hf:", "pypi:", "https://", "http://", "file:", "synthetic:")
-GEN_TOKENS = 64  # generated after the long prompt: enough steady decode to sample
+# the reply generated after the prompt (--gen): the objective is the whole request, time to first token plus the
+# reply over decode, so its length can decide the answer (#40). 512 tokens is a choice, a chat answer of a few
+# paragraphs; the answer says at which reply length another configuration would finish first (tables.reply)
+GEN_TOKENS = 512
 # tune's requests are prompts that share nothing, so llama-server's host prompt cache (--cache-ram, 8192 MiB by
 # default) can only cost: before each new prompt it saves the slot's last one to host memory, 1.5 GB and about 1 s
 # of the time to first token at 16K tokens on the H200 (bench/results/tune-h200), and holds up to 8 GiB of RAM.
@@ -124,6 +127,7 @@ def config(
     out: Path,
     on_gpu: bool = True,
     tried: dict | None = None,
+    gen: int = GEN_TOKENS,
 ) -> dict:
     """The config ``tune`` runs: a search of n_cpu_moe per combination of the levers tried (``levers``: ubatch,
     KV cache type, threads) and --fit on per KV cache type, at ``ctx``, each without the host prompt cache
@@ -131,8 +135,10 @@ def config(
     about, ``prompt`` tokens (the objective); the budget. Without a GPU (``on_gpu`` False) every weight is in host
     memory whatever n_cpu_moe and --fit say: only the levers' combinations are measured."""
     tried = tried or levers(None, None, None)
-    if prompt + GEN_TOKENS > ctx:
-        raise ConfigError(f"--prompt {prompt} plus {GEN_TOKENS} generated tokens does not fit --ctx {ctx}")
+    if gen < 1:
+        raise ConfigError(f"--gen {gen}: the reply must be at least 1 token")
+    if prompt + gen > ctx:
+        raise ConfigError(f"--prompt {prompt} plus {gen} generated tokens (--gen) does not fit --ctx {ctx}")
     margin = default_margin_mib() if margin_mib is None else margin_mib
     if vram_mib is not None and margin >= vram_mib:
         raise ConfigError(
@@ -140,11 +146,11 @@ def config(
             "give a smaller margin or a larger card"
         )
     name, source = model_source(model)
-    check_trained_context(model, source, prompt)
+    check_trained_context(model, source, prompt, gen)
     budget = {"vram_budget_mib": vram_mib}
     if margin_mib is not None:
         budget["margin_mib"] = margin_mib
-    long = {"name": f"prompt-{prompt}", "prompt_tokens": prompt, "gen_tokens": GEN_TOKENS}
+    long = {"name": f"prompt-{prompt}", "prompt_tokens": prompt, "gen_tokens": gen}
     configurations = []
     for kv in tried["cache_type"]:
         kv_settings = {} if kv == "f16" else {"cache_type_k": kv, "cache_type_v": kv}
@@ -209,15 +215,15 @@ def trained_context(source: str) -> int | None:
     return None
 
 
-def check_trained_context(model: str, source: str, prompt: int) -> None:
+def check_trained_context(model: str, source: str, prompt: int, gen: int = GEN_TOKENS) -> None:
     """llama-server gives a request at most the model's training context (it caps each slot's context there,
     whatever -c says): a longer request is refused at once instead of failing in every configuration."""
     trained = trained_context(source)
-    if trained is not None and prompt + GEN_TOKENS > trained:
+    if trained is not None and prompt + gen > trained:
         raise ConfigError(
             f"--prompt {prompt}: {model} was trained for a context of {trained:,} tokens, and llama-server gives a "
             f"request at most that (it caps each slot's context there, whatever -c says), so a request of "
-            f"{prompt:,} + {GEN_TOKENS} generated tokens cannot run; give --prompt {trained - GEN_TOKENS} or less, "
+            f"{prompt:,} + {gen} generated tokens cannot run; give --prompt {trained - gen} or less, "
             "or a model trained for a longer context"
         )
 
@@ -355,6 +361,7 @@ def answer(cfg: dict) -> list[str]:
     from ..core.paths import Layout
     from ..report.model_sections import standing
     from ..report.sections import cost_text
+    from .exits import Said, of_answers
 
     layout = Layout(cfg["results_dir"])
     lines = []
@@ -368,17 +375,19 @@ def answer(cfg: dict) -> list[str]:
             f"  {a['metric_label']} {a['speed']:.1f} t/s, {standing(a.get('tie'))} by {a['objective']}"
             + (f"; {a['memory']}" if a.get("memory") else ""),
             *([f"  {a['tie']}"] if a.get("tie") else []),
+            *([f"  {a['reply_length']['text']}"] if a.get("reply_length") else []),  # where the answer changes
             *(f"  {fit_line(f, a['metric_label'])}" for f in a.get("fit_on") or [] if f.get("ratio") is not None),
             f"  {a['command']}",
         ]
     said = next((cost_text(a["cost"]) for a in found if a.get("cost")), None)
     table = layout.summary_md().read_text().rstrip("\n").splitlines() if layout.summary_md().exists() else []
-    return [
+    lines = [
         *lines,
         *([f"cost: {said}"] if said else []),
         *(["", *table, ""] if table else []),
         f"report: {layout.report_md()} and {layout.report_html()}",
     ]
+    return Said(lines, of_answers(found))  # its status NOTHING_SURVIVED where a model has no recommendation
 
 
 def fit_line(fit: dict, metric_label: str) -> str:
@@ -446,13 +455,15 @@ def tune(
     ubatch: str | None = None,
     cache_type: str | None = None,
     threads: str | None = None,
+    gen: int | None = None,
 ) -> list[str]:
-    """Write the config, run the workflow (``run_folder``), return the answer's lines."""
+    """Write the config, run the workflow (``run_folder``), return the answer's lines. ``gen``: the reply's length
+    in tokens (default GEN_TOKENS)."""
     out = own_folder(out, "--out", create=False)  # refused before anything runs; its real path
     vram_mib = parse_size_mib(vram, "--vram") if vram else None
     margin_mib = parse_size_mib(margin, "--margin", minimum=0) if margin else None
     tried = levers(ubatch, cache_type, threads)
     on_gpu = _check_gpu(vram, gpu)
-    raw = config(model, ctx, prompt, vram_mib, margin_mib, out, on_gpu, tried)
+    raw = config(model, ctx, prompt, vram_mib, margin_mib, out, on_gpu, tried, GEN_TOKENS if gen is None else gen)
     path = run_folder(raw, out, "tune", gpu)
-    return [f"config: {path}", *answer(config_mod.validate(raw, config_mod.load_schema()))]
+    return answer(config_mod.validate(raw, config_mod.load_schema())).after(f"config: {path}")  # with its status

@@ -265,6 +265,7 @@ def cmd_tune(args) -> int:
             args.ubatch,
             args.cache_type,
             args.threads,
+            args.gen,
         )
     except TuneStopped as exc:
         print(exc, file=sys.stderr)

@@ -64,6 +64,10 @@ def recommendation(r: dict):
         *([f" {whole}"] if (whole := request_text(r.get("winner_measured") or {})) else []),
     ]
     blocks = [answer, Para(said), CodeBlock(r["command"], copy=True), Para(["Configuration id ", Code(r["winner"])])]
+    if r.get("reply_length"):
+        # the same words as recommendation.json and tune's line, the settings in backticks set as code
+        parts = (r["reply_length"]["text"] + ".").split("`")
+        blocks.insert(2, Para([Code(t) if i % 2 else t for i, t in enumerate(parts) if t]))
     if r.get("tie"):
         blocks.insert(
             2,

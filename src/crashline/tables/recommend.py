@@ -19,6 +19,7 @@ import pandas as pd
 from ..core import columns as cols
 from ..core.records import Outcome
 from .difference import difference, shown_value
+from .reply import reply_lengths
 from .ties import break_tie, overlap, spread_of, ties
 
 METRIC_LABEL = {"e2e_tps": "end to end", "decode_tps": "decode", "prefill_tps": "prefill", "aggregate_tps": "aggregate"}
@@ -317,6 +318,14 @@ def recommend(
                 )  # fmt: skip
         eligible = set(survivors["config_id"])
         shown = set((survivors if rank_cold else warm)["config_id"])
+        # a whole request's time at other reply lengths: where another ranked configuration would finish first
+        reply = (
+            reply_lengths(
+                winner, {cid: speeds.loc[cid] for _, cid in ranked}, {v["config_id"]: v["label"] for v in verdicts}
+            )
+            if winner and metric == "e2e_tps" and load == 1
+            else None
+        )
         out.append(
             {
                 "model": model,
@@ -334,6 +343,7 @@ def recommend(
                 "winner_row": group[group["config_id"] == winner].iloc[0].to_dict() if winner else None,
                 "winner_measured": _medians(speeds.loc[winner]) if winner else None,
                 "tie": tie,
+                "reply_length": reply,
                 "no_winner": None
                 if winner
                 else _no_winner(
