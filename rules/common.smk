@@ -19,6 +19,7 @@ from crashline.core.paths import (
     recheck_tables as crashline_recheck_tables,
 )  # noqa: E402
 from crashline.core.paths import table_files as crashline_table_files  # noqa: E402
+from crashline.report import not_made as crashline_not_made  # noqa: E402
 from crashline.tables.files import keys_of as crashline_keys_of  # noqa: E402
 
 from snakemake.utils import update_config  # noqa: E402
@@ -60,41 +61,30 @@ except OSError as exc:
 
 
 def report_not_made(layout, log_dir: Path) -> str | None:
-    """Why `snakemake --report FILE` cannot pack the report yet (it packs what a finished run made; Snakemake itself
-    says only "marked for report but does not exist"): None once the report is there."""
-    if Path(layout.report_md()).exists():
-        return None
-    logs = [  # runs that executed jobs (this --report run and other dry ones have no job stats)
-        p
-        for p in sorted(
-            log_dir.glob("*.snakemake.log"), key=lambda p: p.stat().st_mtime
+    """Why `snakemake --report FILE` cannot pack the report (crashline.report.not_made: the last run's failed job,
+    its error and its log; Snakemake itself names only the first file it misses): None when it can.
+    """
+    packed = [
+        path
+        for table in (
+            layout.configs_table(),
+            layout.measurements_table(),
+            layout.searches_table(),
+            layout.conversations_table(),
         )
-        if "Job stats:" in p.read_text(errors="replace")
+        for path in crashline_table_files(table)[1:]
     ]
-    if not logs:
-        return (
-            f"snakemake --report packs a finished run's report, and there is none: {layout.report_md()} does not "
-            "exist and no run is logged here; run `snakemake --cores 1 report` first"
-        )
-    text = logs[-1].read_text(errors="replace")
-    error = next(
-        (
-            line.strip()
-            for line in text.splitlines()
-            if line.startswith("Error in rule")
-        ),
-        None,
-    )
-    how = (
-        f"it failed ({error.rstrip(':')})" if error else "it stopped before the report"
-    )
-    return (
-        f"snakemake --report packs a finished run's report, and {layout.report_md()} does not exist: the last run "
-        f"did not make it, {how}; see {logs[-1]}, fix that and run `snakemake --cores 1 report` again"
+    return crashline_not_made.why_not_made(
+        layout.report_md(), [layout.report_html(), *packed], log_dir
     )
 
 
-if any(a == "--report" or a.startswith("--report=") for a in sys.argv):
+def packing_report() -> bool:
+    """Whether Snakemake was asked to pack the report (--report FILE): it runs no job and changes nothing."""
+    return any(a == "--report" or a.startswith("--report=") for a in sys.argv)
+
+
+if packing_report():
     why = report_not_made(LAYOUT, Path(".snakemake") / "log")
     if why:
         raise WorkflowError(why)
@@ -270,7 +260,8 @@ def forget_tables_of_gone_records():
         if not gone:
             continue
         said = f"{len(gone)} record(s) gone since {table} was made ({', '.join(gone[:3])}{', …' if len(gone) > 3 else ''})"
-        if dry_run():
+        # a dry run, and --report (which packs what is there), remove nothing
+        if dry_run() or packing_report():
             print(
                 f"crashline: {said}: the next run measures them again", file=sys.stderr
             )

@@ -149,8 +149,8 @@ def _catches_sigterm(pid: int) -> bool:
 )
 def test_sigterm_and_ctrl_c_still_unwind_the_verb(sig, status, shown):
     """Not turned into an error line: SIGTERM exits 143 as before, Ctrl-C ends as Python's KeyboardInterrupt."""
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "crashline", "parse-log", "/dev/stdin"],
+    proc = subprocess.Popen(  # a verb blocked reading its input (parse-log refuses a pipe: it would read without end)
+        [sys.executable, "-m", "crashline", "inspect", "--fetch-record", "/dev/stdin"],
         cwd=REPO,
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,

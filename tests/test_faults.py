@@ -590,5 +590,5 @@ def test_snakemake_report_before_a_report_names_the_run_that_failed(tmp_path):
     after = snakemake("--report", "r.zip")
     said = after.stdout + after.stderr
     assert after.returncode != 0 and not (tmp_path / "r.zip").exists()
-    assert "the last run did not make it, it failed (Error in rule fetch_model)" in said, said[-2000:]
-    assert ".snakemake/log/" in said
+    assert "results/report.md does not exist: the last run failed: job fetch_model (model=tiny) failed: " in said
+    assert "no such file /nowhere/tiny.gguf; its log is results/logs/fetch/tiny.log" in said, said[-2000:]

@@ -34,6 +34,15 @@ class PublishError(CrashlineError, RuntimeError):
     """Publishing failed or was refused; the message says why (and never holds a secret)."""
 
 
+class GitError(PublishError):
+    """A git command failed; the message is one line: the command, its exit status and what git said."""
+
+
+def one_line(text: str) -> str:
+    """``text`` on one line (git and the hub answer in several): an error is one line on the console."""
+    return " ".join(str(text).split())
+
+
 def redact(text: str, *secrets: str | None) -> str:
     """``text`` without credentials in URLs (``https://user:pass@host``) and without ``secrets``."""
     text = re.sub(r"(\w+://)[^/@\s]+@", r"\1***@", str(text))
@@ -160,8 +169,8 @@ def _git(args: list[str], cwd: Path | None = None, check: bool = True) -> subpro
     }
     proc = subprocess.run(["git", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
     if check and proc.returncode != 0:
-        detail = (proc.stderr or proc.stdout).strip()
-        raise PublishError(redact(f"git {args[0]} failed (exit {proc.returncode}): {detail}"))
+        detail = one_line(proc.stderr or proc.stdout)
+        raise GitError(redact(f"git {args[0]} failed (exit {proc.returncode}): {detail}"))
     return proc
 
 
@@ -260,7 +269,8 @@ def open_hf_pr(
             parent_commit=parent,
         )
     except Exception as exc:  # any failure of the hub, reported without the token
-        raise PublishError(redact(f"pull request on {repo_id} failed: {type(exc).__name__}: {exc}", token)) from None
+        said = one_line(f"{type(exc).__name__}: {exc}")
+        raise PublishError(redact(f"pull request on {repo_id} failed: {said}", token)) from None
     return info.pr_url
 
 
@@ -296,15 +306,21 @@ def publish(
     if options["push"]:
         if not source.get("git"):
             raise PublishError(f"publish.push is on, but claims file {claim['path']} gives no source.git to push to")
-        sha = push_branch(
-            source["git"],
-            options["branch"],
-            source["file"],
-            new_text,
-            message,
-            base_ref=source.get("revision"),
-            base_text=local_copy(claim).read_text(),
-        )
+        try:
+            sha = push_branch(
+                source["git"],
+                options["branch"],
+                source["file"],
+                new_text,
+                message,
+                base_ref=source.get("revision"),
+                base_text=local_copy(claim).read_text(),
+            )
+        except GitError as exc:  # nothing was pushed: what failed, and what to check
+            raise PublishError(
+                f"{claim['name']}: the push of branch {options['branch']} to {redact(source['git'])} failed: {exc}; "
+                f"check source.git in {claim['path']} and that you may push there, then run publish again"
+            ) from None
         record["push"] = {"remote": redact(source["git"]), "branch": options["branch"], "commit": sha}
     if options["open_pr"]:
         if not source.get("hf_repo"):
@@ -358,3 +374,33 @@ def run(
         target = Path(out_dir) if out_dir is not None and len(claims) == 1 else Path(out_root) / claim["name"]
         records.append(publish(claim, text, target, config.get("publish") or {}, env))
     return records
+
+
+def said(record: dict) -> str:
+    """What one claim's publish did, in one line: the files written, and what left the machine (the branch pushed,
+    where and at which commit; the pull request), or that nothing did."""
+    files = f"{record['files']['readme']} {record['files']['diff']}"
+    if record["dry_run"]:
+        return f"{record['claim']}: {files} (dry run: nothing pushed; publish.push or publish.open_pr sends it)"
+    done = []
+    if record["push"]:
+        p = record["push"]
+        done.append(f"pushed branch {p['branch']} to {p['remote']} at {p['commit'][:12]}")
+    pr = record["pull_request"] or {}
+    if pr.get("url"):
+        done.append(f"opened pull request {pr['url']}")
+    return f"{record['claim']}: {files} ({'; '.join(done)})"
+
+
+def incomplete(record: dict) -> str | None:
+    """Why a claim's publish is not done (its branch pushed, its pull request failed), as one error line with
+    what to do; None when it is done."""
+    pr = record["pull_request"] or {}
+    if record["complete"] or not pr.get("error"):
+        return None
+    p = record["push"]
+    return (
+        f"{record['claim']}: branch {p['branch']} was pushed to {p['remote']} at {p['commit'][:12]}, but the pull "
+        f"request on {pr['repo']} failed: {pr['error']}; fix that and run publish again (the push is repeated "
+        "harmlessly and the pull request tried again)"
+    )

@@ -297,7 +297,10 @@ def cmd_compare(args) -> int:
 
 
 def cmd_publish(args) -> int:
-    from ..publish import run
+    """Every claim's publication; what was pushed on stdout and, under Snakemake, on the console. A pull request
+    that failed after its push is an error (status 2), after every claim was published."""
+    from ..core import progress
+    from ..publish import PublishError, incomplete, run, said
 
     cfg, layout = _load(args)
     records = run(
@@ -309,21 +312,12 @@ def cmd_publish(args) -> int:
         out_dir=args.out_dir,
     )
     for r in records:
-        pr = r["pull_request"] or {}
-        done = [
-            f"pushed {r['push']['branch']} at {r['push']['commit'][:12]}" if r["push"] else None,
-            f"pull request {pr['url']}" if pr.get("url") else None,
-        ]
-        print(
-            f"{r['claim']}: {r['files']['readme']} {r['files']['diff']} "
-            f"({'dry run' if r['dry_run'] else ', '.join(d for d in done if d)})"
-        )
-        if pr.get("error"):
-            print(
-                f"crashline publish: {r['claim']}: the branch was pushed but the pull request failed: {pr['error']}; "
-                "publish.json records both (delete it, or --forcerun publish_claim, to try again)",
-                file=sys.stderr,
-            )
+        print(said(r), flush=True)
+        if not r["dry_run"]:
+            progress.say(said(r), log=False)  # the console under Snakemake (stdout is the job's log there)
+    failed = [why for why in map(incomplete, records) if why]
+    if failed:
+        raise PublishError(failed[0] + (f" (and {len(failed) - 1} more claim(s))" if len(failed) > 1 else ""))
     return 0
 
 

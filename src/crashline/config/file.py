@@ -4,6 +4,7 @@ and the bad value: what the config and the claims files share."""
 from __future__ import annotations
 
 import copy
+import math
 from pathlib import Path
 from typing import Any
 
@@ -70,8 +71,14 @@ TYPE_WORDS = {
 }
 
 
+def _not_finite(value: Any) -> bool:
+    return isinstance(value, float) and not math.isfinite(value)
+
+
 def _reason(e: jsonschema.ValidationError) -> str:
     """What is wrong, in words: the type expected, the alternatives of a oneOf, the description of a pattern."""
+    if _not_finite(e.instance) and e.validator in ("type", "oneOf", "anyOf"):
+        return f"expected a finite number, not {e.instance!r} (YAML's .nan and .inf are no count, time or speed)"
     if e.validator == "type":
         types = [e.validator_value] if isinstance(e.validator_value, str) else e.validator_value
         return "expected " + " or ".join(TYPE_WORDS.get(t, t) for t in types)
@@ -102,9 +109,18 @@ def _whole_number(checker, instance) -> bool:
     return isinstance(instance, int) and not isinstance(instance, bool)
 
 
+def _finite_number(checker, instance) -> bool:
+    """A number is finite: YAML's .nan and .inf are floats that JSON Schema counts as numbers (NaN passes every
+    minimum and maximum), and every job would then fail on them. The one place for every number of the config and
+    of the claims files; the schemas give each number its bound (tests/test_hostile_inputs.py checks they do)."""
+    return isinstance(instance, (int, float)) and not isinstance(instance, bool) and math.isfinite(instance)
+
+
 _STRICT = jsonschema.validators.extend(
     jsonschema.Draft202012Validator,
-    type_checker=jsonschema.Draft202012Validator.TYPE_CHECKER.redefine("integer", _whole_number),
+    type_checker=jsonschema.Draft202012Validator.TYPE_CHECKER.redefine_many(
+        {"integer": _whole_number, "number": _finite_number}
+    ),
 )
 
 

@@ -80,6 +80,7 @@ PRESETS: dict[str, dict[str, Any]] = {
 ARCHS = {"qwen3moe": "swa_window must be 0", "gpt-oss": "swa_window must be at least 1"}
 
 SHAPE_KEYS = tuple(DEFAULT_TINY)
+MAX_DIMENSION = 2**31 - 1  # every count of the shape is a 32-bit field of the GGUF header (or tensor dimension)
 MIN_VOCAB = 3 + 256  # <unk> <s> </s> and the byte tokens
 # Weights per quantisation block of each type a synthetic model may use (ggml's GGML_QUANT_SIZES).
 QUANT_BLOCKS = {"Q4_0": 32, "Q8_0": 32, "F16": 1, "F32": 1}
@@ -121,6 +122,8 @@ def resolve_shape(shape: dict[str, Any] | None = None, name: str | None = None) 
         low = 0 if key == "swa_window" else 1
         if isinstance(value, bool) or not isinstance(value, int) or value < low:
             raise bad(key, "must be a positive integer" if low else "must be a whole number, 0 or more")
+        if value > MAX_DIMENSION:
+            raise bad(key, f"must be at most {MAX_DIMENSION:,} (what a GGUF header's 32-bit field holds)")
     if (resolved["swa_window"] > 0) != (resolved["arch"] == "gpt-oss"):
         raise bad("swa_window", f"{ARCHS[resolved['arch']]} for arch {resolved['arch']!r}")
     if resolved["quant"] not in QUANT_BLOCKS:

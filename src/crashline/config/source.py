@@ -3,7 +3,9 @@ fetches; this light part is what a config check needs: no HTTP client, no GGUF r
 
 from __future__ import annotations
 
+import hashlib
 import re
+from pathlib import PurePosixPath
 from typing import Any
 from urllib.parse import unquote, urlsplit
 from ..core.errors import CrashlineError
@@ -59,3 +61,25 @@ def parse_source(spec: str) -> dict[str, Any]:
     raise SourceError(
         f"model source {spec!r}: unknown kind; expected pypi:, hf:, https://, http://, file: or synthetic:"
     )
+
+
+NAME_HASH_CHARS = 8  # hex digits of sha256 of the file name: a name's suffix where its characters had to go
+
+
+def model_name(source: str) -> str:
+    """A model's name in a config, from its source's file name (``tune``): what a folder and a Snakemake wildcard
+    may hold (NAME_RE: ASCII letters, digits, '.', '_', '-'). A file name of those characters alone is the name
+    (``Qwen3-30B-A3B-Q4_K_M.gguf``: ``Qwen3-30B-A3B-Q4_K_M``). Any other file name loses characters on the way
+    (``模型.gguf``, ``модель.gguf``, ``my model.gguf``), so the name keeps what is left (``model`` where nothing
+    is) and adds the first NAME_HASH_CHARS hex digits of the sha256 of the whole file name: two files whose names
+    differ stay two models (both were ``model``, and the second run's records replaced the first's), and the same
+    file is the same model in every run."""
+    rest = source.split(":", 1)[1] if ":" in source else source
+    if source.startswith(("https://", "http://")):
+        rest = unquote(urlsplit(source).path)  # the file's own name, not its percent-escapes
+    stem = PurePosixPath(rest.split("@")[0]).name.removesuffix(".gguf")
+    slug = re.sub(r"[^A-Za-z0-9._-]+", "-", stem).strip("-.")
+    if slug and slug == stem:
+        return slug
+    digest = hashlib.sha256(stem.encode("utf-8", "surrogateescape")).hexdigest()[:NAME_HASH_CHARS]
+    return f"{slug or 'model'}-{digest}"

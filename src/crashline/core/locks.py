@@ -26,6 +26,7 @@ import contextlib
 import errno
 import fcntl
 import os
+import pwd
 import random
 import stat
 import time
@@ -38,7 +39,8 @@ from .errors import CrashlineError
 # Each user's runs lock in a folder of their own (0700): a folder every user may write to lets anyone plant a
 # symbolic link or a file there. An administrator who wants every user's runs to share the GPUs' locks makes one
 # folder owned by root with the sticky bit (as /tmp) and points CRASHLINE_LOCK_DIR at it.
-LOCK_DIR = Path(os.environ.get("CRASHLINE_LOCK_DIR", f"/tmp/crashline-locks-{os.getuid()}"))
+DEFAULT_LOCK_DIR = Path(f"/tmp/crashline-locks-{os.getuid()}")
+LOCK_DIR = Path(os.environ.get("CRASHLINE_LOCK_DIR", DEFAULT_LOCK_DIR))
 
 
 class UnsafeLockError(CrashlineError, RuntimeError):
@@ -120,13 +122,21 @@ def _check_folder(folder: Path) -> None:
     """A folder is safe to lock in when it is no symbolic link and nobody but us (and root) can replace what it
     holds: ours, or root's; and where others may write to it, sticky, so that they cannot remove our files."""
     st = os.lstat(folder)
-    fix = f"remove it, or set CRASHLINE_LOCK_DIR to a folder of your own (default {LOCK_DIR})"
+    own = "a folder of your own, e.g. export CRASHLINE_LOCK_DIR=$HOME/.cache/crashline/locks"
+    fix = f"remove it, or set CRASHLINE_LOCK_DIR to {own} (the default is {DEFAULT_LOCK_DIR})"
     if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
         raise UnsafeLockError(
             f"lock folder {folder} is {'a symbolic link' if stat.S_ISLNK(st.st_mode) else 'no folder'}; {fix}"
         )
     if st.st_uid not in (os.getuid(), 0):
-        raise UnsafeLockError(f"lock folder {folder} belongs to user {st.st_uid}, who could swap its locks; {fix}")
+        try:
+            owner = f"user {st.st_uid} ({pwd.getpwuid(st.st_uid).pw_name})"
+        except KeyError:
+            owner = f"user {st.st_uid}"
+        raise UnsafeLockError(
+            f"lock folder {folder} belongs to {owner}, who could swap its locks; have its owner or root remove it, "
+            f"or set CRASHLINE_LOCK_DIR to {own}"
+        )
     if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and not st.st_mode & stat.S_ISVTX:
         raise UnsafeLockError(
             f"lock folder {folder} is writable by others (mode {stat.S_IMODE(st.st_mode):o}) without the sticky bit; "

@@ -10,8 +10,10 @@ The line shapes matched here come from real logs in ``tests/fixtures/`` (llama.c
 
 from __future__ import annotations
 
+import os
 import re
 import signal
+import stat
 from pathlib import Path
 
 from ..core.records import Outcome
@@ -77,6 +79,12 @@ OOM_RE = re.compile(
 )
 HOST_OOM_RE = re.compile(re.escape(OOM_MARK))  # hostmem's line: the OOM killer ended it at the host budget
 MODEL_FILE_RE = re.compile(r"gguf_init_from_\w+|failed to load model|error loading model")
+# llama.cpp refused the context's settings before allocating anything: "llama_init_from_model: failed to
+# initialize the context: n_seq_max must be <= 256" (-np above LLAMA_MAX_SEQ), "quantized V cache was requested,
+# but this requires Flash Attention". A memory failure names its buffer on an earlier line (checked first).
+CONTEXT_REFUSED_RE = re.compile(r"failed to initialize the context: (?P<why>.+)$")
+# What llama.cpp's names in such a refusal are called in crashline's settings.
+CONTEXT_NAMES = {"n_seq_max": "parallel (-np)", "n_ctx_seq": "ctx (-c) per slot", "n_ubatch": "ubatch (-ub)"}
 CRASH_RE = re.compile(r"GGML_ASSERT|Segmentation fault|terminate called|CUDA error|Aborted|core dumped")
 GENERIC_ERROR_RE = re.compile(r"\b(?:error|failed)\b", re.IGNORECASE)
 # The command-line parser's own refusal: "error: invalid argument: -lm", "error while handling argument ...".
@@ -370,11 +378,22 @@ def _recognised_failure(lines: list[str], ms: dict, phase_hint: str | None) -> d
         # out of memory while loading, but not in one of the buffers named above
         outcome = Outcome.LOAD_FAILED if phase == "load" else Outcome.OOM
         return _result(outcome, "oom", phase, _with_alloc_detail(lines, i))
+    i = _first(CONTEXT_REFUSED_RE, lines, 0, load_end)
+    if i is not None:
+        return _result(Outcome.LOAD_FAILED, "settings", "load", _context_refusal(lines[i]))
     i = _first(MODEL_FILE_RE, lines, 0, ms["listening"])
     if i is not None:
         detail = _first(GENERIC_ERROR_RE, lines, 0, i + 1)  # the first error usually names the cause
         return _result(Outcome.LOAD_FAILED, "model_file", "load", _strip(lines[detail if detail is not None else i]))
     return None
+
+
+def _context_refusal(line: str) -> str:
+    """llama.cpp's reason for refusing the context, with the crashline setting it names:
+    "llama.cpp refused the settings: n_seq_max must be <= 256 (n_seq_max is parallel (-np))"."""
+    why = CONTEXT_REFUSED_RE.search(line)["why"].strip()
+    named = [f"{name} is {setting}" for name, setting in CONTEXT_NAMES.items() if re.search(rf"\b{name}\b", why)]
+    return f"llama.cpp refused the settings: {why}" + (f" ({'; '.join(named)})" if named else "")
 
 
 def _argument_error(lines: list[str]) -> str | None:
@@ -467,9 +486,46 @@ def is_server_log(text: str) -> bool:
     return any(_server_line(line) for line in text.splitlines())
 
 
+# What ``summarize`` reads of a longer file: its head (the load: buffers, layers, context) and its tail (how it
+# ended); a log of hours of verbose serving in between is skipped, not read into memory.
+HEAD_BYTES = 2 * 1024 * 1024
+TAIL_BYTES = 6 * 1024 * 1024
+_KINDS = {
+    stat.S_IFCHR: "a character device",
+    stat.S_IFBLK: "a block device",
+    stat.S_IFIFO: "a named pipe",
+    stat.S_IFSOCK: "a socket",
+    stat.S_IFDIR: "a folder",
+}
+
+
+def read_bounded(path: str | Path, head: int = HEAD_BYTES, tail: int = TAIL_BYTES) -> str:
+    """A log file's text, at most ``head`` bytes from its start and ``tail`` from its end (whole lines), refused
+    with NotServerLog unless it is a regular file: a device (/dev/zero) or a pipe would be read without end. Opened
+    without blocking (a pipe with no writer) and checked on the open file, not on its name."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode):
+        os.close(fd)
+        kind = _KINDS.get(stat.S_IFMT(info.st_mode), "not a regular file")
+        raise NotServerLog(f"{path} is {kind}, not a log file: give the path of a llama-server log file")
+    size = info.st_size
+    with open(fd, "rb") as f:
+        if size <= head + tail:
+            data = f.read(head + tail)
+        else:
+            start = f.read(head)
+            f.seek(size - tail)
+            end = f.read(tail)
+            # whole lines only: the head up to its last newline, the tail from its first
+            data = start[: start.rfind(b"\n") + 1] + end[end.find(b"\n") + 1 :]
+    return data.decode(errors="replace")
+
+
 def summarize(path: str | Path) -> dict:
-    """parse_log + classify for a log file alone (exit status unknown); NotServerLog if it is none."""
-    text = Path(path).read_text(errors="replace")
+    """parse_log + classify for a log file alone (exit status unknown); NotServerLog if it is none. A longer file
+    is read in part (``read_bounded``)."""
+    text = read_bounded(path)
     if not is_server_log(text):
         raise NotServerLog(f"{path} is not a llama-server log: {NOT_A_LOG_REASON if text.strip() else 'it is empty'}")
     return {"placement": parse_log(text), "classification": classify(text, None)}

@@ -25,7 +25,7 @@ from ..engine.telemetry import window_summary, write_frame
 from ..core.records import utc_now
 from ..core.paths import later_start
 from .serve import ServerJob, Stopwatch, outcome_text
-from .serving import run_workloads
+from .serving import claims_workloads, run_workloads
 
 SERVER_FIELDS = ("binary", "obtained", "sha256", "version", "backend", "source", "build_flags")  # of provenance
 
@@ -430,15 +430,17 @@ def _measure(
         telemetry=config["telemetry"]["interval_s"],
         lap=clock.lap,
     )
-    done: dict = {"workloads": [], "talks": [], "soaked": None}
+    done: dict = {"workloads": [], "talks": [], "soaked": None, "claims_failure": None}
 
     def work(job: ServerJob) -> None:
         if not load_only:
             limit = vram_limit_mib(budget_mib, record["host"])
             served = config if skip_under_margin is None else {**config, "timed_with_margin_mib": skip_under_margin}
-            done["workloads"], done["talks"], done["soaked"], job.failure = run_workloads(
+            done["workloads"], done["talks"], done["soaked"], job.failure, done["claims_failure"] = run_workloads(
                 server, job.sampler, served, resolved, limit, clock
             )
+            # a claims row's workload that ended the server: its workload says so; the configuration's own ran
+            job.ended = done["claims_failure"]
 
     exit_with_workflow()
     clock.lap("setup")
@@ -464,10 +466,17 @@ def _measure(
     record["returncode"] = server.returncode
     record["placement"] = logparse.parse_log(log)
     record["settings_used"] = settings_used(resolved, record["placement"])
+    if failure is None and done["claims_failure"]:  # the server ended at a claims row's workload, after the rest
+        failure = {"outcome": Outcome.OK, "failure": None, "phase": None, "message": None}
+        record["claims_failure"] = done["claims_failure"]
     if failure is None:
         failure = logparse.classify(log, server.returncode, phase_hint="stop")
-        bad = next((w for w in [*workloads, *talks, *([soaked] if soaked else [])] if w["outcome"] != Outcome.OK), None)
-        if failure["outcome"] == Outcome.OK and bad:
+    if failure["outcome"] == Outcome.OK:
+        # what the config asks decides whether the configuration survived; a claims row's workload that failed (a
+        # prompt past its context, more users than slots) tells of the row, in the correction (tables.claims)
+        own = [w for w in workloads if w not in claims_workloads(workloads)]
+        bad = next((w for w in [*own, *talks, *([soaked] if soaked else [])] if w["outcome"] != Outcome.OK), None)
+        if bad:
             failure = {
                 "outcome": bad["outcome"],
                 "failure": bad["outcome"],

@@ -13,7 +13,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ..core import host, progress
-from ..core.locks import Lease, LeaseError, lease_for
+from ..core.atomic import open_output
+from ..core.locks import Lease, LeaseError, UnsafeLockError, lease_for
 from ..core.records import Outcome
 from ..engine import logparse
 from ..engine.ballast import Ballast, BudgetError
@@ -104,6 +105,7 @@ class ServerJob:
         self.holder, self.server, self.config, self.record = holder, server, config, record
         self.telemetry, self.what, self.lap = telemetry, what, lap
         self.failure: dict | None = None
+        self.ended: dict | None = None  # the work's own account of the server's end (a claims row's workload)
         self.sampler: Sampler | None = None
         self._phase = "start"
 
@@ -118,9 +120,14 @@ class ServerJob:
 
     def run(self, work: Callable[[ServerJob], None], log_path: Path) -> None:
         """Start the server under the job's lease and budget, ``work(self)`` once it is ready, stop it; a refusal
-        or a crashline fault becomes ``failure``, and no server outlives this call."""
+        or a crashline fault becomes ``failure`` (and the server's log says so where no server wrote one: the job's
+        outputs are all there), and no server outlives this call. A lock folder another user could swap
+        (UnsafeLockError) is no result of this configuration: it ends the job with its one-line error, as it would
+        end every job of the run."""
         try:
             self._serve(work)
+        except UnsafeLockError:
+            raise
         except (BudgetError, LeaseError) as exc:
             self.failure = start_refused(exc)
             log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -136,6 +143,10 @@ class ServerJob:
         except Exception as exc:  # a crashline fault still leaves a record and no server behind
             message = f"{type(exc).__name__}: {exc}"
             self.failure = {"outcome": Outcome.ERROR, "failure": "crashline", "phase": self.phase, "message": message}
+            if not log_path.exists():  # no server wrote it: the job's output says why instead of going missing
+                log_path.parent.mkdir(parents=True, exist_ok=True)
+                with open_output(log_path) as log:
+                    log.write(f"crashline: no llama-server started: {message}\n")
         finally:
             self.server.stop(5)
 
@@ -168,7 +179,7 @@ class ServerJob:
                     self.phase = "stop"
                     if self.sampler:
                         self.sampler.phase("stop")
-                    if self.failure is None and not server.alive():  # it answered every request, then quit
+                    if self.failure is None and self.ended is None and not server.alive():  # answered all, then quit
                         self.failure = server_failure(server, "stop")
                     server.stop(server_cfg["stop_timeout_s"])
                     self.lap("stop")

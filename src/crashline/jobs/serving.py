@@ -11,6 +11,7 @@ import time
 
 import requests
 
+from ..config.expand import _from_claims as from_claims
 from ..engine import logparse
 from . import conversations as conv
 from . import soak as soak_mod
@@ -69,13 +70,18 @@ def run_workloads(
     settings: dict,
     limit_mib: float | None = None,
     clock: Stopwatch | None = None,
-) -> tuple[list[dict], list[dict], dict | None, dict | None]:
-    """Every workload R times, then every conversation, then the soak. Returns per-workload results,
-    per-conversation results, the soak's result (None without one) and the server-level failure, if any. Each
-    repetition and turn says its speeds (and VRAM against ``limit_mib``) on the console; ``clock`` gets the untimed
-    warm-up request apart, and the workloads (prompts sized on the way), conversations and soak as the rest."""
+) -> tuple[list[dict], list[dict], dict | None, dict | None, dict | None]:
+    """Every workload R times, then every conversation, then the soak, then the workloads claims files added (their
+    rows as published, ``claims_workloads``). Returns per-workload results (the claims' last), per-conversation
+    results, the soak's result (None without one), the server-level failure of what the config asks, if any, and
+    that of the claims' workloads, if any: a row's workload that ended the server tells of the row, and what the
+    config asks ran before it. Each repetition and turn says its speeds (and VRAM against ``limit_mib``) on the
+    console; ``clock`` gets the untimed warm-up request apart, and the workloads (prompts sized on the way),
+    conversations and soak as the rest."""
     clock = clock or Stopwatch()
     workloads, request_timeout_s = config["workloads"], config["server"]["request_timeout_s"]
+    claimed = claims_workloads(workloads)
+    own = [w for w in workloads if w not in claimed]
     client = Client.of(server, request_timeout_s)
     sampler.phase("prepare")
     prompts = PromptSource(client)
@@ -83,19 +89,10 @@ def run_workloads(
     # allocations, which would otherwise land in the first repetition of the first workload.
     client.complete(prompts.prompt(min(64, workloads[0]["prompt_tokens"]), 0), 4, timeout_s=client.setup_timeout_s)
     clock.lap("warmup_request")
+    runs = (config.get("warmup_requests", 0), config["repetitions"])
+    each = (request_timeout_s, settings, limit_mib, config.get("timed_with_margin_mib"))
     try:
-        results, failure = _run_each(
-            server,
-            sampler,
-            client,
-            prompts,
-            workloads,
-            (config.get("warmup_requests", 0), config["repetitions"]),
-            request_timeout_s,
-            settings,
-            limit_mib,
-            config.get("timed_with_margin_mib"),
-        )
+        results, failure = _run_each(server, sampler, client, prompts, own, runs, *each)
     finally:
         clock.lap("workloads")
     talks: list[dict] = []
@@ -122,7 +119,21 @@ def run_workloads(
             progress.say(f"soak of {soaked['requests_done']:,} unique prompts: {soaked['said']}")
     finally:
         clock.lap("soak")
-    return results, talks, soaked, failure
+    claims_failure = None
+    if failure is None and claimed:
+        try:
+            rows, claims_failure = _run_each(server, sampler, client, prompts, claimed, runs, *each)
+            results += rows
+        finally:
+            clock.lap("workloads")
+    return results, talks, soaked, failure, claims_failure
+
+
+def claims_workloads(workloads: list[dict]) -> list[dict]:
+    """The workloads a claims file added (config.claims.claim_workloads names them): its rows as published, run
+    after everything the config asks, and no part of whether the configuration survived (a row's 100K-token or
+    4-users workload that fails tells of the row; the configuration still survived the config's workloads)."""
+    return [w for w in workloads if from_claims(w)]
 
 
 def request_failure(server: ServerProcess, exc: Exception, phase: str, request_timeout_s: float):
