@@ -131,7 +131,8 @@ class ServerJob:
         except (BudgetError, LeaseError) as exc:
             self.failure = start_refused(exc)
             log_path.parent.mkdir(parents=True, exist_ok=True)
-            log_path.write_text(f"crashline: no llama-server started: {exc}\n")
+            with open_output(log_path) as log:
+                log.write(f"crashline: no llama-server started: {exc}\n")
         except ForeignSettings as exc:  # a llama.cpp config file would set what the record cannot show
             self.failure = {
                 "outcome": Outcome.ERROR,
