@@ -279,13 +279,14 @@ def test_group_write_is_refused_unless_the_group_is_the_owners_own(base, evil):
 def no_workflow(monkeypatch):
     """tune and recheck without the workflow: what they write before it runs is what is checked."""
     from crashline.cli import tune as T
+    from crashline.cli.exits import Said
 
     from crashline.core.supervision import WORKFLOW_PID
 
     monkeypatch.setenv(WORKFLOW_PID, "")  # run_folder sets it for the jobs: restored after the test
     ran = []
     monkeypatch.setattr(T, "run_workflow", lambda *a: ran.append(a) or True)
-    monkeypatch.setattr(T, "answer", lambda cfg: [])
+    monkeypatch.setattr(T, "answer", lambda cfg: Said())  # no lines, status 0
     return ran
 
 

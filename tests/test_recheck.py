@@ -48,7 +48,7 @@ def tables(**by_id) -> tuple[pd.DataFrame, pd.DataFrame]:
 def test_each_configuration_is_judged_then_against_now():
     then = tables(a=("ok", 100, 95, 105), b=("ok", 100, 95, 105), c=("ok", 100, 98, 102), d=("oom", None, None, None))
     now = tables(a=("ok", 101, 96, 104), b=("crashed", None, None, None), c=("ok", 80, 78, 82), d=("ok", 90, 88, 92))
-    now[0]["server_version"] = "b2"
+    now[0]["server_version"], now[0]["server_sha256"] = "b2", "b" * 64  # another build: other bits
     rows = {r["config_id"]: r for r in compare(*then, *now, "e2e_tps", "w")}
     assert {k: r["verdict"] for k, r in rows.items()} == {
         "a": "tied",  # the ranges overlap
@@ -59,7 +59,7 @@ def test_each_configuration_is_judged_then_against_now():
     assert rows["c"]["ratio"] == 0.8 and rows["b"]["failed_now"] == "crashed at depth-2k"
     assert rows["b"]["first_request_s_then"] == 0.2 and rows["b"]["first_request_s_now"] is None
     said = headline(list(rows.values()))
-    assert said.startswith("Against the earlier run (b1 (aaaaaaaaaaaa)), this build (b2 (aaaaaaaaaaaa)) regressed")
+    assert said.startswith("Against the earlier run (b1 (aaaaaaaaaaaa)), this build (b2 (bbbbbbbbbbbb)) regressed")
     assert "m b now fails (crashed at depth-2k)" in said and "m c is slower (0.80x the e2e_tps)" in said
     kept = headline([rows["a"], rows["d"]])
     assert "kept all 2 configuration(s)" in kept and "regressed" not in kept
@@ -116,7 +116,7 @@ def test_recheck_on_another_build_says_what_it_broke(tmp_path, small_run, server
     earlier = small_run / "results"
     broken = wrapper(tmp_path / "broken", server_provenance["binary"], "-c", "1024")
     done = crashline("recheck", str(earlier), "--binary", str(broken), "--out", str(tmp_path / "re"), cwd=tmp_path)
-    assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
+    assert done.returncode == 4, (done.stdout + done.stderr)[-4000:]  # a regression (cli.exits.Exit.REGRESSED)
     (winner,) = json.loads((earlier / "recommendation.json").read_text())
     assert f"tiny-moe {winner['winner']}: fails now" in done.stdout, done.stdout
     assert "regressed" in done.stdout
@@ -137,5 +137,6 @@ def test_recheck_on_an_equal_build_keeps_every_configuration(tmp_path, small_run
     done = crashline("recheck", str(earlier), "--binary", str(same), "--out", str(tmp_path / "re"), cwd=tmp_path)
     assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
     assert "kept all 1 configuration(s)" in done.stdout, done.stdout  # measured once a side: speed not compared
+    assert "The same build as the earlier run" in done.stdout, done.stdout  # the same bits, said as such
     first = pd.read_parquet(tmp_path / "re" / "results" / "tables" / "configs.parquet")["first_request_s"]
     assert first.iloc[0] > 0  # the first request after /health answered, and its time is in the table

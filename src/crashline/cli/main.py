@@ -12,18 +12,31 @@ import traceback
 from ..config import plan as config_mod
 from ..core.errors import CrashlineError
 from . import verbs
+from .exits import Exit, epilog
 
 
 class _Parser(argparse.ArgumentParser):
     """A usage error is one line too, naming where the usage is (the verbs' parsers are of this class)."""
 
     def error(self, message: str):
-        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+        self.exit(Exit.ERROR, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("crashline")
+    except PackageNotFoundError:  # run from a checkout without installing it
+        return "unknown (not installed)"
 
 
 def parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="crashline", description=__doc__)
+    p = _Parser(
+        prog="crashline", description=__doc__, epilog=epilog(), formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--debug", action="store_true", help="on an error, print its traceback too")
+    p.add_argument("--version", action="version", version=f"crashline {_version()}")
     sub = p.add_subparsers(dest="verb", required=True)
 
     def verb(name, fn, help_text, config=True):
@@ -201,7 +214,7 @@ def _fail(args, message: str) -> int:
     if args.debug:
         traceback.print_exc()
     print(f"crashline {args.verb}: error: {message}", file=sys.stderr)
-    return 2
+    return Exit.ERROR
 
 
 def _run(args) -> int:

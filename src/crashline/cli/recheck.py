@@ -12,6 +12,7 @@ from ..config.plan import ConfigError
 from ..core.atomic import read_json
 from ..core.owned import outside_inputs, own_folder
 from ..core.paths import Layout
+from .exits import Said, of_recheck
 
 # What is not the earlier run's to keep: where this one writes, what it merges, its own claims and publishing.
 FRESH = {"merge_results": [], "claims": [], "publish": {}}
@@ -54,8 +55,9 @@ def config(results: str | Path, binary: str | Path, out: Path) -> dict:
     return raw
 
 
-def answer(cfg: dict) -> list[str]:
-    """What ``recheck`` prints: the report's headline on the new build and each configuration's verdict."""
+def answer(cfg: dict) -> Said:
+    """What ``recheck`` prints: the report's headline on the new build and each configuration's verdict; its status
+    REGRESSED where a configuration fails now or is slower (exits)."""
     from ..report.build import rechecked
     import pandas as pd
 
@@ -65,14 +67,14 @@ def answer(cfg: dict) -> list[str]:
     for r in found["rows"]:
         ratio = "" if r["ratio"] is None else f", {r['metric']} {r['ratio']:.2f}x"
         lines.append(f"  {r['model']} {r['config_id']}: {r['verdict']}{ratio}")
-    return [*lines, f"report: {layout.report_md()} and {layout.report_html()}"]
+    return Said([*lines, f"report: {layout.report_md()} and {layout.report_html()}"], of_recheck(found["rows"]))
 
 
-def recheck(results: str | Path, binary: str | Path, out: str | Path = "recheck") -> list[str]:
+def recheck(results: str | Path, binary: str | Path, out: str | Path = "recheck") -> Said:
     from .tune import run_folder
 
     outside_inputs(out, "--out", [results])  # its results would land in the earlier run's, or hold it
     out = own_folder(out, "--out", create=False)  # refused before anything runs; its real path
     raw = config(results, binary, out)
     path = run_folder(raw, out, "recheck")
-    return [f"config: {path}", *answer(config_mod.validate(raw, config_mod.load_schema()))]
+    return answer(config_mod.validate(raw, config_mod.load_schema())).after(f"config: {path}")

@@ -271,7 +271,7 @@ def cmd_tune(args) -> int:
         print(exc, file=sys.stderr)
         return exc.exit_code
     print("\n".join(lines))
-    return 0
+    return lines.status  # NOTHING_SURVIVED where a model has no recommendation (exits)
 
 
 def cmd_recheck(args) -> int:
@@ -284,16 +284,17 @@ def cmd_recheck(args) -> int:
         print(exc, file=sys.stderr)
         return exc.exit_code
     print("\n".join(lines))
-    return 0
+    return lines.status  # REGRESSED where a configuration fails now or is slower (exits)
 
 
 def cmd_compare(args) -> int:
     from ..report.compare import compare, short
+    from .exits import of_compare
 
     page, rows = compare(args.results, Path(args.out))
     print(short(rows))
     print(f"written: {page}, {page.with_suffix('.html')}, {page.with_suffix('.json')}")
-    return 0
+    return of_compare(rows)  # REGRESSED where a run is slower than the first or lost its answer (exits)
 
 
 def cmd_publish(args) -> int:

@@ -60,6 +60,18 @@ def compare(runs: list[Run]) -> list[dict]:
     return rows
 
 
+def regressed(rows: list[dict]) -> list[dict]:
+    """Per model, the runs after its reference that are slower beyond the noise or have no answer where the
+    reference has one (``compare`` exits REGRESSED with any); a run before the reference had none either."""
+    worse, seen = [], set()
+    for row in rows:
+        if row["verdict"] == "reference":
+            seen.add(row["model"])
+        elif row["model"] in seen and row["verdict"] in ("slower", None):
+            worse.append(row)
+    return worse
+
+
 def _row(run: Run, answer: dict) -> dict:
     metric, workload, objective = _objective(answer)
     winner = answer.get("winner")

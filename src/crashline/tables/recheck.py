@@ -83,6 +83,9 @@ def compare(
                 "server_args": now.get("server_args"),
                 "build_then": build_of(then),
                 "build_now": build_of(now),
+                # the very bits the earlier run used: a recheck then measures the machine and the noise, not a build
+                "same_build": isinstance(then.get("server_sha256"), str)
+                and then.get("server_sha256") == now.get("server_sha256"),
                 "failed_then": failed_then,
                 "failed_now": failed_now,
                 "first_request_s_then": number(then.get("first_request_s")),
@@ -100,19 +103,30 @@ def compare(
     return rows
 
 
+def regressed(rows: list[dict]) -> list[dict]:
+    """The configurations that fail now or are slower beyond the noise (``recheck`` exits REGRESSED with any)."""
+    return [r for r in rows if r["verdict"] in ("fails now", "slower")]
+
+
 def headline(rows: list[dict]) -> str | None:
-    """What the new build did, in one sentence: which configurations it broke or slowed, or that it kept them."""
+    """What the new build did, in one sentence: which configurations it broke or slowed, or that it kept them; on
+    the very build the earlier run used (its sha256), it says so, as a change then is none of the build's."""
     if not rows:
         return None
     builds = sorted({r["build_now"] for r in rows})
     earlier = sorted({r["build_then"] for r in rows})
     broke = [r for r in rows if r["verdict"] == "fails now"]
     slowed = [r for r in rows if r["verdict"] == "slower"]
-    said = f"Against the earlier run ({', '.join(earlier)}), this build ({', '.join(builds)})"
+    same = all(r.get("same_build") for r in rows)
+    if same:
+        said = f"The same build as the earlier run ({', '.join(builds)}, the same sha256)"
+    else:
+        said = f"Against the earlier run ({', '.join(earlier)}), this build ({', '.join(builds)})"
     if broke or slowed:
         parts = [f"{r['model']} {r['config_id']} now fails ({r['failed_now']})" for r in broke]
         parts += [f"{r['model']} {r['config_id']} is slower ({r['ratio']:.2f}x the {r['metric']})" for r in slowed]
-        return f"{said} regressed: {'; '.join(parts)}."
+        unchanged = " (the build did not change: the machine, its load or the noise did)" if same else ""
+        return f"{said} regressed: {'; '.join(parts)}{unchanged}."
     kept = sum(r["verdict"] in ("tied", "faster", "survives now", "cannot tell") for r in rows)
     once = sum(r["verdict"] == "cannot tell" for r in rows)
     untold = f"; {once} measured once on a side, so its speed is not compared (raise repetitions)" if once else ""
