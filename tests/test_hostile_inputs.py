@@ -88,11 +88,6 @@ def test_non_ascii_model_file_names_stay_two_models_with_stable_names():
     assert model_name("https://example.com/m/%E6%A8%A1%E5%9E%8B.gguf") == first  # the file's name, unescaped
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="src/crashline/cli/tune.py (not this change's to edit) still derives the name itself; model_source must "
-    "return crashline.config.source.model_name(source): then remove this mark",
-)
 def test_tune_names_two_non_ascii_models_apart(tmp_path):
     from crashline.cli.tune import model_source
 

@@ -23,6 +23,7 @@ from ..config import plan as config_mod
 from ..core.atomic import atomic_path
 from ..core.owned import own_folder, own_results
 from ..config.file import ConfigError
+from ..config.source import model_name
 from ..engine.planner import DEFAULT_CACHE_RAM_MIB
 from ..engine.suggest import DEFAULT_UBATCHES as UBATCHES
 from ..engine.suggest_inputs import default_margin_mib, parse_size_mib
@@ -87,9 +88,7 @@ def model_source(model: str) -> tuple[str, str]:
         raise ConfigError(
             f"model {model!r}: not a file, a source (hf:, pypi:, https://, file:, synthetic:) or OWNER/REPO:QUANT"
         )
-    stem = Path(source.split(":", 1)[1].split("@")[0]).name.removesuffix(".gguf") or "model"
-    name = re.sub(r"[^A-Za-z0-9._-]+", "-", stem).strip("-.") or "model"
-    return name, source
+    return model_name(source), source
 
 
 def levers(ubatch: str | None, cache_type: str | None, threads: str | None) -> dict:
