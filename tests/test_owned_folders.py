@@ -410,3 +410,20 @@ def _umask() -> int:
     mask = os.umask(0o022)
     os.umask(mask)
     return mask
+
+
+# ----------------------------------------------------------------------------- cache_dir
+
+
+@pytest.mark.parametrize("verb", ["fetch", "provision"])
+def test_a_cache_another_user_can_change_is_refused_before_a_model_or_server_lands_there(base, evil, tmp_path, verb):
+    """The cache holds the llama-server binary every job starts and the models: in a folder another user made
+    (here under a sticky folder open to all, as /tmp), they could swap the binary after its check."""
+    cache = base / "cache"
+    made_first_by(evil, cache, "755")
+    config = tmp_path / "owned.yaml"
+    config.write_text(CONFIG.format(results=base / "results") + f"cache_dir: {cache}\n")
+    proc = crashline(verb, "--config", str(config), *(["--model", "m"] if verb == "fetch" else []))
+    assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stdout + proc.stderr
+    assert f"error: cache_dir {cache}: {cache} belongs to {evil.pw_name}" in proc.stderr, proc.stderr
+    assert list(cache.iterdir()) == []

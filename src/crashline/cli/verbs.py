@@ -10,7 +10,7 @@ from pathlib import Path
 from ..config import plan as config_mod
 from ..core import settings as settings_mod
 from ..core.atomic import read_json, write_json
-from ..core.owned import own_results
+from ..core.owned import own_folder, own_results
 from ..core.paths import Layout, merged_records
 
 
@@ -40,7 +40,7 @@ def cmd_fetch(args) -> int:
     if args.model not in cfg["models"]:
         raise config_mod.ConfigError(f"no model {args.model!r} in the config; models are {', '.join(cfg['models'])}")
     model = cfg["models"][args.model]
-    cache = config_mod.cache_dir(cfg)
+    cache = own_folder(config_mod.cache_dir(cfg), "cache_dir")  # models and llama-server: nobody else's to swap
     record = sources.fetch(
         model["source"],
         cache / "models" / args.model,
@@ -80,7 +80,7 @@ def cmd_provision(args) -> int:
     cfg, layout = _load(args)
     from ..core.host import measured_memory_bandwidth
 
-    info = provision.provide(cfg["server"], config_mod.cache_dir(cfg), log=sys.stderr)
+    info = provision.provide(cfg["server"], own_folder(config_mod.cache_dir(cfg), "cache_dir"), log=sys.stderr)
     config_mod.check_flags(cfg, provision.supported_flags(info), info["version"])
     info["host_memory_bandwidth"] = measured_memory_bandwidth()  # once here, not in every job (1.5 s each)
     write_json(args.out or layout.provenance(), info)
