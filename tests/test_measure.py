@@ -479,12 +479,25 @@ def test_host_memory_bandwidth_is_measured_once_per_machine(monkeypatch):
     from crashline.core import host
 
     calls = []
-    monkeypatch.setattr(host, "memory_bandwidth_gbs", lambda: calls.append(1) or 12.5)
+    passes = {"gbs": 12.5, "passes": [12.5, 11.9, 12.1], "spread": 0.048, "threads": 2, "total_mib": 256}
+    monkeypatch.setattr(host, "memory_bandwidth", lambda: calls.append(1) or passes)
     here = {"host_memory_bandwidth": {"hostname": platform.node(), "gbs": 31.0}}
     assert host.memory_bandwidth_from(here) == 31.0 and not calls
     elsewhere = {"host_memory_bandwidth": {"hostname": platform.node() + "-other", "gbs": 31.0}}
     assert host.memory_bandwidth_from(elsewhere) == 12.5 and host.memory_bandwidth_from({}) == 12.5
-    assert len(calls) == 2 and host.measured_memory_bandwidth() == {"hostname": platform.node(), "gbs": 12.5}
+    # provenance.json keeps every pass and their spread beside the best (#40 item 6)
+    assert len(calls) == 2 and host.measured_memory_bandwidth() == {"hostname": platform.node(), **passes}
+
+
+def test_the_host_memory_bandwidth_keeps_every_pass_and_their_spread():
+    """A real measurement, small: the best pass is the figure, every pass is kept, the spread is the slowest pass's
+    shortfall."""
+    from crashline.core import host
+
+    found = host.memory_bandwidth(threads=2, total_mib=64, passes=3, repeats=2)
+    assert len(found["passes"]) == 3 and found["gbs"] == max(found["passes"]) > 0
+    assert found["spread"] == round((found["gbs"] - min(found["passes"])) / found["gbs"], 4)
+    assert (found["threads"], found["total_mib"]) == (2, 64)
 
 
 class _Peaks:
