@@ -78,3 +78,16 @@ def test_recommendation_json_the_report_and_tunes_line_carry_the_reply_length(tm
     lines = answer({"results_dir": str(tmp_path / "results")})
     assert f"  {reply['text']}" in lines
     assert reply["text"].replace("`", "").split(" (")[0] in md.replace("`", "")
+
+
+def test_no_sentence_of_the_answer_box_shows_a_literal_backtick_in_html(tmp_path):
+    """#41: the tie sentence (and the reply-length one) name configurations in backticks, as tune's line does; the
+    HTML sets them as code. The session-17 H200 tune is tied, with an id in backticks."""
+    sys.path.insert(0, str(REPO / "bench"))
+    import rerender
+
+    results = REPO / "bench" / "results" / "lease-2026-12-03-s17" / "tune30" / "tune" / "results"
+    rerender.rerender(results, tmp_path / "out")
+    html = (tmp_path / "out" / "report.html").read_text()
+    tie = next(p for p in html.split("<p") if "Tied with" in p)
+    assert "`" not in html and "<code>3b5e95f382</code>" in tie, tie

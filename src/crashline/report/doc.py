@@ -158,3 +158,9 @@ def joined(items: list[Inline], sep: Inline = ", ") -> list[Inline]:
 
 def plural(n: int, word: str) -> str:
     return f"{n} {word}{'' if n == 1 else 's'}"
+
+
+def code_spans(text: str) -> list:
+    """A sentence written once for the tables, recommendation.json and tune's line (plain text, settings and ids in
+    backticks) as inlines: the backticked parts as code, so that no printer shows a literal backtick."""
+    return [Code(t) if i % 2 else t for i, t in enumerate(text.split("`")) if t]

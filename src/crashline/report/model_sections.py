@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from ..core.thresholds import CONTENTION_CORES, missing
 from .doc import Box, Bullets, Cell, Code, CodeBlock, Details, Mark, Para, Ref, Section, Strong, Table
-from .doc import plural
+from .doc import code_spans, plural
 from .compact import compacted, settings_cell
 from .serving_sections import cold_warm, conversations, soaks
 
@@ -65,15 +65,13 @@ def recommendation(r: dict):
     ]
     blocks = [answer, Para(said), CodeBlock(r["command"], copy=True), Para(["Configuration id ", Code(r["winner"])])]
     if r.get("reply_length"):
-        # the same words as recommendation.json and tune's line, the settings in backticks set as code
-        parts = (r["reply_length"]["text"] + ".").split("`")
-        blocks.insert(2, Para([Code(t) if i % 2 else t for i, t in enumerate(parts) if t]))
+        blocks.insert(2, Para(code_spans(r["reply_length"]["text"] + ".")))
     if r.get("tie"):
         blocks.insert(
             2,
             Para(
                 [
-                    r["tie"][0].upper() + r["tie"][1:],
+                    *code_spans(r["tie"][0].upper() + r["tie"][1:]),
                     ". Two configurations are tied when neither range lies above the other (the medians of their "
                     "server starts where the fastest had several: then only those started as often count).",
                 ]

@@ -8,7 +8,7 @@ from ..core.progress import duration
 from ..core.thresholds import CONTENTION_CORES, HIGH_SPREAD_PCT
 from . import needle
 from .doc import Abbr, Bullets, Cell, Code, CodeBlock, Document, Para, Ref, Section, Strong, Table
-from .doc import plural
+from .doc import code_spans, plural
 from .model_sections import model_section, or_dash
 
 TITLE = "crashline report"
@@ -19,7 +19,10 @@ def document(ctx: dict, needle_grid: list[dict], corrections: Section | None) ->
     blocks = [
         *top(ctx["nothing_survived"]),
         *recheck(ctx.get("recheck")),
-        *(Para([Strong(f"{model}: "), why, "."], "warn") for model, why in ctx["recall_uninformative"].items()),
+        *(
+            Para([Strong(f"{model}: "), *code_spans(why), "."], "warn")
+            for model, why in ctx["recall_uninformative"].items()
+        ),
         *intro(ctx),
         *summary(ctx.get("summary")),
         environment(ctx),
