@@ -28,6 +28,7 @@ from crashline.engine.server import ServerProcess
 
 from conftest import FIXTURES, REPO, SMALL_RUN_CONFIG, snakemake_in
 from helpers import copy_workflow, fetch_record, measure_one, run
+import test_publish
 
 SCHEMA = C.load_schema()
 OTHER_USER = 65534  # nobody
@@ -320,31 +321,8 @@ def test_a_run_failing_at_a_foreign_lock_folder_says_so_and_report_names_that_jo
 # -- 6. publish says what it pushed, and a failure is an error -------------------------------------------------------
 
 
-def git(*args, cwd=None) -> str:
-    env = {
-        "GIT_AUTHOR_NAME": "upstream",
-        "GIT_AUTHOR_EMAIL": "up@example.com",
-        "GIT_COMMITTER_NAME": "upstream",
-        "GIT_COMMITTER_EMAIL": "up@example.com",
-        "PATH": os.environ["PATH"],
-        "HOME": str(cwd or "/tmp"),
-    }
-    return subprocess.run(["git", *args], cwd=cwd, env=env, capture_output=True, text=True, check=True).stdout.strip()
-
-
-@pytest.fixture
-def upstream(tmp_path) -> tuple[Path, str]:
-    """A real bare repository seeded with the upstream README on main (as tests/test_publish.py's)."""
-    remote = tmp_path / "upstream.git"
-    git("init", "--quiet", "--bare", "--initial-branch=main", str(remote))
-    seed = tmp_path / "seed"
-    git("clone", "--quiet", str(remote), str(seed))
-    git("checkout", "--quiet", "-b", "main", cwd=seed)
-    shutil.copy(FIXTURES / "claims" / "upstream-README.md", seed / "README.md")
-    git("add", "README.md", cwd=seed)
-    git("commit", "--quiet", "-m", "model card", cwd=seed)
-    git("push", "--quiet", "origin", "main", cwd=seed)
-    return remote, git("rev-parse", "HEAD", cwd=seed)
+git = test_publish.git  # a real git, as an upstream's maintainer's
+bare = test_publish.bare  # the fixture: a real bare repository with the upstream README on main
 
 
 def publish_setup(tmp_path, publish: dict, **source) -> Path:
@@ -369,9 +347,9 @@ def publish_setup(tmp_path, publish: dict, **source) -> Path:
     return path
 
 
-def test_a_pull_request_that_fails_after_the_push_is_an_error_naming_both(tmp_path, upstream):
+def test_a_pull_request_that_fails_after_the_push_is_an_error_naming_both(tmp_path, bare):
     """It exited 0 and, under Snakemake, said nothing on the console."""
-    remote, seed = upstream
+    remote, seed = bare
     both = {"push": True, "open_pr": True, "branch": "crashline/fix"}
     cfg = publish_setup(tmp_path, both, git=str(remote), revision=seed, hf_repo="owner/model")
     env = {k: "" for k in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")}
@@ -385,9 +363,9 @@ def test_a_pull_request_that_fails_after_the_push_is_an_error_naming_both(tmp_pa
     assert f"pushed branch crashline/fix to {remote} at {sha[:12]}" in done.stdout  # what left the machine
 
 
-def test_a_push_that_fails_is_one_line_naming_the_branch_the_remote_and_what_to_do(tmp_path, upstream):
+def test_a_push_that_fails_is_one_line_naming_the_branch_the_remote_and_what_to_do(tmp_path, bare):
     """A remote that refuses the push (a real pre-receive hook): git's several lines were the error as they came."""
-    remote, seed = upstream
+    remote, seed = bare
     hook = remote / "hooks" / "pre-receive"
     hook.write_text("#!/bin/sh\necho 'pushes are closed here' >&2\nexit 1\n")
     hook.chmod(hook.stat().st_mode | stat.S_IXUSR)
@@ -397,8 +375,8 @@ def test_a_push_that_fails_is_one_line_naming_the_branch_the_remote_and_what_to_
     assert "pushes are closed here" in said and "check source.git in" in said and "run publish again" in said
 
 
-def test_a_push_that_succeeds_says_what_was_pushed(tmp_path, upstream):
-    remote, seed = upstream
+def test_a_push_that_succeeds_says_what_was_pushed(tmp_path, bare):
+    remote, seed = bare
     cfg = publish_setup(tmp_path, {"push": True, "branch": "crashline/fix"}, git=str(remote), revision=seed)
     done = crashline("publish", "--config", str(cfg))
     assert done.returncode == 0, done.stderr
