@@ -57,6 +57,7 @@ BIND_FAILED_RE = re.compile(r"couldn't bind HTTP server socket")
 PASSED_VARIABLES = (
     "PATH", "LD_LIBRARY_PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ",
     "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "CUDA_CACHE_PATH", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES",
+    "HSA_OVERRIDE_GFX_VERSION", "GGML_VK_VISIBLE_DEVICES",  # ROCm on a consumer card; Vulkan's device choice
 )  # fmt: skip
 # llama.cpp applies this before its command line (common/arg.cpp, common_params_apply_system_config), and no
 # environment moves it; the user-level one lies under the home, which a server gets empty.
