@@ -115,11 +115,11 @@ validity: {enabled: false}
 """
 
 
-def snakemake_in(work: Path, *args: str, timeout: int = 1200) -> subprocess.CompletedProcess:
-    """``snakemake --cores 1 ARGS`` in a copy of the workflow, with this clone's package."""
+def snakemake_in(work: Path, *args: str, timeout: int = 1200, env: dict | None = None) -> subprocess.CompletedProcess:
+    """``snakemake --cores 1 ARGS`` in a copy of the workflow, with this clone's package (and ``env`` besides)."""
     import sys
 
-    env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
+    env = {**os.environ, **(env or {}), "PYTHONPATH": str(REPO / "src")}
     return subprocess.run(
         [sys.executable, "-m", "snakemake", "--cores", "1", *args],
         cwd=work,

@@ -288,17 +288,9 @@ def test_a_run_failing_at_a_foreign_lock_folder_says_so_and_report_names_that_jo
     theirs = other_users_folder(tmp_path / "theirs")
     (record,) = (work / "results" / "records").glob("*/*/measure.json")
     record.unlink()
-    env = {**os.environ, "CRASHLINE_LOCK_DIR": str(theirs), "PYTHONPATH": str(REPO / "src")}
 
     def smk(*args):
-        return subprocess.run(
-            [sys.executable, "-m", "snakemake", "--cores", "1", *args],
-            cwd=work,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=900,
-        )
+        return snakemake_in(work, *args, timeout=900, env={"CRASHLINE_LOCK_DIR": str(theirs)})
 
     failed = smk("report")
     said = failed.stdout + failed.stderr
@@ -398,16 +390,9 @@ def test_snakemake_report_after_a_failed_run_names_the_job_its_error_and_its_log
     )
 
     def smk(*args):
-        return subprocess.run(
-            [sys.executable, "-m", "snakemake", *args, "--configfile", "gone.yaml"],
-            cwd=tmp_path,
-            capture_output=True,
-            text=True,
-            timeout=600,
-            env={**os.environ, "PYTHONPATH": str(REPO / "src")},
-        )
+        return snakemake_in(tmp_path, *args, "--configfile", "gone.yaml", timeout=600)
 
-    assert smk("--cores", "1", "report").returncode != 0
+    assert smk("report").returncode != 0
     expected = (
         "the last run failed: job fetch_model (model=gone) failed: crashline fetch: error: model source "
         "'file:/nowhere/gone.gguf': no such file /nowhere/gone.gguf; its log is results/logs/fetch/gone.log; "
