@@ -8,7 +8,7 @@ sys.path.insert(0, str(Path(workflow.basedir) / "src"))
 
 from crashline.config import plan as crashline_config  # noqa: E402
 from crashline.jobs import spec as crashline_jobs  # noqa: E402
-from crashline.jobs import eta as crashline_eta  # noqa: E402
+from crashline.engine import eta as crashline_eta  # noqa: E402
 from crashline.core import settings as crashline_settings  # noqa: E402
 from crashline.tables import recommend as crashline_recommend  # noqa: E402
 from crashline.core.atomic import write_json  # noqa: E402

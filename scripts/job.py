@@ -11,7 +11,7 @@ import sys
 
 from crashline.core import progress
 from crashline.cli.main import main
-from crashline.jobs import eta
+from crashline.engine import eta
 
 smk = snakemake  # noqa: F821 (given by Snakemake)
 SERVER_INPUTS = {

@@ -350,7 +350,8 @@ def test_an_entry_s_starts_reach_its_measurement_only():
     """``starts`` (#22): its configurations' items carry it (the most any entry listing one asks for), the
     measurement's spec with them, the recall check's not (one check however often it is measured); the id is the
     server's, so the same; an entry with a search is refused, naming search.starts."""
-    from crashline.jobs import eta, spec
+    from crashline.engine import eta
+    from crashline.jobs import spec
 
     cfg = base()
     cfg["configurations"] = [{"models": ["m"], "grid": {"ubatch": [128, 512]}, "starts": 2}, {"models": ["m"]}]

@@ -6,7 +6,7 @@ from pathlib import Path
 from crashline.config import plan as C
 from crashline.core.paths import Layout, SearchFolder
 from crashline.core.progress import duration
-from crashline.jobs import eta
+from crashline.engine import eta
 
 
 def _config(tmp_path, vram=12288):

@@ -110,7 +110,7 @@ def test_llama_bench_checks_only_what_this_kind_of_machine_measured(other_machin
     """Records merged from another kind of machine are not compared with this machine's llama-bench."""
     from crashline.tables import aggregate
     from crashline.core import host, records
-    from crashline.jobs.validity import this_machine
+    from crashline.crosscheck.validity import this_machine
 
     other, cid = other_machine
     theirs = records.load(other / "records" / "tiny" / cid / "measure.json", "measure")

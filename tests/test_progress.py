@@ -254,7 +254,7 @@ def test_a_job_waiting_for_a_lock_says_so_again_every_interval(tmp_path, capsys,
 def test_a_llama_bench_run_that_prints_nothing_for_minutes_is_said_to_be_running(tmp_path, capsys, monkeypatch):
     """#27 item 8: the llama-bench check was silent for 5 minutes. A stand-in binary that answers after 0.5 s
     (as llama-bench, only at its end), with the heartbeat every 0.1 s: lines while it runs, none after."""
-    from crashline.jobs import validity
+    from crashline.crosscheck import validity
 
     bench = tmp_path / "llama-bench"
     bench.write_text('#!/bin/sh\nsleep 0.5\necho \'[{"avg_ts": 10.0, "stddev_ts": 0.5, "samples_ts": [10.0]}]\'\n')

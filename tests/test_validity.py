@@ -14,7 +14,7 @@ import pytest
 from crashline.tables import aggregate
 from crashline.config import plan as C
 from crashline.report import rows as rows_mod
-from crashline.jobs import validity
+from crashline.crosscheck import validity
 from crashline.core.atomic import read_json
 from crashline.report import model_sections
 from crashline.report.doc import Table

@@ -225,7 +225,7 @@ def cmd_report(args) -> int:
 
 
 def cmd_validity(args) -> int:
-    from ..jobs import validity
+    from ..crosscheck import validity
     from ..core.atomic import read_json
 
     cfg, layout = _load(args)

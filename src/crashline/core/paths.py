@@ -40,7 +40,7 @@ class Layout:
         return self.root / "tables" / "needle.parquet"
 
     def run_plan(self) -> Path:
-        """The server jobs of the run that started last, as it started (jobs/eta.py)."""
+        """The server jobs of the run that started last, as it started (engine/eta.py)."""
         return self.root / "logs" / "run-plan.json"
 
     def search(self, model: str, gid: str) -> Path:

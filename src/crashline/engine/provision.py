@@ -370,7 +370,7 @@ def build(cache_dir: Path, backend: str, variant: str = "native", jobs: int | No
 
 
 def bench_beside(server_binary: str | Path) -> str | None:
-    """llama-bench in the folder of llama-server (a build from source has both), for crashline.jobs.validity."""
+    """llama-bench in the folder of llama-server (a build from source has both), for crashline.crosscheck.validity."""
     bench = Path(server_binary).with_name("llama-bench")
     return str(bench) if bench.is_file() and os.access(bench, os.X_OK) else None
 

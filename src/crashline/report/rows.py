@@ -196,7 +196,7 @@ def _checkpoints_text(row: dict) -> str:
 
 def _others_cpu(row: dict) -> tuple[str, bool]:
     """Other processes' cores during each side of a cross-check row, and whether either side was disturbed."""
-    from ..jobs.validity import disturbed
+    from ..crosscheck.validity import disturbed
 
     bench = [(row[f"bench_{k}"] or {}).get("cpu_other_cores") for k in ("prefill", "decode")]
     bench = [b for b in bench if b is not None]
