@@ -20,7 +20,7 @@ from ..core import columns as cols
 from ..core.records import Outcome
 from .difference import difference, shown_value
 from .reply import reply_lengths
-from .ties import break_tie, overlap, spread_of, ties
+from .ties import HOST_MEMORY, break_tie, dominates, measured_columns, overlap, spread_of, ties
 
 METRIC_LABEL = {"e2e_tps": "end to end", "decode_tps": "decode", "prefill_tps": "prefill", "aggregate_tps": "aggregate"}
 PER_REQUEST = {"e2e_tps": True, "decode_tps": True, "prefill_tps": True, "aggregate_tps": False}
@@ -230,7 +230,12 @@ def recommend(
         tied = [cid for _, cid in ranked if ties(spread[cid], fastest)] if ranked else []
         headroom = dict(zip(group["config_id"], group["headroom_mib"]))
         rows = {cid: speeds.loc[cid] for cid in tied}
-        winner, tie = break_tie(tied, headroom, rows, metric) if tied else (None, None)
+        config_rows = {r["config_id"]: r for _, r in group.iterrows()}
+        measured = {
+            cid: measured_columns(ours[ours["config_id"] == cid], config_rows[cid], (workload, metric)) for cid in tied
+        }
+        memory = {cid: config_rows[cid].get(HOST_MEMORY) for cid in tied}
+        winner, tie = break_tie(tied, headroom, rows, metric, measured, memory) if tied else (None, None)
         best = float(speeds.loc[winner, col]) if winner else None
         verdicts = []
         reference = group[group["config_id"] == winner].iloc[0] if winner else group.iloc[0]
@@ -448,11 +453,10 @@ def tradeoff(
 
 
 def _undominated(row: dict, others: list[dict]) -> bool:
-    decode, agg = row["decode_tps_median"], row["aggregate_tps_median"]
-    if decode is None or agg is None:
-        return False
-    for o in others:
-        d, a = o["decode_tps_median"], o["aggregate_tps_median"]
-        if d is not None and a is not None and d >= decode and a >= agg and (d > decode or a > agg):
-            return False
-    return True
+    """No other row beats or equals ``row`` on both decode per request and aggregate."""
+
+    def columns(r: dict) -> dict:
+        return {k: (r[k], True) for k in ("decode_tps_median", "aggregate_tps_median")}
+
+    known = row["decode_tps_median"] is not None and row["aggregate_tps_median"] is not None
+    return known and not any(dominates(columns(o), columns(row)) for o in others)
