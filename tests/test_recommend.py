@@ -371,3 +371,26 @@ def test_without_a_gpu_the_smaller_memory_breaks_a_tie_before_the_higher_median(
     configs.loc[configs["config_id"] == ids[512], "peak_rss_mib"] += 64  # the same memory: the higher median
     (r,) = recommend(configs, measurements, "decode_tps", "short")
     assert (r["winner"], r["tie"]) == (ids[256], "tied with 1 other(s) on speed; chosen for the higher median")
+
+
+def test_a_pair_measured_while_other_processes_competed_is_inconclusive_not_slower(tmp_path):
+    """tiny-moe's -ub 512 read "slower (-53.4%)" after running under twice the others' load of the winner (#41)."""
+    for name, ubatch, decode in (("a", 256, 100.0), ("b", 512, 50.0)):
+        _record(tmp_path, name, {"ubatch": ubatch}, [("short", 1, decode, decode, 0.05)])
+    (
+        configs,
+        measurements,
+    ) = _tables(tmp_path)
+    ids = {int(r["s_ubatch"]): r["config_id"] for _, r in configs.iterrows()}
+    cores = int(configs["cpu_logical_cores"].iloc[0])
+    (quiet,) = recommend(configs, measurements, "decode_tps", "short")
+    assert quiet["inconclusive"] is None and quiet["others"][0]["reason"].startswith("slower: 50.0 t/s (-50.0%)")
+    measurements.loc[measurements["config_id"] == ids[512], "cpu_other_cores"] = 1.24
+    (busy,) = recommend(configs, measurements, "decode_tps", "short")
+    said = (
+        f"inconclusive: other processes used 1.2 of {cores} cores during these measurements; rerun on a quiet machine"
+    )
+    assert busy["winner"] == ids[256] and busy["inconclusive"] == said
+    (other,) = busy["others"]
+    assert other["inconclusive"] and not other["tied"]
+    assert other["reason"] == f"{said} (50.0 t/s against 100.0 t/s)"

@@ -195,6 +195,7 @@ def answers(ctx: dict) -> list[dict]:
                         for f in fits
                     ],
                     "tie": r.get("tie"),  # tied with others on the objective: why this one (None: no tie)
+                    "inconclusive": r.get("inconclusive"),  # others' processes competed: no faster or slower
                     # where another configuration would finish a request first as the reply grows or shrinks
                     "reply_length": r.get("reply_length"),
                     "use": r["use"],

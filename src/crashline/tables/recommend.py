@@ -18,6 +18,7 @@ import pandas as pd
 
 from ..core import columns as cols
 from ..core.records import Outcome
+from ..core.thresholds import inconclusive
 from .difference import difference, shown_value
 from .reply import reply_lengths
 from .ties import HOST_MEMORY, break_tie, dominates, measured_columns, overlap, spread_of, ties
@@ -302,6 +303,12 @@ def recommend(
                         "reason": "; ".join(why for _, why in limits[cid]),
                     }
                 )
+            elif doubt := inconclusive([measured, speeds.loc[winner]]) if winner and measured is not None else None:
+                speed = _value(measured, col)
+                verdicts.append(
+                    {"config_id": cid, "label": label, "failed": False, "tied": False, "inconclusive": True,
+                     "speed": speed, "reason": f"{doubt} ({_tps(speed)} against {_tps(best)})"}
+                )  # fmt: skip
             else:
                 speed = _value(measured, col)
                 pct = (speed - best) / best * 100 if speed and best else None
@@ -348,6 +355,8 @@ def recommend(
                 "winner_row": group[group["config_id"] == winner].iloc[0].to_dict() if winner else None,
                 "winner_measured": _medians(speeds.loc[winner]) if winner else None,
                 "tie": tie,
+                # other processes competed during the ranked measurements: no faster or slower among them
+                "inconclusive": inconclusive([speeds.loc[cid] for _, cid in ranked]) if len(ranked) > 1 else None,
                 "reply_length": reply,
                 "no_winner": None
                 if winner
@@ -364,6 +373,10 @@ def recommend(
             }
         )
     return out
+
+
+def _tps(speed) -> str:
+    return "no speed" if speed is None else f"{speed:.1f} t/s"
 
 
 def _medians(row) -> dict:
