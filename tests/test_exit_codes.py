@@ -43,6 +43,18 @@ def slowed(results, factor: float = 0.5):
     return results
 
 
+def contended(results, cores: float = 1.24):
+    """Every workload of a run measured while other processes used ``cores`` of the host's cores."""
+    path = results / "tables" / "measurements.parquet"
+    m = pd.read_parquet(path)
+    m["cpu_other_cores"] = cores
+    m.to_parquet(path)
+    return results
+
+
+BUSY = "inconclusive: other processes used 1.2 of 2 cores during these measurements; rerun on a quiet machine"
+
+
 def unanswered(results):
     """The run's answer gone: nothing survived (recommendation.json as the report writes it then)."""
     path = results / "recommendation.json"
@@ -152,6 +164,16 @@ def test_recheck_on_the_very_build_the_run_used_says_the_same_build(tmp_path, ca
     assert "this build" not in out
 
 
+def test_recheck_slower_while_other_processes_competed_is_inconclusive_and_exits_0(
+    tmp_path, capsys, workflow_gives, native_run
+):
+    """#41: `recheck` said "tied 0.30x" without a word of the contention; slower beside a build is no regression."""
+    workflow_gives["results"] = contended(slowed(copy(PORTABLE, tmp_path / "now")))
+    status, out = recheck(tmp_path, capsys, copy(native_run, tmp_path / "earlier"))
+    assert status == 0 and ": inconclusive, e2e_tps 0." in out, out
+    assert f"kept all 0 configuration(s) measured in both: none fails or is slower beyond the noise; 1 {BUSY}" in out
+
+
 def test_a_regression_on_the_same_build_is_not_laid_on_the_build():
     then, now = tables(a=("ok", 100, 95, 105)), tables(a=("crashed", None, None, None))
     (row,) = recheck_rows(*then, *now, "e2e_tps", "w")
@@ -187,3 +209,9 @@ def test_compare_with_a_run_that_lost_its_answer_exits_4_but_not_one_that_gained
     assert status == Exit.REGRESSED and "none: no answer" in out, out
     status, out = compare(tmp_path, capsys, ("none", none), ("native", native_run))
     assert status == 0, out
+
+
+def test_compare_with_a_run_measured_while_others_competed_is_inconclusive_and_exits_0(tmp_path, capsys, native_run):
+    busy = contended(slowed(copy(PORTABLE, tmp_path / "busy")))
+    status, out = compare(tmp_path, capsys, ("native", native_run), ("busy", busy))
+    assert status == 0 and "busy is inconclusive (0." in out and BUSY in out, out
