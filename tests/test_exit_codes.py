@@ -88,7 +88,7 @@ def test_help_and_the_readme_list_every_code():
     done = subprocess.run([sys.executable, "-m", "crashline", "--help"], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     said = " ".join(done.stdout.split("exit status:")[1].split())
-    readme = (REPO / "README.md").read_text().split("## Exit codes")[1].split("\n## ")[0]
+    readme = (REPO / "docs" / "tune.md").read_text().split("## Exit codes")[1].split("\n## ")[0]
     for code, meaning in MEANING.items():
         assert f"{int(code)} {meaning}" in said
         assert f"- `{int(code)}`:" in readme
