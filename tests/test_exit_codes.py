@@ -23,6 +23,7 @@ from crashline.cli.main import main
 from crashline.core.supervision import WORKFLOW_PID
 from crashline.tables.recheck import compare as recheck_rows
 from crashline.tables.recheck import headline
+from test_readme import section
 from test_recheck import tables
 
 PORTABLE = RECHECK / "portable" / "results"
@@ -95,14 +96,14 @@ def test_version_prints_the_package_version():
     assert done.stdout.strip() == f"crashline {version('crashline')}"
 
 
-def test_help_and_the_readme_list_every_code():
+def test_help_and_the_docs_list_every_code():
     done = subprocess.run([sys.executable, "-m", "crashline", "--help"], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     said = " ".join(done.stdout.split("exit status:")[1].split())
-    readme = (REPO / "README.md").read_text().split("## Exit codes")[1].split("\n## ")[0]
+    documented = section((REPO / "docs" / "tune.md").read_text(), "Exit codes")
     for code, meaning in MEANING.items():
         assert f"{int(code)} {meaning}" in said
-        assert f"- `{int(code)}`:" in readme
+        assert f"- `{int(code)}`:" in documented
     assert len(set(Exit)) == len(Exit) and Exit.ANSWERED == 0 and Exit.ERROR == 2
 
 
