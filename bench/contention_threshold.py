@@ -10,7 +10,6 @@ Reads every committed measurements table under bench/results/ and writes one row
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 import pandas as pd
