@@ -373,6 +373,7 @@ def answer(cfg: dict) -> list[str]:
             f"{a['machine']}: use {a['use']}",
             f"  {a['metric_label']} {a['speed']:.1f} t/s, {standing(a.get('tie'))} by {a['objective']}"
             + (f"; {a['memory']}" if a.get("memory") else ""),
+            *([f"  {a['inconclusive']}"] if a.get("inconclusive") else []),
             *([f"  {a['tie']}"] if a.get("tie") else []),
             *([f"  {a['reply_length']['text']}"] if a.get("reply_length") else []),  # where the answer changes
             *(f"  {fit_line(f, a['metric_label'])}" for f in a.get("fit_on") or [] if f.get("ratio") is not None),

@@ -108,6 +108,7 @@ CONFIGS: dict[str, pa.DataType] = {
     "environment": TEXT,  # what must match to rank together: hardware and driver (crashline.core.host.environment_key)
     "hostname": TEXT,
     "cpu_model": TEXT,
+    "cpu_logical_cores": INT,  # the host's: what "other processes used N of M cores" counts against
     "gpu": TEXT,
     "gpu_uuids": TEXT,  # the GPUs the job held, comma-separated
     "gpu_driver": TEXT,

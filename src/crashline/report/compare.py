@@ -13,6 +13,7 @@ from ..core.atomic import atomic_path, read_json, write_json
 from ..core.owned import outside_inputs, own_folder
 from ..core.paths import Layout
 from ..core.records import Outcome
+from ..core.thresholds import inconclusive
 from ..config.plan import ConfigError
 from ..tables import compare as compare_mod
 from ..tables.compare import Run
@@ -139,6 +140,8 @@ def _headline(rows: list[dict]) -> str:
         f"{r['run']} is {r['verdict']} ({r['ratio']:.2f}×)" if r["ratio"] is not None else f"{r['run']}: no answer"
         for r in others
     ]
+    if doubt := inconclusive([reference, *others]):
+        said.append(doubt)
     return f"Against {reference['run']} ({_num(reference['median'])} {_metric(rows)}): " + "; ".join(said) + "."
 
 

@@ -64,6 +64,8 @@ def recommendation(r: dict):
         *([f" {whole}"] if (whole := request_text(r.get("winner_measured") or {})) else []),
     ]
     blocks = [answer, Para(said), CodeBlock(r["command"], copy=True), Para(["Configuration id ", Code(r["winner"])])]
+    if r.get("inconclusive"):
+        blocks.insert(1, Para([Strong(r["inconclusive"][0].upper() + r["inconclusive"][1:]), "."], "fail"))
     if r.get("reply_length"):
         blocks.insert(2, Para(code_spans(r["reply_length"]["text"] + ".")))
     if r.get("tie"):

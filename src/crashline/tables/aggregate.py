@@ -126,6 +126,7 @@ def _config_row(rec: dict) -> dict:
         "environment": host_mod.environment_key(rec["host"]) + f"|budget {budget.get('vram_budget_mib') or 'none'}",
         "hostname": rec["host"].get("hostname"),
         "cpu_model": rec["host"].get("cpu_model"),
+        "cpu_logical_cores": rec["host"].get("cpu_logical_cores"),
         "gpu": ", ".join(d["name"] for d in gpu.get("devices", [])) or "no GPU",
         "gpu_uuids": ",".join(d["uuid"] for d in gpu.get("devices", []) if d.get("uuid")) or None,
         "gpu_driver": gpu.get("driver"),
