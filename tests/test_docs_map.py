@@ -3,8 +3,8 @@ cannot go stale).
 
 Where references are read:
 
-- README.md, docs/*.md and config/README.md: each `backticked` span that is one reference as a whole, and the
-  target of each relative Markdown link. Fenced code blocks are left out (shell commands, not names).
+- README.md, docs/*.md and config/README.md (``test_readme.PAGES``): each `backticked` span that is one reference
+  as a whole, outside fenced code blocks (shell commands, not names). Their links are tests/test_readme.py's.
 - The docstrings and comments of the package, scripts/job.py, the Snakefile and rules/*.smk: the same references
   found inside the prose, by the narrower patterns below (backticks or none).
 
@@ -38,6 +38,7 @@ import pytest
 import yaml
 
 from conftest import REPO
+from test_readme import PAGES, unfenced
 
 PACKAGE = REPO / "src" / "crashline"
 STAGES = ("core", "config", "models", "engine", "jobs", "tables", "crosscheck", "report", "publish", "cli")
@@ -56,11 +57,6 @@ SPAN_DOTTED = re.compile(rf"(?P<dotted>{DOTTED})(?:\(\))?")
 # in docstrings and comments: a path with a folder or a .py/.smk file, and a dotted name from a stage
 TEXT_PATH = re.compile(rf"(?<![\w./-])(?P<path>(?:[\w.-]+/)+[\w.*-]*\w/?|[\w-]+\.(?:py|smk)\b){AFTER}")
 TEXT_DOTTED = re.compile(rf"(?<![\w./-])(?P<dotted>(?:crashline|{'|'.join(STAGES)})(?:\.[A-Za-z_]\w*)+)")
-LINK = re.compile(r"\]\((?P<target>[^)\s]+)\)")
-
-
-def doc_files() -> list[Path]:
-    return [REPO / "README.md", *sorted((REPO / "docs").glob("*.md")), *(REPO / "config").glob("README.md")]
 
 
 def code_texts(path: Path) -> list[str]:
@@ -212,20 +208,15 @@ def text_problems(text: str) -> list[tuple[str, str]]:
 
 
 def doc_problems(path: Path) -> list[tuple[str, str]]:
-    text = re.sub(r"^```.*?^```", "", path.read_text(), flags=re.S | re.M)
-    found = [(f"`{span}`", span_problem(span.strip())) for span in re.findall(r"`([^`\n]+)`", text)]
-    for link in LINK.finditer(text):
-        target = link["target"].split("#")[0]
-        if target and not re.match(r"[a-z]+:", target) and not (path.parent / target).exists():
-            found.append((f"({link['target']})", "no such file"))
-    return [(ref, why) for ref, why in found if why]
+    spans = re.findall(r"`([^`\n]+)`", unfenced(path.read_text()))
+    return [(f"`{span}`", why) for span in spans if (why := span_problem(span.strip()))]
 
 
 def shown(problems: list[tuple[str, str]]) -> str:
     return "\n".join(f"  {ref}: {why}" for ref, why in problems)
 
 
-@pytest.mark.parametrize("doc", doc_files(), ids=lambda p: str(p.relative_to(REPO)))
+@pytest.mark.parametrize("doc", PAGES, ids=lambda p: str(p.relative_to(REPO)))
 def test_the_docs_name_only_what_exists(doc):
     problems = doc_problems(doc)
     assert not problems, f"{doc.relative_to(REPO)} names what does not exist:\n{shown(problems)}"
