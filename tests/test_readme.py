@@ -15,10 +15,14 @@ PAGES = [REPO / "README.md", REPO / "config" / "README.md", *sorted((REPO / "doc
 LINK = re.compile(r"(?<!!)\[[^\]]*\]\(([^)\s]+)\)")
 
 
+def unfenced(text: str) -> str:
+    """The Markdown outside fenced code blocks (shell sessions, configs, output)."""
+    return re.sub(r"^```.*?^```", "", text, flags=re.S | re.M)
+
+
 def prose(text: str) -> str:
     """The Markdown outside fenced code blocks and inline code, where a link or a heading means one."""
-    text = re.sub(r"^```.*?^```", "", text, flags=re.S | re.M)
-    return re.sub(r"`[^`\n]*`", "", text)
+    return re.sub(r"`[^`\n]*`", "", unfenced(text))
 
 
 def section(text: str, title: str) -> str:

@@ -9,7 +9,7 @@ import signal
 import sys
 import traceback
 
-from ..config import plan as config_mod
+from ..config import plan
 from ..core.errors import CrashlineError
 from . import verbs
 from .exits import Exit, epilog
@@ -44,8 +44,8 @@ def parser() -> argparse.ArgumentParser:
         if config:
             s.add_argument(
                 "--config",
-                default=os.environ.get("CRASHLINE_CONFIG", config_mod.DEFAULT_CONFIG),
-                help=f"workflow config (default $CRASHLINE_CONFIG or {config_mod.DEFAULT_CONFIG})",
+                default=os.environ.get("CRASHLINE_CONFIG", plan.DEFAULT_CONFIG),
+                help=f"workflow config (default $CRASHLINE_CONFIG or {plan.DEFAULT_CONFIG})",
             )
         s.set_defaults(fn=fn)
         return s

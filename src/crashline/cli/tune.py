@@ -19,7 +19,7 @@ from pathlib import Path
 
 import yaml
 
-from ..config import plan as config_mod
+from ..config import plan
 from ..core.atomic import atomic_path
 from ..core.owned import own_folder, own_results
 from ..config.file import ConfigError
@@ -184,14 +184,14 @@ def config(
         "budget": budget,
         "objective": {"workload": long["name"]},
     }
-    config_mod.validate(raw, config_mod.load_schema())  # a bad combination is named before anything runs
+    plan.validate(raw, plan.load_schema())  # a bad combination is named before anything runs
     return raw
 
 
 def finalist_starts() -> int:
     """How often a search's finalist is started: the schema's default of ``search.starts``, which tune's searches
     keep."""
-    entry = config_mod.load_schema()["properties"]["configurations"]["items"]["properties"]
+    entry = plan.load_schema()["properties"]["configurations"]["items"]["properties"]
     return int(entry["search"]["properties"]["starts"]["default"])
 
 
@@ -466,4 +466,4 @@ def tune(
     on_gpu = _check_gpu(vram, gpu)
     raw = config(model, ctx, prompt, vram_mib, margin_mib, out, on_gpu, tried, GEN_TOKENS if gen is None else gen)
     path = run_folder(raw, out, "tune", gpu)
-    return answer(config_mod.validate(raw, config_mod.load_schema())).after(f"config: {path}")  # with its status
+    return answer(plan.validate(raw, plan.load_schema())).after(f"config: {path}")  # with its status

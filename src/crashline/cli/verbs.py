@@ -7,7 +7,7 @@ import json
 import sys
 from pathlib import Path
 
-from ..config import plan as config_mod
+from ..config import plan
 from ..core import settings as settings_mod
 from ..core.atomic import read_json, write_json
 from ..core.owned import own_folder, own_results
@@ -17,7 +17,7 @@ from ..core.paths import Layout, merged_records
 def _load(args) -> tuple[dict, Layout]:
     """The config and its results layout, once the results folder is found to be the user's own (core.owned): made
     where missing, except by ``plan``, which writes nothing."""
-    cfg = config_mod.load(args.config)
+    cfg = plan.load(args.config)
     own_results(cfg["results_dir"], "results_dir", create=args.verb != "plan")
     return cfg, Layout(cfg["results_dir"])
 
@@ -25,9 +25,9 @@ def _load(args) -> tuple[dict, Layout]:
 def cmd_plan(args) -> int:
     cfg, layout = _load(args)
     if args.json:
-        print(json.dumps(config_mod.expand(cfg), indent=2))
+        print(json.dumps(plan.expand(cfg), indent=2))
         return 0
-    print("\n".join(config_mod.plan_lines(cfg)))
+    print("\n".join(plan.plan_lines(cfg)))
     sys.stdout.flush()
     print(f"records under {layout.root}/records/MODEL/ID/", file=sys.stderr)
     return 0
@@ -38,9 +38,9 @@ def cmd_fetch(args) -> int:
 
     cfg, layout = _load(args)
     if args.model not in cfg["models"]:
-        raise config_mod.ConfigError(f"no model {args.model!r} in the config; models are {', '.join(cfg['models'])}")
+        raise plan.ConfigError(f"no model {args.model!r} in the config; models are {', '.join(cfg['models'])}")
     model = cfg["models"][args.model]
-    cache = own_folder(config_mod.cache_dir(cfg), "cache_dir")  # models and llama-server: nobody else's to swap
+    cache = own_folder(plan.cache_dir(cfg), "cache_dir")  # models and llama-server: nobody else's to swap
     record = sources.fetch(
         model["source"],
         cache / "models" / args.model,
@@ -80,8 +80,8 @@ def cmd_provision(args) -> int:
     cfg, layout = _load(args)
     from ..core.host import measured_memory_bandwidth
 
-    info = provision.provide(cfg["server"], own_folder(config_mod.cache_dir(cfg), "cache_dir"), log=sys.stderr)
-    config_mod.check_flags(cfg, provision.supported_flags(info), info["version"])
+    info = provision.provide(cfg["server"], own_folder(plan.cache_dir(cfg), "cache_dir"), log=sys.stderr)
+    plan.check_flags(cfg, provision.supported_flags(info), info["version"])
     info["host_memory_bandwidth"] = measured_memory_bandwidth()  # once here, not in every job (1.5 s each)
     write_json(args.out or layout.provenance(), info)
     print(info["binary"])
@@ -91,22 +91,22 @@ def cmd_provision(args) -> int:
 def _server_job(args) -> int:
     """measure, needle and search: the spec given (the workflow's params) or built from the config,
     the input records and outputs at the paths given or the layout's; one function runs the job."""
-    from ..jobs import spec as jobs
+    from ..jobs import spec
 
     cfg, layout = _load(args)
     job = args.verb.replace("-", "_")
     if args.spec:
-        job_spec = jobs.from_json(args.spec)
+        job_spec = spec.from_json(args.spec)
         if job_spec.job != job:
-            raise config_mod.ConfigError(f"{args.verb} --spec: the spec is of a {job_spec.job} job; give one of {job}")
+            raise plan.ConfigError(f"{args.verb} --spec: the spec is of a {job_spec.job} job; give one of {job}")
         model, job_id = job_spec.model, job_spec.id
     elif args.model and args.id:
         model, job_id = args.model, args.id
-        job_spec = jobs.spec(job, cfg, model, job_id)
+        job_spec = spec.spec(job, cfg, model, job_id)
     else:
-        raise config_mod.ConfigError(f"{args.verb} needs --model and --id (see `plan`), or --spec")
+        raise plan.ConfigError(f"{args.verb} needs --model and --id (see `plan`), or --spec")
     draft = getattr(job_spec, "item", {}).get("settings", {}).get("draft_model")
-    inputs = jobs.inputs(
+    inputs = spec.inputs(
         Path(args.fetch or layout.fetch(model)),
         Path(args.manifest or layout.manifest(model)),
         Path(args.server or layout.provenance()),
@@ -115,7 +115,7 @@ def _server_job(args) -> int:
     if job == "search":
         outputs = {"summary": args.out or layout.search(model, job_id)}
         rivals = job_spec.group.get("rivals") or []
-        inputs["rivals"] = jobs.rivals(args.rival or [layout.search(model, gid) for gid in rivals], rivals)
+        inputs["rivals"] = spec.rivals(args.rival or [layout.search(model, gid) for gid in rivals], rivals)
     elif job == "search_needle":
         outputs = {
             "summary": args.out or layout.search_recall(model, job_id),
@@ -136,7 +136,7 @@ def _server_job(args) -> int:
             "server_log": args.log or layout.server_log(model, job_id),
             "telemetry": args.telemetry or layout.telemetry(model, job_id),
         }
-    print(jobs.run(job_spec, inputs, outputs))
+    print(spec.run(job_spec, inputs, outputs))
     return 0
 
 
@@ -144,7 +144,7 @@ def cmd_needle_table(args) -> int:
     from ..tables.needle import write_table
 
     cfg, layout = _load(args)
-    given = args.records or [layout.needle_record(i["model"], i["id"]) for i in config_mod.expand(cfg)]
+    given = args.records or [layout.needle_record(i["model"], i["id"]) for i in plan.expand(cfg)]
     given = given if args.records else [*given, *merged_records(cfg["merge_results"], cfg["models"], "needle")]
     write_table(needle_records_from(given), Path(args.out or layout.needle_table()))
     return 0
@@ -185,8 +185,8 @@ def cmd_aggregate(args) -> int:
     from ..tables.aggregate import write
 
     cfg, layout = _load(args)
-    outputs = [layout.record(i["model"], i["id"]) for i in config_mod.expand(cfg)]
-    outputs += [layout.search(g["model"], g["id"]) for g in config_mod.expand_searches(cfg)]
+    outputs = [layout.record(i["model"], i["id"]) for i in plan.expand(cfg)]
+    outputs += [layout.search(g["model"], g["id"]) for g in plan.expand_searches(cfg)]
     outputs += merged_records(cfg["merge_results"], cfg["models"], "measure")
     given = [Path(p) for p in (args.records or outputs)]
     write(

@@ -1,6 +1,6 @@
 """Speed tables that others published, read and checked: the claims files, their rows as
 configurations, and the workloads those rows need. No measurement and no presentation here
-(``claims_compare`` sets claimed beside measured; ``present.correction`` writes the section).
+(``tables.claims`` sets claimed beside measured; ``report.correction`` writes the section).
 
 A claims file (``config/claims/*.yaml``, validated against the package's ``data/claims.schema.yaml``)
 names the source (URL, revision, the upstream file and a local copy of it), the model, the workload

@@ -9,7 +9,7 @@ import json
 import os
 from pathlib import Path
 
-from . import claims as claims_load
+from . import claims
 from ..core import settings as settings_mod
 from .file import (
     ConfigError,
@@ -51,8 +51,8 @@ def _resolved_entries(config: dict):
 
 
 def _from_claims(workload: dict) -> bool:
-    """A workload a claims file added (named as claims_load.claim_workloads names them): it runs as published."""
-    return workload["name"] == claims_load.workload_name(workload)
+    """A workload a claims file added (named as config.claims.claim_workloads names them): it runs as published."""
+    return workload["name"] == claims.workload_name(workload)
 
 
 def expand_searches(config: dict) -> list[dict]:
@@ -112,7 +112,7 @@ def expand(config: dict) -> list[dict]:
             item = seen.setdefault((model, cid), {"model": model, "id": cid, "settings": resolved, "given": given})
             if entry.get("starts", 1) > item.get("starts", 1):
                 item["starts"] = entry["starts"]
-    for item in claims_load.claim_configurations(claims_load.load_claims(config.get("claims") or [], config)):
+    for item in claims.claim_configurations(claims.load_claims(config.get("claims") or [], config)):
         entry = {"model": item["model"], "id": item["id"], "settings": item["resolved"], "given": item["settings"]}
         seen.setdefault((item["model"], item["id"]), entry)
     return list(seen.values())

@@ -7,7 +7,7 @@ import copy
 import os
 from pathlib import Path
 
-from . import claims as claims_load
+from .claims import claim_workloads, load_claims
 from ..core import settings as settings_mod
 from ..core.paths import Layout
 from .file import (
@@ -69,8 +69,8 @@ def _problems(check, config: dict, schema_failed: bool) -> list[str]:
 
 def _add_claim_workloads(config: dict) -> dict:
     """Workloads the claims files need that the config lacks (none where the sweep's match them)."""
-    claims = claims_load.load_claims(config.get("claims") or [], config)
-    config["workloads"] = config["workloads"] + claims_load.claim_workloads(claims, config["workloads"])
+    claims = load_claims(config.get("claims") or [], config)
+    config["workloads"] = config["workloads"] + claim_workloads(claims, config["workloads"])
     return config
 
 
@@ -78,7 +78,7 @@ def _add_claim_workloads(config: dict) -> dict:
 
 
 def _check_models(config: dict):
-    """Every source parses (source_spec.parse_source) and every synthetic shape resolves: a line per problem."""
+    """Every source parses (config.source.parse_source) and every synthetic shape resolves: a line per problem."""
     for name, model in config["models"].items():
         source = model["source"]
         try:

@@ -1,4 +1,4 @@
-"""The columns of the Parquet tables (aggregate.py writes them): names, keys and Arrow types in one place.
+"""The columns of the Parquet tables (tables/aggregate.py writes them): names, keys and Arrow types in one place.
 
 Each table is an ordered mapping of column name to Arrow type. ``aggregate`` writes exactly these
 columns, in this order and of these types, whether the table has rows or not; readers name columns

@@ -147,7 +147,8 @@ TABLE_SUFFIXES = (".parquet", ".csv", ".json")
 
 
 def table_files(parquet_path: Path | str) -> list[Path]:
-    """The files of a table whose Parquet file is ``parquet_path``: Parquet, CSV, JSON (``tablefiles`` writes them)."""
+    """The files of a table whose Parquet file is ``parquet_path``: Parquet, CSV, JSON (``tables.files`` writes
+    them)."""
     path = Path(parquet_path)
     return [path.with_suffix(s) for s in TABLE_SUFFIXES]
 

@@ -10,8 +10,8 @@ Versions (bump one, and add its upgrade, whenever a field is renamed, removed or
 - measure 1: ``"schema": 1`` (the version under its first name). 2: ``schema_version``. 3: each workload has
   ``e2e_tps`` (end to end per request, from its runs' requests) and ``warmup_runs`` (untimed runs at its depth;
   none before version 3).
-- needle 1: as measure 1. 2: ``schema_version`` (needle.py still writes version 1; ``load`` upgrades it).
-- search_needle 1: a search's recall check (``needle_job.run_search_needle``): which candidates it tested,
+- needle 1: as measure 1. 2: ``schema_version``.
+- search_needle 1: a search's recall check (``jobs.needle.run_search_needle``): which candidates it tested,
   in order, and the first that recalled (``records``: their needle.json folders, relative to its own).
 - search 0: no version, no kind, and maybe no ``records``. 1: ``kind``, ``schema_version`` and
   ``records`` (the probes' configuration ids), always present.
@@ -102,7 +102,7 @@ def utc_now() -> str:
 
 
 def supported() -> str:
-    """The kinds and versions ``load`` reads, in words: "measure 1–2, needle 1–2, search 0–1"."""
+    """The kinds and versions ``load`` reads, in words: "measure 1–3, needle 1–2, search 0–1, search_needle 1–1"."""
     return ", ".join(f"{kind} {oldest(kind)}–{CURRENT[kind]}" for kind in sorted(CURRENT))
 
 

@@ -4,7 +4,7 @@ open, and a rival search's best winner (``prune``). ``jobs.search`` runs the pro
 
 from __future__ import annotations
 
-from ..config import plan as config_mod
+from ..config import plan
 from ..core.records import Outcome
 from ..engine import logparse, planner
 from ..engine.workloads import summarize
@@ -29,13 +29,13 @@ def calibration(rec: dict, ubatch: int) -> tuple[planner.ComputeModel, float]:
 
 def objective_of(group: dict, config: dict) -> dict:
     """What the climb and the finalists are ranked by: the group's objective (the job spec carries it, as
-    ``jobs.search_objective`` makes it), else the config's objective block with its workload resolved (default:
+    ``jobs.spec.search_objective`` makes it), else the config's objective block with its workload resolved (default:
     end-to-end t/s per request at the workload with the longest prompt)."""
     if group.get("objective"):
         return group["objective"]
     block = config.get("objective") or {}
-    workload = config_mod.objective_workload({"objective": block, "workloads": config["workloads"]})
-    return {**block, "metric": block.get("metric") or config_mod.DEFAULT_METRIC, "workload": workload}
+    workload = plan.objective_workload({"objective": block, "workloads": config["workloads"]})
+    return {**block, "metric": block.get("metric") or plan.DEFAULT_METRIC, "workload": workload}
 
 
 def _workload(rec: dict, name: str) -> dict | None:

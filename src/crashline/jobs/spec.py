@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
 
-from ..config import plan as config_mod
+from ..config import plan
 from ..core.atomic import read_json
 
 SERVER_LIMITS = ("startup_timeout_s", "request_timeout_s", "stop_timeout_s")
@@ -131,14 +131,14 @@ def _soak(config: dict) -> dict:
 
 def measure_spec(config: dict, model: str, cid: str) -> MeasureSpec:
     """What a measurement reads: the configuration, the workloads and how they are run."""
-    return MeasureSpec(model, config_mod.find(config, model, cid), _measurement_config(config, cid))
+    return MeasureSpec(model, plan.find(config, model, cid), _measurement_config(config, cid))
 
 
 def search_spec(config: dict, model: str, gid: str) -> SearchSpec:
     """What a search reads: the group (settings, range, climb and starts, and the objective its climb and finalists
     are ranked by) and what each probe reads (``config``: the probes' job key does not hold the objective, so a
     new objective reruns the search, which reuses its records)."""
-    group = {**config_mod.find_search(config, model, gid), "margin_mib": config["budget"]["margin_mib"]}
+    group = {**plan.find_search(config, model, gid), "margin_mib": config["budget"]["margin_mib"]}
     if group.get("climb"):
         group = {**group, "objective": search_objective(config)}
     return SearchSpec(model, group, _measurement_config(config))
@@ -148,8 +148,8 @@ def search_objective(config: dict) -> dict:
     """The objective block with its workload resolved (the metric, the workload, and any other key of the block,
     such as per-request limits, which the search's ranking honours where it knows them)."""
     block = config["objective"]
-    metric = block.get("metric") or config_mod.DEFAULT_METRIC
-    return {**block, "metric": metric, "workload": config_mod.objective_workload(config)}
+    metric = block.get("metric") or plan.DEFAULT_METRIC
+    return {**block, "metric": metric, "workload": plan.objective_workload(config)}
 
 
 def needle_spec(config: dict, model: str, cid: str) -> NeedleSpec:
@@ -157,7 +157,7 @@ def needle_spec(config: dict, model: str, cid: str) -> NeedleSpec:
     grid and the budget it is checked under; and the configuration whose recall stands for it, if any."""
     from ..config.needle import needle_settings
 
-    item = config_mod.find(config, model, cid)
+    item = plan.find(config, model, cid)
     return NeedleSpec(
         model,
         {k: v for k, v in item.items() if k != "starts"},  # one recall check, however often it is measured
@@ -167,7 +167,7 @@ def needle_spec(config: dict, model: str, cid: str) -> NeedleSpec:
             "budget": _budget(config),
             "needle": needle_settings(config),
         },
-        config_mod.needle_twin(config, model, cid),  # its recall is the twin's (the same llama-server arguments)
+        plan.needle_twin(config, model, cid),  # its recall is the twin's (the same llama-server arguments)
     )
 
 
@@ -232,8 +232,8 @@ def inputs(fetch: Path, manifest: Path, provenance: Path, draft_fetch: Path | No
 
 
 def rivals(paths: list, gids: list[str]) -> list[dict]:
-    """The summaries of a pruned search's rivals (``config.expand_searches``), from their paths. ConfigError where
-    one was not run: the rival searches run first (the workflow orders them so)."""
+    """The summaries of a pruned search's rivals (``config.expand.expand_searches``), from their paths. ConfigError
+    where one was not run: the rival searches run first (the workflow orders them so)."""
     from ..config.file import ConfigError
     from ..core import records
 

@@ -1,6 +1,6 @@
 """The report from the Parquet tables: what each part of it says is worked out here, from the tables
-(and the provenance and the config it was measured under); ``present.sections`` lays it out once and
-``present.markdown`` / ``present.html`` print it."""
+(and the provenance and the config it was measured under); ``report.sections`` lays it out once and
+``report.markdown`` / ``report.html`` print it."""
 
 from __future__ import annotations
 

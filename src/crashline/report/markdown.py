@@ -1,4 +1,4 @@
-"""The Markdown printer of ``present.doc``, and how Markdown text is read (its headings).
+"""The Markdown printer of ``report.doc``, and how Markdown text is read (its headings).
 
 Marks are left out (Markdown has no colour). Text in a table cell has its pipes escaped and its
 line breaks joined, so a message cannot split a row; code spans get as many backticks as they need.

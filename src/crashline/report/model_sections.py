@@ -1,4 +1,4 @@
-"""One model's section of the report, laid out from what ``crashline.report`` worked out for it: the
+"""One model's section of the report, laid out from what ``report.build`` worked out for it: the
 recommendation and why the others lost, the results, llama.cpp's own choice (``--fit on``), the planner and its
 what-if, the crash line, what limits decode, cold versus warm, conversations, soaks, the llama-bench cross-check
 and the failures."""

@@ -28,7 +28,7 @@ from ..core.paths import SearchFolder
 from ..core.records import Outcome
 from ..core import records
 from ..core import settings as settings_mod
-from . import files as tablefiles
+from . import files
 from ..engine.workloads import summarize
 
 
@@ -36,7 +36,8 @@ def _settings_columns(resolved: dict) -> dict:
     return {cols.setting(k): (" ".join(v) if isinstance(v, list) else v) for k, v in resolved.items()}
 
 
-SERVING_LAPS = ("server_start", "warmup_request", "workloads", "conversations", "soak")  # measure.py's clock
+# laps of the job's clock (jobs/serve.py, jobs/serving.py)
+SERVING_LAPS = ("server_start", "warmup_request", "workloads", "conversations", "soak")
 
 
 def fit_aim_text(aim: dict | None) -> str | None:
@@ -366,7 +367,7 @@ def arrow_tables(record_paths: list[Path], starts: list[list[Path]] = ()) -> dic
         ]
         rows["conversations"] += [{**row, **_conversation_columns(t)} for t in rec.get("conversations") or []]
     types = {"configs": cols.CONFIGS, "measurements": cols.MEASUREMENTS, "conversations": cols.CONVERSATIONS}
-    return {name: tablefiles.typed_table(table_rows, types[name]) for name, table_rows in rows.items()}
+    return {name: files.typed_table(table_rows, types[name]) for name, table_rows in rows.items()}
 
 
 def tables(record_paths: list[Path], search_paths: list[Path] = ()) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -431,7 +432,7 @@ def _search_row(s: dict) -> dict:
 
 
 def arrow_search_table(summary_paths: list[Path]) -> pa.Table:
-    return tablefiles.typed_table([_search_row(records.load(p, "search")) for p in summary_paths], cols.SEARCHES)
+    return files.typed_table([_search_row(records.load(p, "search")) for p in summary_paths], cols.SEARCHES)
 
 
 def search_table(summary_paths: list[Path]) -> pd.DataFrame:
@@ -455,5 +456,5 @@ def write(
     if conversations_path is not None:
         outputs.append((found["conversations"], conversations_path))
     for table, path in outputs:
-        tablefiles.write(table, path)
+        files.write(table, path)
     return found["configs"].to_pandas(), found["measurements"].to_pandas()

@@ -3,7 +3,7 @@ and the rows of one table that measured different things.
 
 :func:`correction_table` sets each claimed number beside the measured one (median [min–max] n, the
 difference in %), and :func:`comparability` names the speed-relevant settings in which rows of the
-one published table differ. ``present.correction`` writes both as a section.
+one published table differ. ``report.correction`` writes both as a section.
 """
 
 from __future__ import annotations
@@ -103,7 +103,7 @@ def _difference_text(d: dict) -> str:
 def comparability(rows: list[dict]) -> list[dict]:
     """Pairs of rows of one published table that differ in speed-relevant settings.
 
-    ``rows``: a claim's rows (or ``claims_load.claim_configurations`` items of one claim). Stated and
+    ``rows``: a claim's rows (or ``config.claims.claim_configurations`` items of one claim). Stated and
     assumed values both count: a row that states ``ctx 8192`` beside one whose context was
     assumed to be 4096 is flagged, with the assumption named. The workload counts too (prompt,
     generated tokens, requests at once), and so does the build. Each flag: {"a", "b" (labels),

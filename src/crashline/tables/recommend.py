@@ -199,7 +199,7 @@ def recommend(
     Only configurations whose ``workload`` ran ``concurrency`` requests at once are ranked (None: the load
     every row of the workload ran, else 1). ``min_decode_tps`` and ``max_ttft_s`` are limits on the medians
     at that workload: a configuration that misses one is not ranked, with a reason naming it.
-    ``config.resolve_objective(config)`` gives these arguments from a config's ``objective:`` block. A survivor
+    ``config.plan.resolve_objective(config)`` gives these arguments from a config's ``objective:`` block. A survivor
     whose unique-prompt soak projects a limit within ``must_survive_h`` hours is not eligible either."""
     recall_failures = recall_failures or {}
     out = []
