@@ -12,6 +12,7 @@ from crashline.engine import eta as crashline_eta  # noqa: E402
 from crashline.core import settings as crashline_settings  # noqa: E402
 from crashline.tables import recommend as crashline_recommend  # noqa: E402
 from crashline.core.atomic import write_json  # noqa: E402
+from crashline.core.changes import what_changed  # noqa: E402
 from crashline.core.owned import UnsafeFolderError, own_results  # noqa: E402
 from crashline.core.paths import (
     Layout,
@@ -93,9 +94,14 @@ CONFIG_BY_KEY = {(c["model"], c["id"]): c for c in CONFIGURATIONS}
 
 # The validated, merged config the jobs read (written only when it changes).
 EFFECTIVE_CONFIG = Path(RESULTS) / ".crashline" / "config.json"
-if not EFFECTIVE_CONFIG.exists() or json.loads(
-    EFFECTIVE_CONFIG.read_text()
-) != json.loads(json.dumps(CFG)):
+LAST_CONFIG = json.loads(EFFECTIVE_CONFIG.read_text()) if EFFECTIVE_CONFIG.exists() else None
+if LAST_CONFIG != json.loads(json.dumps(CFG)):
+    if LAST_CONFIG is not None:  # what the jobs Snakemake reruns read differently, in a line each (dry runs too)
+        print(
+            "crashline: the config changed since the last run:\n  "
+            + "\n  ".join(what_changed(LAST_CONFIG, json.loads(json.dumps(CFG)), most=20)),
+            file=sys.stderr,
+        )
     # a full disk, a folder this user cannot write: one line, not a traceback
     try:
         write_json(EFFECTIVE_CONFIG, CFG)
