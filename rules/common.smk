@@ -94,12 +94,18 @@ CONFIG_BY_KEY = {(c["model"], c["id"]): c for c in CONFIGURATIONS}
 
 # The validated, merged config the jobs read (written only when it changes).
 EFFECTIVE_CONFIG = Path(RESULTS) / ".crashline" / "config.json"
-LAST_CONFIG = json.loads(EFFECTIVE_CONFIG.read_text()) if EFFECTIVE_CONFIG.exists() else None
+LAST_CONFIG = (
+    json.loads(EFFECTIVE_CONFIG.read_text()) if EFFECTIVE_CONFIG.exists() else None
+)
 if LAST_CONFIG != json.loads(json.dumps(CFG)):
-    if LAST_CONFIG is not None:  # what the jobs Snakemake reruns read differently, in a line each (dry runs too)
+    if (
+        LAST_CONFIG is not None
+    ):  # what the jobs Snakemake reruns read differently, in a line each (dry runs too)
         print(
             "crashline: the config changed since the last run:\n  "
-            + "\n  ".join(what_changed(LAST_CONFIG, json.loads(json.dumps(CFG)), most=20)),
+            + "\n  ".join(
+                what_changed(LAST_CONFIG, json.loads(json.dumps(CFG)), most=20)
+            ),
             file=sys.stderr,
         )
     # a full disk, a folder this user cannot write: one line, not a traceback
