@@ -117,3 +117,12 @@ def test_the_verb_prints_the_table_and_names_the_files(tmp_path, native_run):
         [sys.executable, "-m", "crashline", "compare", str(a), str(b)], capture_output=True, text=True, cwd=tmp_path
     )
     assert refused.returncode != 0 and "its recommendation" in refused.stderr and "\n" not in refused.stderr.strip()
+
+
+def test_a_model_only_one_run_measured_says_so_instead_of_an_empty_comparison():
+    """#41: "Against mine (3,870.0 end to end t/s): ." where only one run had the model."""
+    from crashline.report.compare import _headline
+
+    only = {"run": "mine", "verdict": "reference", "median": 3870.0, "ratio": None, "metric_label": "end to end"}
+    said = _headline([only])
+    assert said.startswith("Only mine measured this model (3,870.0 ") and said.endswith(": nothing to compare."), said
