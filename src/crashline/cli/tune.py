@@ -24,6 +24,7 @@ from ..core.atomic import atomic_path
 from ..core.owned import own_folder, own_results
 from ..config.file import ConfigError
 from ..config.source import model_name
+from ..core import settings as settings_mod
 from ..engine.planner import DEFAULT_CACHE_RAM_MIB
 from ..engine.suggest import DEFAULT_UBATCHES as UBATCHES
 from ..engine.suggest_inputs import default_margin_mib, parse_size_mib
@@ -175,7 +176,8 @@ def config(
     raw = {
         "results_dir": str(out / "results"),
         "models": {name: {"source": source}},
-        "defaults": {"ctx": ctx},
+        # llama.cpp clamps -ub to -b: a micro-batch above the default logical batch gets a batch as large
+        "defaults": {"ctx": ctx, **({"batch": largest} if (largest := max(tried["ubatch"])) > DEFAULT_BATCH else {})},
         "configurations": configurations,
         # the request asked about, alone: a short one beside it cost each of the H200's 29 server starts 6.6 s
         # (a quarter of its requests' time) and decided nothing, since the objective is this one
@@ -186,6 +188,9 @@ def config(
     }
     plan.validate(raw, plan.load_schema())  # a bad combination is named before anything runs
     return raw
+
+
+DEFAULT_BATCH = settings_mod.SETTINGS["batch"].default  # llama-server's -b where crashline sets none
 
 
 def finalist_starts() -> int:
