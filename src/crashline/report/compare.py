@@ -137,7 +137,8 @@ def _headline(rows: list[dict]) -> str:
         return "No run recommended a configuration, so no speeds are compared."
     others = [r for r in rows if r is not reference]
     if not others:
-        return f"Only {reference['run']} measured this model ({_num(reference['median'])} {_metric(rows)}): nothing to compare."
+        speed = f"{_num(reference['median'])} {_metric(rows)}"
+        return f"Only {reference['run']} measured this model ({speed}): nothing to compare."
     said = [
         f"{r['run']} is {r['verdict']} ({r['ratio']:.2f}×)" if r["ratio"] is not None else f"{r['run']}: no answer"
         for r in others
