@@ -89,7 +89,7 @@ def cmd_provision(args) -> int:
     return 0
 
 
-def _server_job(args) -> int:
+def server_job(args) -> int:
     """measure, needle and search: the spec given (the workflow's params) or built from the config,
     the input records and outputs at the paths given or the layout's; one function runs the job."""
     from ..jobs import spec as jobs
