@@ -16,6 +16,7 @@ from conftest import REPO
 from crashline.config import plan as C
 from crashline.config.plan import load_schema
 from crashline.core.atomic import read_json
+from crashline.core.paths import RecordFolder
 from crashline.jobs import measure as M
 
 
@@ -46,7 +47,7 @@ def fetch_record(model_path) -> dict:
 
 def measure_one(folder: Path, model: str, fetch: dict, provenance: dict, config: dict, draft_path=None) -> dict:
     """The first configuration of ``config`` (a raw config; validated here) measured on ``model``: its record, as
-    written to ``folder``/measure.json (the server's log and the telemetry beside it, as in a results folder)."""
+    written to the record folder ``folder`` (the server's log and the telemetry beside it, as in a results folder)."""
     cfg = C.validate(config, SCHEMA)
     item = C.expand(cfg)[0]
     M.measure(
@@ -56,12 +57,12 @@ def measure_one(folder: Path, model: str, fetch: dict, provenance: dict, config:
         fetch_record=fetch,
         manifest={},
         provenance=provenance,
-        record_path=folder / "measure.json",
-        log_path=folder / "server.log",
-        telemetry_path=folder / "telemetry.parquet",
+        record_path=RecordFolder(folder).measure,
+        log_path=RecordFolder(folder).server_log,
+        telemetry_path=RecordFolder(folder).telemetry,
         draft_path=draft_path,
     )
-    return read_json(folder / "measure.json")
+    return read_json(RecordFolder(folder).measure)
 
 
 def measure_gemma(folder: Path, gemma_fetch: dict, provenance: dict, config: dict, draft_path=None) -> dict:
@@ -95,7 +96,7 @@ def run(
     )
     (item,) = C.expand(cfg)
     fetch = fetch or fetch_record(model_path)
-    record_path = tmp_path / "measure.json"
+    record_path = RecordFolder(tmp_path).measure
     rec = M.measure(
         model_name="tiny",
         item=item,
@@ -104,7 +105,7 @@ def run(
         manifest={},
         provenance=provenance,
         record_path=record_path,
-        log_path=tmp_path / "server.log",
+        log_path=RecordFolder(tmp_path).server_log,
     )
     written = read_json(record_path)
     assert (written["config_id"], written["outcome"], written["message"]) == (

@@ -71,7 +71,7 @@ def parser() -> argparse.ArgumentParser:
         ("search", "find the fastest n_cpu_moe that survives with the margin, for one search group (see `plan`)"),
         ("search-needle", "needle recall for a search's winner, and the next fastest until one recalls"),
     ):
-        s = verb(name, verbs._server_job, help_text)
+        s = verb(name, verbs.server_job, help_text)
         s.add_argument("--model")
         s.add_argument("--id", help="configuration or search group id (see `plan`)")
         s.add_argument("--spec", help="the job's spec as JSON (what the workflow passes) instead of --model/--id")

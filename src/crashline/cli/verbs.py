@@ -11,7 +11,8 @@ from ..config import plan
 from ..core import settings as settings_mod
 from ..core.atomic import read_json, write_json
 from ..core.owned import own_folder, own_results
-from ..core.paths import Layout, merged_records
+from ..core.paths import Layout, SearchFolder, merged_records
+from ..core.records import needle_records_from, records_from
 
 
 def _load(args) -> tuple[dict, Layout]:
@@ -88,7 +89,7 @@ def cmd_provision(args) -> int:
     return 0
 
 
-def _server_job(args) -> int:
+def server_job(args) -> int:
     """measure, needle and search: the spec given (the workflow's params) or built from the config,
     the input records and outputs at the paths given or the layout's; one function runs the job."""
     from ..jobs import spec
@@ -150,37 +151,6 @@ def cmd_needle_table(args) -> int:
     return 0
 
 
-def records_from(paths: list[Path]) -> list[Path]:
-    """measure.json paths as they are; a search.json stands for the records of its own probes (not
-    for older records left in its folder by a search under other workloads or another budget)."""
-    from ..core import records
-    from ..core.paths import SearchFolder
-
-    out = []
-    for p in map(Path, paths):
-        if p.name == "search.json":
-            out += [SearchFolder.of(p).probe_record(cid) for cid in records.load(p, "search")["records"]]
-        else:
-            out.append(p)
-    return out
-
-
-def needle_records_from(paths: list[Path]) -> list[Path]:
-    """needle.json paths as they are; a search's recall.json stands for the needle records of the candidates it
-    tested."""
-    from ..core import records
-    from ..core.paths import SearchFolder
-
-    out = []
-    for p in map(Path, paths):
-        if p.name == "recall.json":
-            tested = records.load(p, "search_needle")["records"]
-            out += [SearchFolder.of(p).candidate(cid) / "needle.json" for cid in tested]
-        else:
-            out.append(p)
-    return out
-
-
 def cmd_aggregate(args) -> int:
     from ..tables.aggregate import write
 
@@ -193,7 +163,7 @@ def cmd_aggregate(args) -> int:
         records_from(given),
         Path(args.configs or layout.configs_table()),
         Path(args.measurements or layout.measurements_table()),
-        [p for p in given if p.name == "search.json"],
+        [p for p in given if p.name == SearchFolder.SUMMARY],
         Path(args.searches or layout.searches_table()),
         Path(args.conversations or layout.conversations_table()),
     )
@@ -323,10 +293,10 @@ def cmd_publish(args) -> int:
 
 
 def cmd_reanalyse(args) -> int:
-    from ..jobs.measure import reanalyse
+    from ..jobs.measure import reanalyse, telemetry_file
 
     record = Path(args.record)
-    rec = reanalyse(record, Path(args.telemetry or record.parent / "telemetry.parquet"), read_json(args.manifest))
+    rec = reanalyse(record, telemetry_file(record, args.telemetry), read_json(args.manifest))
     for w in rec["workloads"]:
         print(f"{w['name']}: {(w.get('bottleneck') or {}).get('verdict')}")
     return 0

@@ -41,7 +41,7 @@ def _resolve(i: int, given: dict) -> dict:
         raise ConfigError(f"config key configurations.{i}: {exc}") from None
 
 
-def _resolved_entries(config: dict):
+def resolved_entries(config: dict):
     """(entry index, resolved settings) of every grid point of every entry, searches included."""
     for searches in (False, True):
         for i, _, given in _combinations(config, searches):
@@ -50,7 +50,7 @@ def _resolved_entries(config: dict):
             yield i, _resolve(i, given)
 
 
-def _from_claims(workload: dict) -> bool:
+def from_claims(workload: dict) -> bool:
     """A workload a claims file added (named as config.claims.claim_workloads names them): it runs as published."""
     return workload["name"] == claims.workload_name(workload)
 
@@ -188,7 +188,7 @@ DEFAULT_METRIC = "e2e_tps"  # the schema's default too (tests/test_config.py che
 
 def _parallels(config: dict) -> set[int]:
     """The slot counts (parallel) of every configuration: sweeps, searches and claims rows."""
-    found = {resolved["parallel"] or 1 for _, resolved in _resolved_entries(config)}
+    found = {resolved["parallel"] or 1 for _, resolved in resolved_entries(config)}
     return found | {item["settings"]["parallel"] or 1 for item in expand(config)}
 
 
@@ -203,7 +203,7 @@ def _longest(workloads: list[dict]) -> dict:
     """The longest workload of the config's own: a claims file's workload (its rows as published) is never the
     objective unless the user names it (a 100K-token row once made every configuration context_exceeded and the
     report recommend nothing)."""
-    own = [w for w in workloads if not _from_claims(w)] or workloads
+    own = [w for w in workloads if not from_claims(w)] or workloads
     return max(own, key=lambda w: (w["prompt_tokens"], w["gen_tokens"]))
 
 

@@ -22,8 +22,8 @@ from .needle import needle_settings
 from .source import SourceError, parse_source
 from .shape import resolve_shape
 from .expand import (
-    _from_claims,
-    _resolved_entries,
+    from_claims,
+    resolved_entries,
     cache_dir,
     expand,
     expand_searches,
@@ -260,7 +260,7 @@ def _check_references(config: dict) -> None:
             f"config key objective.workload = {objective!r}: no such workload; "
             f"{settings_mod.did_you_mean(objective, names, 'workloads')}"
         )
-    entries = list(_resolved_entries(config))  # every combination resolves (ubatch <= batch, fit alone)
+    entries = list(resolved_entries(config))  # every combination resolves (ubatch <= batch, fit alone)
     expand_searches(config)  # every search range is LOW <= HIGH
     _check_concurrency(config["workloads"], entries)
     _check_scopes(config)
@@ -287,7 +287,7 @@ def _check_concurrency(workloads: list[dict], entries: list[tuple[int, dict]]) -
     """A workload sends no more requests at once than every configuration has slots."""
     for j, w in enumerate(workloads):
         n = w.get("concurrency", 1)
-        if n == "slots" or _from_claims(w):
+        if n == "slots" or from_claims(w):
             continue
         for i, resolved in entries:
             slots = resolved["parallel"] or 1

@@ -18,7 +18,7 @@ from pathlib import Path
 from ..config.plan import expand, expand_searches, needle_twin
 from ..core import progress
 from ..core.atomic import write_json
-from ..core.paths import Layout, SearchFolder
+from ..core.paths import Layout, SearchFolder, measure_records_under
 from ..engine import planner
 
 PLAN_ENV = "CRASHLINE_RUN_PLAN"  # where the server jobs of this run find its plan (set by the workflow)
@@ -60,8 +60,8 @@ def write_plan(config: dict, path: Path) -> list[dict]:
 def _records(job: dict) -> list[Path]:
     if job["job"] == "measure":
         return [Path(job["out"])] if Path(job["out"]).exists() else []
-    if job["job"] == "search" and Path(job["probes"]).is_dir():
-        return sorted(Path(job["probes"]).rglob("measure.json"))
+    if job["job"] == "search":
+        return measure_records_under(Path(job["probes"]))
     return []
 
 

@@ -23,7 +23,7 @@ from ..models.sources import SourceError, check_unchanged
 from ..core.supervision import exit_with_workflow
 from ..engine.telemetry import window_summary, write_frame
 from ..core.records import utc_now
-from ..core.paths import later_start
+from ..core.paths import RecordFolder
 from .serve import ServerJob, Stopwatch, outcome_text
 from .serving import claims_workloads, run_workloads
 
@@ -275,19 +275,16 @@ def later_starts(record: dict, *, model_name: str, item: dict, **job) -> dict:
             progress.say(f"no start {k}/{starts}: {why}")
             break
         progress.say(f"start {k}/{starts} of {item['id']}, as the first ran")
-        folder = later_start(record_path, k)
-        folder.mkdir(parents=True, exist_ok=True)
-        paths = {"record_path": folder / "measure.json", "log_path": folder / "server.log"}
-        last = _measure(
-            model_name=model_name,
-            item={**item, "settings": record["settings"]},
-            **{**job, **paths, "telemetry_path": folder / "telemetry.parquet"},
-        )
-        later.append(str(paths["record_path"].relative_to(record_path.parent)))
+        folder = RecordFolder.of(record_path).later_start(k)
+        folder.folder.mkdir(parents=True, exist_ok=True)
+        paths = {"record_path": folder.measure, "log_path": folder.server_log, "telemetry_path": folder.telemetry}
+        last = _measure(model_name=model_name, item={**item, "settings": record["settings"]}, **{**job, **paths})
+        later.append(str(folder.measure.relative_to(record_path.parent)))
     for k in itertools.count(len(later) + 2):  # what an earlier run of this job left past its starts now: stale
-        if not later_start(record_path, k).is_dir():
+        stale = RecordFolder.of(record_path).later_start(k).folder
+        if not stale.is_dir():
             break
-        shutil.rmtree(later_start(record_path, k))
+        shutil.rmtree(stale)
     return records.write(record_path, "measure", {**record, "start_records": later}) if later else record
 
 
@@ -359,13 +356,13 @@ def measure_aimed(margin_mib: int, *, model_name: str, item: dict, **job) -> dic
 
 def telemetry_file(record_path: Path, telemetry_path: Path | None) -> Path:
     """Where a measurement's telemetry goes: the path its job names, else beside its record."""
-    return Path(telemetry_path or Path(record_path).parent / "telemetry.parquet")
+    return Path(telemetry_path or RecordFolder.of(record_path).telemetry)
 
 
 def keep_attempt(job: dict, target: int) -> Path:
     """Move one aimed start's record, server log and telemetry into ``fit-target-T/`` beside the record."""
     record_path = Path(job["record_path"])
-    kept = record_path.parent / f"fit-target-{target}"
+    kept = RecordFolder.of(record_path).fit_attempt(target).folder
     kept.mkdir(exist_ok=True)
     for path in (record_path, Path(job["log_path"]), telemetry_file(record_path, job.get("telemetry_path"))):
         if path.exists():

@@ -96,7 +96,7 @@ def set_aside(out_dir: Path, listed: list[str]) -> list[str]:
     moved = []
     folder = SearchFolder(out_dir)
     root = folder.probes()
-    for record in sorted(root.rglob("measure.json")) if root.is_dir() else []:
+    for record in folder.probe_records():
         rel = record.parent.relative_to(root).as_posix()
         if rel in listed:
             continue
@@ -227,7 +227,7 @@ class _Search:
         """One server start of n_cpu_moe ``n``, recorded under ``records/RECORD_ID/`` (reused when this search
         measured it before under the same job key: workloads, budget, limits, build)."""
         folder = SearchFolder(self.out_dir).probe(record_id)
-        record_path = folder / "measure.json"
+        record_path = folder.measure
         earlier = records.load(record_path, "measure") if record_path.exists() else {}
         if (
             earlier.get("job_key") == job_key(self.config, self.provenance, self.fetch_record)
@@ -244,8 +244,8 @@ class _Search:
             manifest=self.manifest,
             provenance=self.provenance,
             record_path=record_path,
-            log_path=folder / "server.log",
-            telemetry_path=folder / "telemetry.parquet",
+            log_path=folder.server_log,
+            telemetry_path=folder.telemetry,
             load_only=load_only,
         )
         self.took.append(time.monotonic() - began)

@@ -315,7 +315,7 @@ def start_groups(search_paths: list[Path]) -> list[list[Path]]:
     for path in map(Path, search_paths):
         for final in records.load(path, "search").get("finalists") or []:
             if len(final["records"]) > 1:
-                groups.append([SearchFolder.of(path).probe_record(rid) for rid in final["records"]])
+                groups.append([SearchFolder.of(path).probe(rid).measure for rid in final["records"]])
     return groups
 
 
