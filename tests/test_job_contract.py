@@ -234,6 +234,6 @@ def test_a_dry_run_says_what_changed_in_the_config_as_key_old_new(tmp_path):
     )
     said = _snakemake(tmp_path, "-n")
     assert (
-        "crashline: the config changed since the last run:\n  repetitions 1 → 2\n  workloads.short.prompt_tokens 32 → 24\n"
-        in said
+        "crashline: the config changed since the last run:\n  repetitions 1 → 2\n"
+        "  workloads.short.prompt_tokens 32 → 24\n" in said
     ), said[:3000]

@@ -34,8 +34,8 @@ def cpu_text(result: dict, why: str) -> str:
     command to paste and the host memory it takes."""
     path = shlex.quote(result["model_path"]) if result.get("model_path") else "MODEL.gguf"
     lines = [
-        f"Prediction (not measured) for {result['model']} on this machine ({why}), ctx {result['ctx']}: every one of its "
-        f"{result['layers']} layers runs on the CPU (-ngl 0)."
+        f"Prediction (not measured) for {result['model']} on this machine ({why}), ctx {result['ctx']}: every one "
+        f"of its {result['layers']} layers runs on the CPU (-ngl 0)."
     ]
     for row in result["ubatches"]:
         lines += [
