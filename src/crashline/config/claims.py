@@ -25,6 +25,29 @@ from .file import ConfigError, check_setting, load_schema, read_yaml, schema_err
 
 SCHEMA_NAME = "claims.schema.yaml"
 WORKLOAD_KEYS = ("prompt_tokens", "gen_tokens", "concurrency")
+# Settings that change speed: rows differing in one of these measured different things, and a table that leaves one
+# out leaves it unknown (config.claims_import).
+SPEED_SETTINGS = (
+    "ubatch",
+    "batch",
+    "parallel",
+    "ctx",
+    "cache_type_k",
+    "cache_type_v",
+    "flash_attn",
+    "threads",
+    "threads_batch",
+    "n_gpu_layers",
+    "n_cpu_moe",
+    "override_tensor",
+    "kv_unified",
+    "cont_batching",
+    "draft_model",
+    "draft_max",
+    "draft_min",
+    "draft_n_gpu_layers",
+    "page_cache",
+)
 SOURCE_DEFAULTS = {
     "revision": None,
     "file": "README.md",
@@ -109,6 +132,8 @@ def _row(j: int, row: dict, claim: dict, path: Path, run_defaults: dict, models)
         "index": j,
         "label": row["label"],
         "claimed": dict(row["claimed"]),
+        "claimed_spread": dict(row.get("claimed_spread") or {}),
+        "note": row.get("note"),
         "stated": stated,
         "unknown": unknown,
         "build": build,
