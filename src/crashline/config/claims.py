@@ -96,6 +96,19 @@ def _source(claim: dict, path: Path) -> dict:
     return source
 
 
+def _template(claim: dict, path: Path) -> str | None:
+    """The resolved path of the claims file's own correction template (which must exist), or None."""
+    if not claim.get("template"):
+        return None
+    template = (path.parent / claim["template"]).resolve()
+    if not template.is_file():
+        raise ClaimsError(
+            f"claims file {path}: key template = {claim['template']!r}: no file {template} "
+            "(template is relative to the claims file's folder)"
+        )
+    return str(template)
+
+
 def _check_unknown(unknown: list, stated: dict, build, where: str, path: Path) -> None:
     """The settings a row leaves out: known names, none of them also stated."""
     for name in unknown:
@@ -180,6 +193,7 @@ def _load_one(path: Path, config: dict, schema: dict) -> dict:
         "path": str(path),
         "title": claim.get("title") or f"Speed table of {source['file']} ({source['url']})",
         "note": claim.get("note"),
+        "template": _template(claim, path),
         "source": source,
         "model": claim["model"],
         "build": claim.get("build"),
