@@ -212,3 +212,24 @@ def test_without_a_model_the_loader_asks_for_it(tmp_path, capsys):
     assert out.read_text().startswith("# Imported by `crashline claims import")
     with pytest.raises(K.ClaimsError, match="model"):
         K.load_claims([out], run_config())
+
+
+def test_an_imported_table_renders_as_a_correction(tmp_path):
+    # import, load, render: the claimed numbers with their ± and the notes column, before anything is measured
+    import pandas as pd
+
+    from crashline.report import correction
+
+    for name in ("llama-bench-depth.md", "ik-llama-issue2199-builds.md"):
+        imported(tmp_path, name)
+    depth, builds = K.load_claims(
+        [tmp_path / "llama-bench-depth.yaml", tmp_path / "ik-llama-issue2199-builds.yaml"], run_config()
+    )
+    none = pd.DataFrame()
+    md = correction.section(depth, none, none)
+    assert "| pp512 | pp512 tg1 | 7,340.2 ± 23.4 | not measured: no record of configuration" in md
+    assert "| tg128 @ d512 | pp512 tg128 | – | – | 116.7 ± 0.6 | not measured" in md
+    md = correction.section(builds, none, none)
+    assert next(line for line in md.splitlines() if line.startswith("| published row")).endswith(" | notes |")
+    assert "| Build ik 4749 (5f063b7b), tg128 | pp1 tg128 | – | – | 16.8 | not measured" in md
+    assert md.count("← regression") == 1
