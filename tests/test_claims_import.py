@@ -52,7 +52,7 @@ def test_llama_bench_table_with_its_build_line(tmp_path):
     for row in rows.values():
         assert row["stated"] == {"n_gpu_layers": 99}
         assert row["build"] == "08a216474 (6457)"
-        assert {"ubatch", "threads", "ctx", "n_cpu_moe"} <= set(row["unknown"])
+        assert {"ubatch", "threads", "ctx", "n_cpu_moe", "fit", "load_mode"} <= set(row["unknown"])
         assert "n_gpu_layers" not in row["unknown"] and "build" not in row["unknown"]
     claim = K.load_claims([tmp_path / "llama-cpp-pr15952-build-line.yaml"], run_config())[0]
     assert [r["resolved"]["n_gpu_layers"] for r in claim["rows"]] == [99, 99]

@@ -47,6 +47,8 @@ SPEED_SETTINGS = (
     "draft_min",
     "draft_n_gpu_layers",
     "page_cache",
+    "fit",  # llama.cpp's own placement (-fit on) moves layers and context
+    "load_mode",  # mmap or not (--no-mmap, -lm): the weights read from the page cache or held in memory
 )
 SOURCE_DEFAULTS = {
     "revision": None,
