@@ -27,6 +27,7 @@ import yaml
 from ..core import serverflags
 from ..core.atomic import atomic_path
 from ..core.errors import CrashlineError
+from ..core.mdtext import FENCE, HEADING
 from ..core.owned import own_folder
 from ..core import settings as settings_mod
 from .claims import SPEED_SETTINGS
@@ -36,8 +37,6 @@ HF_ENDPOINT = "https://huggingface.co"
 
 # -- Markdown -----------------------------------------------------------------------------------------------------
 
-_HEADING = re.compile(r"^(#{1,6})\s+(.*?)\s*#*\s*$")
-_FENCE = re.compile(r"^\s*(```|~~~)")
 _DELIMITER = re.compile(r"^\s*\|?\s*:?-+:?\s*(\|\s*:?-+:?\s*)*\|?\s*$")
 _BUILD = re.compile(r"^\s*build:\s*(\S+)\s*\((\d+)\)\s*$")
 
@@ -71,13 +70,13 @@ def read_tables(text: str) -> list[Table]:
     i = 0
     while i < len(lines):
         line = lines[i]
-        if _FENCE.match(line):
-            fence = _FENCE.match(line).group(1)
+        if FENCE.match(line):
+            fence = FENCE.match(line).group(1)
             end = next((j for j in range(i + 1, len(lines)) if lines[j].strip().startswith(fence)), len(lines))
             codes.append((headings[-1][0] if headings else 0, "\n".join(lines[i + 1 : end])))
             i = end + 1
             continue
-        heading = _HEADING.match(line)
+        heading = HEADING.match(line)
         if heading:
             level = len(heading.group(1))
             headings = [h for h in headings if h[0] < level] + [(level, heading.group(2))]
