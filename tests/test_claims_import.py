@@ -158,7 +158,7 @@ def test_settings_above_the_table_and_a_table_that_is_no_speed_table(tmp_path):
 def test_out_may_not_be_the_input(tmp_path):
     readme = tmp_path / "README.md"
     readme.write_text((REAL / "llama-bench-depth.md").read_text())
-    with pytest.raises(CI.ImportRefused, match="is the input"):
+    with pytest.raises(CI.ImportRefused, match="would overwrite the input"):
         CI.import_claims(str(readme), readme)
     assert readme.read_text() == (REAL / "llama-bench-depth.md").read_text()
 
@@ -233,3 +233,38 @@ def test_an_imported_table_renders_as_a_correction(tmp_path):
     assert next(line for line in md.splitlines() if line.startswith("| published row")).endswith(" | notes |")
     assert "| Build ik 4749 (5f063b7b), tg128 | pp1 tg128 | – | – | 16.8 | not measured" in md
     assert md.count("← regression") == 1
+
+
+def test_an_imported_table_publishes_a_diff_that_git_applies_and_a_second_run_replaces(tmp_path):
+    # import -> publish on a real README (nothing measured yet): correction.md, the patched README and its diff
+    import pandas as pd
+
+    from crashline import publish as P
+    from test_publish import git
+
+    name = "llama-cpp-pr15952-build-line.md"
+    imported(tmp_path, name)
+    claims = tmp_path / f"{Path(name).stem}.yaml"
+    cfg = {"models": {"m": {}}, "defaults": {"threads": 2}, "claims": [str(claims)], "publish": {}}
+    pd.DataFrame(columns=["model", "config_id", "outcome"]).to_parquet(tmp_path / "configs.parquet")
+    pd.DataFrame(columns=["model", "config_id"]).to_parquet(tmp_path / "measurements.parquet")
+
+    def publish() -> Path:
+        P.run(cfg, tmp_path / "configs.parquet", tmp_path / "measurements.parquet", tmp_path / "publish")
+        return tmp_path / "publish" / claims.stem
+
+    out = publish()
+    readme = (out / "README.md").read_text()
+    assert f"## Re-measured: Speed table of {name}\n" in readme  # no local path of this machine goes upstream
+    assert readme.startswith((REAL / name).read_text()) and readme.count(P.START_MARKER) == 1
+    assert "| pp512 | pp512 tg1 | 378.5 ± 1.4 | not measured" in (out / "correction.md").read_text()
+    repo = tmp_path / "apply"
+    git("init", "--quiet", str(repo))
+    (repo / name).write_text((REAL / name).read_text())  # source.file: the README's own name
+    git("apply", str(out / "correction.diff"), cwd=repo)
+    assert (repo / name).read_text() == readme
+    # the patched README as the upstream copy: a second run replaces the section, never adds a second one
+    local_copy = tmp_path / yaml.safe_load(claims.read_text())["source"]["local_copy"]
+    assert local_copy.name == f"{claims.stem}.source.md" and local_copy.read_text() == (REAL / name).read_text()
+    local_copy.write_text(readme)
+    assert (publish() / "README.md").read_text() == readme

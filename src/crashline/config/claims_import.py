@@ -542,7 +542,7 @@ def claims_file(imported: Imported, source: dict, model: str | None) -> dict:
     """The claims file's content: ``source`` (url, local_copy, file, hf_repo), the model (None leaves the key for
     the user to fill: the loader names it then) and the rows."""
     out: dict[str, Any] = {
-        "title": f"Speed table of {source['url']}",
+        "title": f"Speed table of {source['url'] if is_address(source['url']) else source['file']}",
         "note": "Imported by `crashline claims import`; what it could not read is listed in the comments above.",
         "source": source,
     }
@@ -574,16 +574,16 @@ def yaml_text(content: dict, lines: list[str], source: str) -> str:
 
 def import_claims(source: str, out: str | os.PathLike, model: str | None = None, only: int | None = None) -> Imported:
     """Read the speed tables of ``source`` (a Markdown file, or an address :func:`fetch` reads) and write a claims
-    file at ``out``, atomically, in a folder of the user's own (core.owned). A fetched README is kept beside it
-    (``NAME.source.md``, the claims file's ``local_copy``); a local one is named by its path relative to ``out``.
-    Refused: an ``out`` that is the input, a source without a row to claim."""
+    file at ``out``, atomically, in a folder of the user's own (core.owned). The README is kept beside it
+    (``NAME.source.md``, the claims file's ``local_copy``, which publish patches), unless it is a local file in that
+    folder already. Refused: an ``out`` (or its copy) that is the input, a source without a row to claim."""
     out = Path(out)
     folder = own_folder(out.parent if str(out.parent) else ".", "--out")
     out = folder / out.name
+    copy = out.with_name(f"{out.stem}.source.md")
     if is_address(source):
         text = fetch(source)
         _, repo = source_url(source)
-        copy = out.with_name(f"{out.stem}.source.md")
         meta = {
             "url": f"{HF_ENDPOINT}/{repo}" if repo else source,
             "file": "README.md" if repo else (source.rstrip("/").rsplit("/", 1)[-1] or "README.md"),
@@ -592,10 +592,12 @@ def import_claims(source: str, out: str | os.PathLike, model: str | None = None,
         }
     else:
         path = Path(source).resolve()
-        if path == out.resolve():
-            raise ImportRefused(f"--out {out}: is the input {source}; give another --out")
-        text, copy = path.read_text(encoding="utf-8"), None
-        meta = {"url": source, "file": path.name, "local_copy": os.path.relpath(path, folder)}
+        if path in (out.resolve(), copy.resolve()):
+            raise ImportRefused(f"--out {out}: would overwrite the input {source}; give another --out")
+        text = path.read_text(encoding="utf-8")
+        inside = path.is_relative_to(folder)  # publish reads the local copy only inside the claims file's folder
+        meta = {"url": source, "file": path.name, "local_copy": os.path.relpath(path, folder) if inside else copy.name}
+        copy = None if inside else copy
     imported = read_markdown(text, only)
     if not imported.rows:
         raise ImportRefused(f"{source}: no row to claim; " + "; ".join(imported.lines))
