@@ -268,3 +268,22 @@ def test_an_imported_table_publishes_a_diff_that_git_applies_and_a_second_run_re
     assert local_copy.name == f"{claims.stem}.source.md" and local_copy.read_text() == (REAL / name).read_text()
     local_copy.write_text(readme)
     assert (publish() / "README.md").read_text() == readme
+
+
+def test_a_llama_bench_command_above_gives_the_lengths_its_columns_do_not():
+    text = (
+        "### sweep\n\n```\nllama-bench -m m.gguf -ngl 99 -fa -nocb -p 512 -n 128 -ncmoe 8,16\n```\n\n"
+        "| n_cpu_moe | Decode (tok/s) | Prefill (tok/s) |\n|---:|---:|---:|\n| 8 | 44.1 | 429.5 |\n| 16 | 40.7 | 481.3 |\n"
+    )
+    result = CI.read_markdown(text)
+    rows = {r["label"]: r for r in result.rows}
+    assert set(rows) == {"n_cpu_moe 8, tg128", "n_cpu_moe 8, pp512", "n_cpu_moe 16, tg128", "n_cpu_moe 16, pp512"}
+    assert rows["n_cpu_moe 16, tg128"]["workload"] == {"prompt_tokens": 1, "gen_tokens": 128}
+    assert rows["n_cpu_moe 16, pp512"]["claimed"] == {"prefill_tps": 481.3}
+    assert rows["n_cpu_moe 8, pp512"]["stated"] == {
+        "n_gpu_layers": 99,
+        "flash_attn": "on",  # a bare -fa, as older llama-bench took it
+        "cont_batching": False,
+        "n_cpu_moe": 8,  # the row's column; the command's 8,16 states nothing alone
+    }
+    assert any("-ncmoe 8,16: several values" in line for line in result.lines)

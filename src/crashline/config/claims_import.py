@@ -391,13 +391,12 @@ def _row_settings(speed: Speed, roles: dict, header: list[str], out: Imported, s
     return stated
 
 
-def _workload(speed: Speed, table_workload: dict) -> tuple[dict | None, str | None]:
+def _workload(speed: Speed) -> tuple[dict | None, str | None]:
     """The one request a test means, or why there is none. ``ppP``: a prompt of P tokens (and 1 generated);
     ``tgN``: N generated after a prompt of one token, or of d with ``@ dD`` (the reply after d tokens in the
-    cache). A prompt after tokens in the cache cannot be sent as one request. A test without its length takes it
-    from a llama-bench command above the table (``-p``, ``-n``), or has none."""
+    cache). A prompt after tokens in the cache cannot be sent as one request; a test without its length has none."""
     metric = speed.metric
-    tokens = metric.tokens or table_workload.get("prompt" if metric.kind == "pp" else "gen")
+    tokens = metric.tokens
     if metric.kind == "pp" and metric.depth:
         return None, (
             "a prompt processed after tokens already in the cache: crashline sends every prompt whole, with the "
@@ -441,12 +440,15 @@ def read_table(table: Table, out: Imported) -> None:
     out.lines += [f"table at line {table.line}, flag block above it: {x}" for x in flag_lines]
     above = {**above, **heading_settings(table.headings)}
     speeds = _speeds(table, roles, out)
+    for s in speeds:  # a column without its length (Decode t/s) takes the llama-bench command's -p / -n
+        if s.metric.tokens is None:
+            s.metric = Metric(s.metric.kind, table_workload.get("prompt" if s.metric.kind == "pp" else "gen"))
     for j, r in roles.items():
         if plain(table.header[j]).lower() == "model":
             out.models |= {plain(s.cells[table.header[j]]) for s in speeds}
     read_lines = set()
     for speed, label in zip(speeds, _labels(speeds, roles, table.header)):
-        workload, why = _workload(speed, table_workload)
+        workload, why = _workload(speed)
         if workload is None:
             out.lines.append(f"line {speed.line} ({label}): {why}; not imported")
             continue
