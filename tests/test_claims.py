@@ -374,6 +374,10 @@ def test_section_markdown_and_html(mixed, real_tables):
     html = KP.section(mixed, configs, measurements, fmt="html")
     assert html.startswith('<section class="correction"') and "<table>" in html and "{{" not in html
     assert "&lt;!-- crashline:correction:start --&gt;" in html  # the Markdown to send, escaped
+    # the report's own table has the upstream section's layout: claimed beside measured, a line of settings per row
+    visible = html[: html.index("<details")]
+    assert "prefill t/s: claimed</th>" in visible and "decode t/s: measured here, median [min–max] n</th>" in visible
+    assert "<li>ub 128: stated ubatch=128; build b5000; assumed ctx=4096, parallel=1, threads=2; measured" in visible
 
 
 def test_section_escapes_labels(mixed, real_tables):
