@@ -185,6 +185,17 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--out-dir", help="where to write (default RESULTS/publish/NAME)")
     s.add_argument("--configs")
     s.add_argument("--measurements")
+    s = sub.add_parser("claims", help="published speed tables: `claims import` reads one into a claims file")
+    claims_sub = s.add_subparsers(dest="claims_verb", required=True)
+    s = claims_sub.add_parser(
+        "import",
+        help="find the speed tables of a Markdown file (a path, https:// or hf:OWNER/REPO) and write a claims file",
+    )
+    s.set_defaults(fn=verbs.cmd_claims_import)
+    s.add_argument("source", help="a Markdown file, an https:// address or hf:OWNER/REPO (its model card)")
+    s.add_argument("--out", default="claims.yaml", help="the claims file to write (default ./claims.yaml)")
+    s.add_argument("--model", help="the model's name in your workflow config (models:); without it, fill it in")
+    s.add_argument("--table", type=int, help="only the N-th table of the file (from 1; default every speed table)")
     again = "derive telemetry summaries and bottlenecks again from a saved record"
     s = verb("reanalyse", verbs.cmd_reanalyse, again, config=False)
     s.add_argument("record")

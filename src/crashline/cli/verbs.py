@@ -292,6 +292,19 @@ def cmd_publish(args) -> int:
     return 0
 
 
+def cmd_claims_import(args) -> int:
+    """The claims file written, and each line of the table that was not read, on stdout."""
+    from ..config.claims_import import import_claims
+
+    imported = import_claims(args.source, args.out, args.model, args.table)
+    print(f"written: {args.out}: {len(imported.rows)} row(s) from {imported.tables} speed table(s)")
+    for line in imported.lines:
+        print(f"  not read: {line}")
+    if not args.model:
+        print(f"  name the model in {args.out} (model: NAME of your config's models) before running it")
+    return 0
+
+
 def cmd_reanalyse(args) -> int:
     from ..jobs.measure import reanalyse, telemetry_file
 

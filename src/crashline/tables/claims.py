@@ -14,31 +14,9 @@ from typing import Any
 import pandas as pd
 
 from ..core import settings as settings_mod
-from ..config.claims import WORKLOAD_KEYS
+from ..config.claims import SPEED_SETTINGS, WORKLOAD_KEYS
 from ..core.thresholds import missing, shared, too_wide
 
-# Settings that change speed: rows differing in one of these measured different things.
-SPEED_SETTINGS = (
-    "ubatch",
-    "batch",
-    "parallel",
-    "ctx",
-    "cache_type_k",
-    "cache_type_v",
-    "flash_attn",
-    "threads",
-    "threads_batch",
-    "n_gpu_layers",
-    "n_cpu_moe",
-    "override_tensor",
-    "kv_unified",
-    "cont_batching",
-    "draft_model",
-    "draft_max",
-    "draft_min",
-    "draft_n_gpu_layers",
-    "page_cache",
-)
 # What each claimed number is compared with: per request, or all requests together.
 METRICS = {
     "prefill_tps": "prefill t/s per request",
