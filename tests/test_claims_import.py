@@ -273,7 +273,8 @@ def test_an_imported_table_publishes_a_diff_that_git_applies_and_a_second_run_re
 def test_a_llama_bench_command_above_gives_the_lengths_its_columns_do_not():
     text = (
         "### sweep\n\n```\nllama-bench -m m.gguf -ngl 99 -fa -nocb -p 512 -n 128 -ncmoe 8,16\n```\n\n"
-        "| n_cpu_moe | Decode (tok/s) | Prefill (tok/s) |\n|---:|---:|---:|\n| 8 | 44.1 | 429.5 |\n| 16 | 40.7 | 481.3 |\n"
+        "| n_cpu_moe | Decode (tok/s) | Prefill (tok/s) |\n|---:|---:|---:|\n"
+        "| 8 | 44.1 | 429.5 |\n| 16 | 40.7 | 481.3 |\n"
     )
     result = CI.read_markdown(text)
     rows = {r["label"]: r for r in result.rows}
