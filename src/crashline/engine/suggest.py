@@ -23,8 +23,8 @@ graph, ``llama_context::sched_reserve``):
   - the allowance is ``COMPUTE_ALLOWANCE_MIB``: on the H200 (CUDA) the compute buffer at ubatch 512 was 64 MiB
     above mask + activations (200 MiB against 136), at ubatch 2048 68 MiB below (476 against 544).
 - the rest is ``REST_ESTIMATE_MIB``: on the H200 the process held 591 MiB more than its CUDA0 buffers at load
-  (CUDA context, cuBLAS, small buffers) in every record, and its peak while serving was another 120–150 MiB
-  higher (CUDA's memory pool). A smaller GPU's CUDA context is usually smaller, so this errs high.
+  (CUDA context, cuBLAS, small buffers) in every record. A smaller GPU's CUDA context is usually smaller, so this
+  errs high. What serving adds on top (``planner.SERVING_MIB``) is the planner's.
 
 Calibrated, a compute buffer measured at another ubatch is used as follows: between two measured ubatches,
 linearly; below the smallest, the smallest's value (an upper bound: the buffer grows with the ubatch); above the
@@ -36,8 +36,8 @@ are not unified), so the KV cache counts those cells; flash attention is on (``-
 ``-fa off`` adds ctx × ubatch × n_head × 4 bytes, 8 GiB at 32K × 2048 × 32 heads); one GPU and every layer
 offloaded (``-ngl 999``; the token embeddings stay on the CPU, the output head goes to the GPU).
 
-A prediction is of the peak at load, like the planner's: on the H200 the measured peak while serving was
-120–150 MiB above it (30,955 predicted against 31,104 measured), which is what the margin is for.
+A prediction is of the peak while serving, like the planner's (``planner.predict``): the peak at load plus
+``planner.SERVING_MIB``, which did not grow from 16K to 100K tokens (bench/results/lease-2026-12-04-s19/).
 
 Cards (``what_if``): N GB as marketed is N × 1024 MiB, what ``nvidia-smi`` reports as the total of consumer
 cards of that size (RTX 3060 12 GB: 12,288; RTX 3090: 24,576; RTX 4090: 24,564, 12 MiB less) and of the
@@ -67,7 +67,7 @@ DEFAULT_UBATCHES = (512, 2048)
 WHAT_IF_CTXS = (8192, 32768, 131072)
 # Cards by their marketed size and the MiB such a card reports (module docstring: N GB = N × 1024 MiB).
 CARDS: tuple[tuple[str, int], ...] = tuple((f"{gb} GB", gb * 1024) for gb in (8, 12, 16, 24, 32, 48, 80))
-REST_ESTIMATE_MIB = 750  # 591 MiB at load on the H200 + the 120-150 MiB its peak while serving added, rounded up
+REST_ESTIMATE_MIB = 600  # 591 MiB at load on the H200, rounded up (serving adds planner.SERVING_MIB)
 COMPUTE_ALLOWANCE_MIB = 128  # CUDA's compute buffer above mask + activations (64 MiB on the H200 at ubatch 512)
 CTX_PAD = 256  # llama.cpp rounds the context (per slot) up to a multiple of this
 DEFAULT_BATCH = 2048  # llama-server's -b; a larger -ub needs -b raised with it
@@ -233,8 +233,8 @@ def _assumptions(
             f"allocates the KV cache for all of it but serves each slot at most {trained:,} tokens"
         )
     out.append(
-        "the peak at load, as the planner predicts it; while serving, the H200's peak was 120-150 MiB higher, "
-        "which the margin covers"
+        f"the peak while serving, as the planner predicts it: the peak at load plus {planner.SERVING_MIB:,.0f} MiB, "
+        "the most the H200 added with the first request at any depth from 16K to 100K tokens"
     )
     if not any(row["expert_bytes"] for row in manifest["per_layer"]):
         out.append("the model has no expert tensors: --n-cpu-moe changes nothing")
