@@ -201,7 +201,8 @@ def arithmetic(prediction: dict, limit_mib: float, margin_mib: float) -> str:
         verdict = f"does not fit: {total - limit_mib:,.0f} MiB more than the card"
     return (
         f"weights {p['weights_mib']:,.0f} + KV {p['kv_mib']:,.0f} + compute {p['compute_mib']:,.0f} "
-        f"+ rest {p['rest_mib']:,.0f} + serving {p['serving_mib']:,.0f} = {total:,.0f} MiB against {limit_mib:,.0f} MiB "
+        f"+ rest {p['rest_mib']:,.0f} + serving {p['serving_mib']:,.0f} = {total:,.0f} MiB "
+        f"against {limit_mib:,.0f} MiB "
         f"(margin {margin_mib:,.0f}): {verdict}"
     )
 
