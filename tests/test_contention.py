@@ -51,3 +51,20 @@ def test_what_limits_decode_names_other_processes_first_where_they_competed():
     rows = {r["config_id"]: r for r in limits(measurements, configs, "w")}
     assert rows["cold"]["deciding"] == "–"
     assert rows["warm"]["deciding"] == "other processes 1.2 of 2 cores: rerun on a quiet machine"
+
+
+def test_the_printed_summary_marks_a_tied_speed_and_names_the_whole_runs_peak(tmp_path):
+    """#41: tune's printed table showed 1232.3 vs 933.0 for configurations it called tied, with no mark; "peak RSS"
+    meant the whole run in one table and the workload in the other."""
+    import sys
+
+    from conftest import RECHECK, REPO
+
+    sys.path.insert(0, str(REPO / "bench"))
+    import rerender
+
+    report = rerender.rerender(RECHECK / "native" / "results", tmp_path)  # two configurations, tied end to end
+    table = [line for line in (report.parent / "summary.md").read_text().splitlines() if line.startswith("| ")]
+    assert table[0].endswith("| end to end t/s | peak RSS MiB (whole run) |")
+    assert [line.split(" | ")[5] for line in table[2:]] == ["289.6 (tied)", "267.3 (tied)"]
+    assert "| peak RSS MiB (workload) |" in report.read_text()

@@ -197,6 +197,9 @@ def answers(ctx: dict) -> list[dict]:
                         for f in fits
                     ],
                     "tie": r.get("tie"),  # tied with others on the objective: why this one (None: no tie)
+                    # the configurations the speeds cannot tell from it, and those others' processes made unjudgeable
+                    "tied_with": [o["config_id"] for o in r["others"] if o.get("tied")],
+                    "inconclusive_with": [o["config_id"] for o in r["others"] if o.get("inconclusive")],
                     "inconclusive": r.get("inconclusive"),  # others' processes competed: no faster or slower
                     # where another configuration would finish a request first as the reply grows or shrinks
                     "reply_length": r.get("reply_length"),
@@ -360,6 +363,15 @@ def context(
 SUMMARY_COLUMNS = ("prefill_tps", "decode_tps", "e2e_tps")
 
 
+def standing_mark(cid: str, answer: dict) -> str:
+    """What a summary row's deciding speed cannot be told from: " (tied)" for the answer and the configurations tied
+    with it, " (inconclusive)" for one that others' processes made unjudgeable against it; "" otherwise."""
+    tied = answer.get("tied_with") or []
+    if cid in tied or (cid == answer.get("winner") and tied):
+        return " (tied)"
+    return " (inconclusive)" if cid in (answer.get("inconclusive_with") or []) else ""
+
+
 def summary(answers_: list[dict], configs: pd.DataFrame, measurements: pd.DataFrame) -> list[dict]:
     """The answer as a short table per model (and kind of machine), as llama-bench prints one: every configuration
     at the objective's workload, best first, with the settings that set it apart, how it ended, its medians and its
@@ -386,6 +398,8 @@ def summary(answers_: list[dict], configs: pd.DataFrame, measurements: pd.DataFr
         for _, c in mine.iterrows():
             w = at.loc[c["config_id"]] if c["config_id"] in at.index else None
             speed = {k: num(w[f"{k}_median"], 1) if w is not None else "–" for k in SUMMARY_COLUMNS}
+            if a["metric"] in speed and w is not None:  # beside the deciding speed: what it cannot be told from
+                speed[a["metric"]] += standing_mark(c["config_id"], a)
             peak = c["peak_gpu_mib"] if not missing(c.get("peak_gpu_mib")) else c["peak_rss_mib"]
             rows.append(
                 {
@@ -407,7 +421,7 @@ def summary(answers_: list[dict], configs: pd.DataFrame, measurements: pd.DataFr
         blocks.append(
             {
                 "title": f"{a['machine']}, at {a['workload']} (★ the recommendation, by {a['metric']})",
-                "memory": "peak VRAM MiB" if mine["peak_gpu_mib"].notna().any() else "peak RSS MiB",
+                "memory": f"peak {'VRAM' if mine['peak_gpu_mib'].notna().any() else 'RSS'} MiB (whole run)",
                 "rows": sorted(rows, key=lambda r: r["rank"]),
             }
         )

@@ -127,7 +127,7 @@ RESULT_HEADER = [
     "aggregate generated t/s (all requests, end to end)",
     "time to first token s",
     "CPU cores server / others",
-    "peak RSS MiB",
+    "peak RSS MiB (workload)",
     "peak VRAM MiB (load)",
     "peak VRAM MiB (workload)",
     "load s",
