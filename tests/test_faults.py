@@ -551,6 +551,7 @@ def test_tune_stopped_mid_run_leaves_no_job_and_the_same_command_resumes(tmp_pat
     if how == signal.SIGTERM:
         assert first.returncode == 128 + signal.SIGTERM, text[-3000:]
         assert "stopped (SIGTERM)" in text and "run the same command again to resume" in text, text[-3000:]
+        assert "RuleException" not in text and "exit status 143" not in text, text[-3000:]  # #41: no trace before it
     assert _gone(server, 30), "llama-server outlived tune"
     assert _jobs_done(out, 30), "a job of the stopped tune is still running"
     again = _tune(tmp_path, tiny_moe, out)

@@ -277,8 +277,14 @@ class TuneStopped(RuntimeError):
 
 def _stop_jobs() -> None:
     """Every job ``tune`` runs gets SIGTERM and stops at its next safe point (its server stopped; a search keeps the
-    probes it finished, which a rerun reuses)."""
+    probes it finished, which a rerun reuses). Snakemake then reports each job it stopped as failed ("RuleException
+    ... exit status 143", a trace before tune's own message); tune says what happened, so Snakemake's errors are not
+    printed from here on."""
+    import logging
+
     import psutil
+
+    logging.getLogger("snakemake.logging").setLevel(logging.CRITICAL + 1)
 
     for child in psutil.Process().children(recursive=True):
         try:
