@@ -542,3 +542,14 @@ def test_a_search_probe_under_the_margin_after_its_warm_up_skips_its_timed_repet
         for peak, margin in ((11_500, 512), (11_500, None)):  # room for the margin, or an ordinary measurement
             full, _ = run(peak, margin)
             assert [(len(w["runs"]), "timed_skipped" in w) for w in full] == [(2, False), (2, False)]
+
+
+def test_the_report_says_where_the_bound_s_bandwidth_comes_from_and_how_much_its_passes_spread():
+    """#40 item 6: the bound's source and spread beside the ratios (the limits section's lead)."""
+    from crashline.report.suspects import bandwidth_text
+
+    measured = {"hostname": "h200", "gbs": 103.51, "passes": [79.2, 103.51, 100.63], "spread": 0.2349}
+    said = bandwidth_text({"host_memory_bandwidth": measured})
+    assert said.startswith("The host's memory bandwidth in the bound: 103.5 GB/s, the best pass of a copy measured ")
+    assert "provisioned on h200, its 3 passes 23% apart;" in said
+    assert bandwidth_text({}) is None

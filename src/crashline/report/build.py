@@ -21,7 +21,7 @@ from . import figures as figures_mod
 from . import searches as searches_mod
 from .failed import nothing_survived
 from .rows import conversation_rows, fmt_stat, memory_text, num, result_rows, size_text, soak_rows, validity_rows
-from .suspects import SUSPECT_COLUMNS, limits
+from .suspects import SUSPECT_COLUMNS, bandwidth_text, limits
 from .doc import Figure
 from .compact import distinguishing, split_common, wrapped
 from ..tables.recommend import decide
@@ -356,6 +356,7 @@ def context(
         "recall_uninformative": uninformative(needle),
         "cost": cost_mod.cost(configs, needle, provenance, searches),
         "suspect_columns": SUSPECT_COLUMNS,
+        "bandwidth": bandwidth_text(provenance),  # the host's bandwidth behind each decode bound: source, spread
         "objective_workload": workload,
     }
 

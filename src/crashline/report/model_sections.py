@@ -368,6 +368,7 @@ def limits(rows: list[dict], ctx: dict) -> list:
         ", measured during steady decode (after the first tokens). The bound is the decode speed if each device "
         "only had to stream the bytes it reads per token (the weights the server's log shows it holding, the "
         "active experts, the KV cache at this depth) at its memory bandwidth, one device after the other.",
+        *([" ", ctx["bandwidth"]] if ctx.get("bandwidth") else []),
     ]
     header = ["config", "settings that differ", "verdict", "deciding suspects", "decode t/s", "bound t/s", "of bound"]
     table = [

@@ -59,6 +59,23 @@ def deciding(rows: list[dict]) -> list[str]:
     return [_short_suspect(r) for r in pick]
 
 
+def bandwidth_text(provenance: dict) -> str | None:
+    """Where the host's memory bandwidth behind the decode bound comes from, and how much its passes spread (#40
+    item 6: the same machine read 58 to 106 GB/s on four runs, so a ratio to the bound moves with it)."""
+    found = (provenance or {}).get("host_memory_bandwidth") or {}
+    if not found.get("gbs"):
+        return None
+    passes = found.get("passes") or []
+    spread = (
+        f", its {len(passes)} passes {found['spread']:.0%} apart" if passes and found.get("spread") is not None else ""
+    )
+    return (
+        f"The host's memory bandwidth in the bound: {found['gbs']:,.1f} GB/s, the best pass of a copy measured once "
+        f"when llama-server was provisioned on {found.get('hostname') or 'this host'}{spread}; a ratio to the bound "
+        "is as sure as that figure."
+    )
+
+
 def _contention(w) -> list[str]:
     """Other processes as a suspect, first, where they used more than CONTENTION_CORES during the workload."""
     if not shared(w.get("cpu_other_cores")):
