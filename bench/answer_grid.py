@@ -43,7 +43,7 @@ from crashline.config import plan as C
 from crashline.core import settings as S
 from crashline.core.paths import Layout, SearchFolder
 from crashline.jobs import spec as jobs
-from crashline.jobs.measure import measure
+from crashline.jobs.measure import MeasurePaths, measure
 from crashline.jobs.search_rules import speed_of
 
 
@@ -112,17 +112,10 @@ def run(args) -> None:
             print(
                 f"pass {k}: {t['model']} ubatch {t['given'].get('ubatch')} n_cpu_moe {t['n']} ({t['id']})", flush=True
             )
-            measure(
-                model_name=t["model"],
-                item={"id": t["id"], "settings": S.resolve(t["given"]), "given": t["given"]},
-                config=jobs.search_spec(cfg, t["model"], t["group"]["id"]).config,
-                fetch_record=inputs["fetch_record"],
-                manifest=inputs["manifest"],
-                provenance=inputs["provenance"],
-                record_path=folder / "measure.json",
-                log_path=folder / "server.log",
-                telemetry_path=folder / "telemetry.parquet",
-            )
+            item = jobs.Item(t["id"], S.resolve(t["given"]), t["given"])
+            measurement = jobs.search_spec(cfg, t["model"], t["group"]["id"]).measurement
+            paths = MeasurePaths(folder / "measure.json", folder / "server.log", folder / "telemetry.parquet")
+            measure(jobs.MeasureSpec(t["model"], item, measurement), inputs.records(), paths)
 
 
 def _stat(speed) -> dict | None:

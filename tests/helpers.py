@@ -17,6 +17,7 @@ from crashline.config import plan as C
 from crashline.config.plan import load_schema
 from crashline.core.atomic import read_json
 from crashline.jobs import measure as M
+from crashline.jobs import spec as S
 
 
 SCHEMA = load_schema()
@@ -50,16 +51,9 @@ def measure_one(folder: Path, model: str, fetch: dict, provenance: dict, config:
     cfg = C.validate(config, SCHEMA)
     item = C.expand(cfg)[0]
     M.measure(
-        model_name=model,
-        item=item,
-        config=cfg,
-        fetch_record=fetch,
-        manifest={},
-        provenance=provenance,
-        record_path=folder / "measure.json",
-        log_path=folder / "server.log",
-        telemetry_path=folder / "telemetry.parquet",
-        draft_path=draft_path,
+        S.measure_spec(cfg, item["model"], item["id"]),
+        S.JobInputs(fetch, {}, provenance, draft_path),
+        M.MeasurePaths(folder / "measure.json", folder / "server.log", folder / "telemetry.parquet"),
     )
     return read_json(folder / "measure.json")
 
@@ -97,14 +91,9 @@ def run(
     fetch = fetch or fetch_record(model_path)
     record_path = tmp_path / "measure.json"
     rec = M.measure(
-        model_name="tiny",
-        item=item,
-        config=cfg,
-        fetch_record=fetch,
-        manifest={},
-        provenance=provenance,
-        record_path=record_path,
-        log_path=tmp_path / "server.log",
+        S.measure_spec(cfg, "tiny", item["id"]),
+        S.JobInputs(fetch, {}, provenance),
+        M.MeasurePaths(record_path, tmp_path / "server.log"),
     )
     written = read_json(record_path)
     assert (written["config_id"], written["outcome"], written["message"]) == (

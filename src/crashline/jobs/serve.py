@@ -20,6 +20,7 @@ from ..engine import logparse
 from ..engine.ballast import Ballast, BudgetError
 from ..engine.server import ForeignSettings, ServerProcess
 from ..engine.telemetry import Sampler
+from .contract import Budget, ServerLimits
 
 
 def outcome_text(failure: dict) -> str:
@@ -87,6 +88,8 @@ def server_failure(server: ServerProcess, phase: str, timed_out: bool = False) -
 class ServerJob:
     """One job's server from its lease to its stop (``run``); ``failure`` is what went wrong, None while nothing has.
 
+    ``limits``: how long its server may take to start and to stop; ``budget``: the card it emulates (a ballast takes
+    the rest of the GPU's memory).
     ``record`` gets the lease, the host, the ballast, the command and the load time; ``lap(name)`` is told each step
     (lock_wait, ballast, server_start, stop) for the job's time budget; ``telemetry`` (the interval, or None) samples
     the server from before its start into ``sampler``. ``what`` names the start in its progress line."""
@@ -96,13 +99,14 @@ class ServerJob:
         *,
         holder: str,
         server: ServerProcess,
-        config: dict,
+        limits: ServerLimits,
+        budget: Budget,
         record: dict,
         telemetry: float | None = None,
         what: str = "",
         lap: Callable[[str], None] = lambda _name: None,
     ):
-        self.holder, self.server, self.config, self.record = holder, server, config, record
+        self.holder, self.server, self.limits, self.budget, self.record = holder, server, limits, budget, record
         self.telemetry, self.what, self.lap = telemetry, what, lap
         self.failure: dict | None = None
         self.ended: dict | None = None  # the work's own account of the server's end (a claims row's workload)
@@ -152,9 +156,9 @@ class ServerJob:
             self.server.stop(5)
 
     def _serve(self, work: Callable[[ServerJob], None]) -> None:
-        server, record, server_cfg = self.server, self.record, self.config["server"]
+        server, record, limits = self.server, self.record, self.limits
         settings = record["settings"]
-        budget_mib = (self.config.get("budget") or {}).get("vram_budget_mib")
+        budget_mib = self.budget.vram_budget_mib
         with lease_for(self.holder, settings, record["model"].get("layers")) as held:
             self.lap("lock_wait")
             under_lease(held, record, server, settings)
@@ -167,7 +171,7 @@ class ServerJob:
                     self.phase = "load"
                     say_start(record["model"]["name"], server.base_command, budget_mib, self.what)
                     follow = (lambda srv: self.sampler.follow(srv.proc.pid)) if self.sampler else None
-                    state = server.start_ready(server_cfg["startup_timeout_s"], follow)
+                    state = server.start_ready(limits.startup_timeout_s, follow)
                     self.lap("server_start")
                     record["command"] = server.command
                     if state == "ready":
@@ -182,7 +186,7 @@ class ServerJob:
                         self.sampler.phase("stop")
                     if self.failure is None and self.ended is None and not server.alive():  # answered all, then quit
                         self.failure = server_failure(server, "stop")
-                    server.stop(server_cfg["stop_timeout_s"])
+                    server.stop(limits.stop_timeout_s)
                     self.lap("stop")
 
 
