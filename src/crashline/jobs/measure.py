@@ -27,11 +27,9 @@ from ..core.supervision import exit_with_workflow
 from ..engine.telemetry import window_summary, write_frame
 from ..core.records import utc_now
 from ..core.paths import later_start
-from .serve import ServerJob, Stopwatch, outcome_text
+from .serve import RecordHead, ServerJob, Stopwatch, outcome_text
 from .serving import claims_workloads, run_workloads
 from .contract import Item, JobInputs, Measurement
-
-SERVER_FIELDS = ("binary", "obtained", "sha256", "version", "backend", "source", "build_flags")  # of provenance
 
 
 def vram_limit_mib(budget_mib: int | None, host_info: dict) -> float | None:
@@ -44,22 +42,6 @@ def gpu_limits_mib(budget_mib: int | None, host_info: dict) -> list[float]:
     """Each GPU's limit: the budget (an emulated card of that size, each), else the card's memory."""
     devices = host_info["gpu"].get("devices", [])
     return [budget_mib or d["memory_total_mib"] for d in devices]
-
-
-def model_summary(name: str, fetch_record: dict, manifest: dict) -> dict:
-    return {
-        "name": name,
-        "source": fetch_record["source"],
-        "path": fetch_record["files"][0]["path"],
-        "sha256": fetch_record["sha256"],
-        "files": [{k: f[k] for k in ("name", "bytes", "sha256")} for f in fetch_record["files"]],
-        "architecture": manifest.get("architecture"),
-        "quantisation": manifest.get("file_type"),
-        "total_bytes": manifest.get("total_bytes"),
-        "layers": manifest.get("layers"),
-        "n_expert": manifest.get("n_expert"),
-        "n_expert_used": manifest.get("n_expert_used"),
-    }
 
 
 def memory_summary(
@@ -445,16 +427,14 @@ def _measure(
     model_path = fetch_record["files"][0]["path"]
     require_unchanged(spec.model, fetch_record)
     command, left_out = server_command(provenance, model_path, item, inputs.draft_path)
+    head = RecordHead.of(spec.model, item, inputs)
     record = {
-        "config_id": item.id,
-        "model": model_summary(spec.model, fetch_record, inputs.manifest),
-        "settings": resolved,
+        **head.opening(),
         "given": item.given,
         "flags_left_out": left_out,
         "job_key": job_key(measurement, provenance, fetch_record),
         "job_config": measurement.as_dict(),  # what the job read besides its settings: what changed is said on a rerun
-        "server": {k: provenance.get(k) for k in SERVER_FIELDS},
-        "host": host.describe(),
+        **head.where(),
         "budget": budget.as_dict(),
         "repetitions": measurement.repetitions,
         "page_cache": page_cache_state(fetch_record, inputs.draft_path, resolved["page_cache"]),
@@ -531,10 +511,7 @@ def _measure(
             }
     add_bottlenecks(workloads, record, inputs.manifest, resolved)
     record.update(
-        outcome=failure["outcome"],
-        failure=failure.get("failure"),
-        phase=failure.get("phase"),
-        message=failure.get("message"),
+        **head.ended(failure).ending(),
         log_tail=record["placement"].get("tail") if failure["outcome"] != Outcome.OK else None,
         workloads=workloads,
         conversations=talks,

@@ -24,13 +24,13 @@ from typing import ClassVar
 
 import requests
 
-from ..core import host, progress
+from ..core import progress
 from ..engine import logparse
 from ..core import records
 from ..core.atomic import open_output
-from .measure import model_summary, require_unchanged, server_command
+from .measure import require_unchanged, server_command
 from .haystack import NeedleClient
-from .serve import ServerJob, outcome_text, server_failure
+from .serve import RecordHead, ServerJob, outcome_text, server_failure
 from ..config.needle import (
     NOT_APPLICABLE_REASON,
     baseline_failed,
@@ -193,10 +193,11 @@ def _run_needle(spec: NeedleSpec, inputs: JobInputs, record_path: Path, log_path
     run = _Run(slot_ctx=resolved["ctx"] // max(1, resolved["parallel"]) if resolved.get("ctx") else None)
     ns = fitted(recall.needle.as_dict(), run.slot_ctx)
     style = recall.source.prompt_style
-    record = _record_head(spec, inputs, ns)
+    head = RecordHead.of(spec.model, item, inputs)
+    record = _record(head, spec, ns)
     if recall.source.is_synthetic:
         progress.say(f"needle recall not applicable, no llama-server started: {NOT_APPLICABLE_REASON}")
-        return _not_applicable(record, run.slot_ctx, spec.model, record_path, log_path)
+        return _not_applicable(record, head, run.slot_ctx, spec.model, record_path, log_path)
     progress.say(
         f"needle recall: {len(planned_trials(ns))} trials (lengths {ns['lengths']} x depths {ns['depths']} x "
         f"{ns['trials']}), {ns['kind']} values, {style} prompts"
@@ -216,20 +217,17 @@ def _run_needle(spec: NeedleSpec, inputs: JobInputs, record_path: Path, log_path
     exit_with_workflow()
     job.run(lambda job: _trials(job, recall.server, ns, style, rng, run), log_path)
     run.failure = job.failure
-    _finish(record, server, run, ns, log_path)
+    _finish(record, head, server, run, ns, log_path)
     return records.write(record_path, "needle", record)
 
 
-def _record_head(spec: NeedleSpec, inputs: JobInputs, ns: dict) -> dict:
-    server_keys = ("binary", "obtained", "sha256", "version", "backend", "source", "build_flags")
+def _record(head: RecordHead, spec: NeedleSpec, ns: dict) -> dict:
+    """The needle record as its job begins: the head, and what the check asks."""
     return {
         "kind": "needle",
-        "config_id": spec.item.id,
-        "model": model_summary(spec.model, inputs.fetch_record, inputs.manifest or {}),
-        "settings": spec.item.settings,
+        **head.opening(),
         "given": spec.item.given,
-        "server": {k: inputs.provenance.get(k) for k in server_keys},
-        "host": host.describe(),
+        **head.where(),
         "prompt_style": spec.recall.source.prompt_style,
         "needle": ns,
         "wording": dataclasses.asdict(wording(ns["kind"])),
@@ -239,13 +237,13 @@ def _record_head(spec: NeedleSpec, inputs: JobInputs, ns: dict) -> dict:
     }
 
 
-def _not_applicable(record: dict, slot_ctx, model_name: str, record_path: Path, log_path: Path) -> dict:
+def _not_applicable(
+    record: dict, head: RecordHead, slot_ctx, model_name: str, record_path: Path, log_path: Path
+) -> dict:
+    ended = {"outcome": "not_applicable", "failure": None, "phase": None, "message": NOT_APPLICABLE_REASON}
     record.update(
         applicable=False,
-        outcome="not_applicable",
-        failure=None,
-        phase=None,
-        message=NOT_APPLICABLE_REASON,
+        **head.ended(ended).ending(),
         command=None,
         returncode=None,
         slot_ctx=slot_ctx,
@@ -276,7 +274,7 @@ def _trials(job: ServerJob, limits: ServerLimits, ns: dict, style: str, rng, run
             job.failure = server_failure(server, "needle")
 
 
-def _finish(record: dict, server: ServerProcess, run: _Run, ns: dict, log_path: Path) -> None:
+def _finish(record: dict, head: RecordHead, server: ServerProcess, run: _Run, ns: dict, log_path: Path) -> None:
     """The record's outcome, from the failure seen or else the server's log, and the verdict on the trials."""
     if not Path(log_path).exists():
         _note(log_path, f"crashline: llama-server did not start ({run.failure and run.failure.get('message')})\n")
@@ -290,10 +288,7 @@ def _finish(record: dict, server: ServerProcess, run: _Run, ns: dict, log_path: 
         returncode=server.returncode,
         slot_ctx=run.slot_ctx,
         placement=placement,
-        outcome=failure["outcome"],
-        failure=failure.get("failure"),
-        phase=failure.get("phase"),
-        message=failure.get("message"),
+        **head.ended(failure).ending(),
         log_tail=placement.get("tail") if failure["outcome"] != "ok" else None,
         trials=trials,
         grid=grid(trials, ns),

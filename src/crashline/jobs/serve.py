@@ -7,9 +7,11 @@ on a server that is ready."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import signal
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from ..core import host, progress
@@ -20,7 +22,68 @@ from ..engine import logparse
 from ..engine.ballast import Ballast, BudgetError
 from ..engine.server import ForeignSettings, ServerProcess
 from ..engine.telemetry import Sampler
-from .contract import Budget, ServerLimits
+from .contract import Budget, Item, JobInputs, ServerLimits
+
+SERVER_FIELDS = ("binary", "obtained", "sha256", "version", "backend", "source", "build_flags")  # of provenance
+
+
+def model_summary(name: str, fetch_record: dict, manifest: dict) -> dict:
+    return {
+        "name": name,
+        "source": fetch_record["source"],
+        "path": fetch_record["files"][0]["path"],
+        "sha256": fetch_record["sha256"],
+        "files": [{k: f[k] for k in ("name", "bytes", "sha256")} for f in fetch_record["files"]],
+        "architecture": manifest.get("architecture"),
+        "quantisation": manifest.get("file_type"),
+        "total_bytes": manifest.get("total_bytes"),
+        "layers": manifest.get("layers"),
+        "n_expert": manifest.get("n_expert"),
+        "n_expert_used": manifest.get("n_expert_used"),
+    }
+
+
+@dataclass(frozen=True)
+class RecordHead:
+    """What a measure and a needle record both say of their job: the configuration's id, the model, the settings
+    run, the llama-server build, the host as the job began, and how the job ended (``ended``: its outcome, failure,
+    phase and message; None while it runs). Each part goes where the records have always had it: ``opening``
+    first, ``where`` after the kind's own keys, ``ending`` when the job is done."""
+
+    id: str
+    model: dict
+    settings: dict
+    server: dict
+    host: dict
+    outcome: str | None = None
+    failure: str | None = None
+    phase: str | None = None
+    message: str | None = None
+
+    @classmethod
+    def of(cls, model_name: str, item: Item, inputs: JobInputs) -> RecordHead:
+        model = model_summary(model_name, inputs.fetch_record, inputs.manifest or {})
+        server = {k: inputs.provenance.get(k) for k in SERVER_FIELDS}
+        return cls(item.id, model, item.settings, server, host.describe())
+
+    def ended(self, failure: dict) -> RecordHead:
+        """The head of a job that ended so (a failure dict, as ``logparse.classify`` gives it)."""
+        return dataclasses.replace(
+            self,
+            outcome=failure["outcome"],
+            failure=failure.get("failure"),
+            phase=failure.get("phase"),
+            message=failure.get("message"),
+        )
+
+    def opening(self) -> dict:
+        return {"config_id": self.id, "model": self.model, "settings": self.settings}
+
+    def where(self) -> dict:
+        return {"server": self.server, "host": self.host}
+
+    def ending(self) -> dict:
+        return {"outcome": self.outcome, "failure": self.failure, "phase": self.phase, "message": self.message}
 
 
 def outcome_text(failure: dict) -> str:
