@@ -58,6 +58,23 @@ def test_specs_hold_what_each_job_reads_and_nothing_else():
     assert jobs.spec("needle", edited, item["model"], item["id"]) != needle
 
 
+def test_only_the_spec_builders_read_the_config():
+    """#39: a job takes its spec, never the validated config: no function of jobs/ but the builders of jobs/spec.py
+    has a ``config`` parameter, or takes keywords it does not name (``**job``)."""
+    import ast
+
+    found = []
+    for path in sorted((REPO / "src" / "crashline" / "jobs").glob("*.py")):
+        if path.name == "spec.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                named = [a.arg for a in [*node.args.posonlyargs, *node.args.args, *node.args.kwonlyargs]]
+                if "config" in named or node.args.kwarg:
+                    found.append(f"{path.name}:{node.lineno} {node.name}")
+    assert not found, f"jobs reading the config or unnamed keywords: {found}"
+
+
 def test_a_spec_is_typed_per_job_and_reads_back_only_as_written():
     """Each server job's spec is a frozen dataclass of its own fields: its text (the rule's params) reads back equal,
     and text that is not a spec (the whole config, a spec lacking a field) is refused naming the keys."""
