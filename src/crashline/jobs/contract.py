@@ -14,6 +14,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 
+def _keys_sorted(fields: dict) -> dict:
+    """A part as the job has always read it from the rule's params (JSON with its keys sorted): a record's job config
+    keeps its bytes."""
+    return dict(sorted(fields.items()))
+
+
 def _json_list(values) -> list:
     return [dict(v) if isinstance(v, dict) else v for v in values]
 
@@ -27,7 +33,7 @@ class ServerLimits:
     stop_timeout_s: float
 
     def as_dict(self) -> dict:
-        return dataclasses.asdict(self)
+        return _keys_sorted(dataclasses.asdict(self))
 
 
 @dataclass(frozen=True)
@@ -39,7 +45,7 @@ class Budget:
     host_ram_mib: int | None = None
 
     def as_dict(self) -> dict:
-        return dataclasses.asdict(self)
+        return _keys_sorted(dataclasses.asdict(self))
 
 
 @dataclass(frozen=True)
@@ -53,7 +59,7 @@ class Soak:
     at_once: int
 
     def as_dict(self) -> dict:
-        return dataclasses.asdict(self)
+        return _keys_sorted(dataclasses.asdict(self))
 
 
 @dataclass(frozen=True)
@@ -61,7 +67,7 @@ class Telemetry:
     interval_s: float
 
     def as_dict(self) -> dict:
-        return dataclasses.asdict(self)
+        return _keys_sorted(dataclasses.asdict(self))
 
 
 @dataclass(frozen=True)
@@ -82,7 +88,7 @@ class Measurement:
     timed_with_margin_mib: int | None = None
 
     def as_dict(self) -> dict:
-        return {
+        read = {
             "server": self.server.as_dict(),
             "workloads": _json_list(self.workloads),
             **({"conversations": _json_list(self.conversations)} if self.conversations else {}),
@@ -91,8 +97,9 @@ class Measurement:
             "warmup_requests": self.warmup_requests,
             "budget": self.budget.as_dict(),
             "telemetry": self.telemetry.as_dict(),
-            **({"timed_with_margin_mib": self.timed_with_margin_mib} if self.timed_with_margin_mib is not None else {}),
         }
+        margin = self.timed_with_margin_mib
+        return {**_keys_sorted(read), **({"timed_with_margin_mib": margin} if margin is not None else {})}
 
     @classmethod
     def of(cls, raw: dict) -> Measurement:
@@ -184,7 +191,7 @@ class Objective:
     max_ttft_s: float | None = None
 
     def as_dict(self) -> dict:
-        return dataclasses.asdict(self)
+        return _keys_sorted(dataclasses.asdict(self))
 
 
 @dataclass(frozen=True)
