@@ -37,7 +37,7 @@ rule all:
 
 onstart:
     print(f"crashline: config {CONFIG_FILE}", file=sys.stderr)
-    print("\n".join(crashline_config.plan_lines(CFG)), file=sys.stderr)
+    print("\n".join(crashline_plan.plan_lines(CFG)), file=sys.stderr)
     # the server jobs find the plan here and say what is left of the run as each begins
     os.environ[crashline_eta.PLAN_ENV] = str(LAYOUT.run_plan())
     planned = crashline_eta.write_plan(CFG, LAYOUT.run_plan())

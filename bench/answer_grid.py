@@ -41,7 +41,7 @@ from pathlib import Path
 
 from crashline.config import plan as C
 from crashline.core import settings as S
-from crashline.core.paths import Layout, SearchFolder
+from crashline.core.paths import Layout, RecordFolder
 from crashline.jobs import spec as jobs
 from crashline.jobs.measure import MeasurePaths, measure
 from crashline.jobs.search_rules import speed_of
@@ -60,10 +60,10 @@ def _searches(cfg: dict) -> list[tuple[str, dict, dict]]:
 
 def _probe_records(cfg: dict, model: str, group: dict, summary: dict) -> dict[int, list[dict]]:
     """n_cpu_moe -> the search's records of it (every start)."""
-    root = SearchFolder(Path(Layout(cfg["results_dir"]).search(model, group["id"])).parent).probes()
+    folder = Layout(cfg["results_dir"]).search_folder(model, group["id"])
     out: dict[int, list[dict]] = {}
     for rel in summary["records"]:
-        rec = json.loads((root / rel / "measure.json").read_text())
+        rec = json.loads(folder.probe(rel).measure.read_text())
         out.setdefault(rec["settings"]["n_cpu_moe"], []).append(rec)
     return out
 
@@ -84,8 +84,8 @@ def _targets(cfg: dict, span: int) -> list[dict]:
     return targets
 
 
-def _grid_path(grid: Path, model: str, cid: str, k: int) -> Path:
-    return grid / "records" / model / cid / f"pass-{k}"
+def _grid_folder(grid: Path, model: str, cid: str, k: int) -> RecordFolder:
+    return RecordFolder(grid / "records" / model / cid / f"pass-{k}")
 
 
 def _config(args) -> dict:
@@ -103,8 +103,8 @@ def run(args) -> None:
         for t in targets:
             if len(t["have"]) >= k:
                 continue
-            folder = _grid_path(grid, t["model"], t["id"], k)
-            if (folder / "measure.json").exists():
+            folder = _grid_folder(grid, t["model"], t["id"], k)
+            if folder.measure.exists():
                 continue
             inputs = jobs.inputs(
                 Path(layout.fetch(t["model"])), Path(layout.manifest(t["model"])), Path(layout.provenance()), None
@@ -114,8 +114,7 @@ def run(args) -> None:
             )
             item = jobs.Item(t["id"], S.resolve(t["given"]), t["given"])
             measurement = jobs.search_spec(cfg, t["model"], t["group"]["id"]).measurement
-            paths = MeasurePaths(folder / "measure.json", folder / "server.log", folder / "telemetry.parquet")
-            measure(jobs.MeasureSpec(t["model"], item, measurement), inputs.records(), paths)
+            measure(jobs.MeasureSpec(t["model"], item, measurement), inputs.records(), MeasurePaths.of(folder))
 
 
 def _stat(speed) -> dict | None:
@@ -179,7 +178,7 @@ def analyse(args) -> None:
     targets = _targets(cfg, args.span)
     rows, all_recs = [], []
     for t in targets:
-        extra = sorted(grid.glob(f"records/{t['model']}/{t['id']}/pass-*/measure.json"))
+        extra = sorted(grid.glob(f"records/{t['model']}/{t['id']}/pass-*/{RecordFolder.MEASURE}"))
         recs = t["have"] + [json.loads(p.read_text()) for p in extra]
         all_recs += recs
         pooled = speed_of(recs, objective, margin)

@@ -4,7 +4,8 @@ Runs the measurement in ``--runs`` fresh processes for each method, interleaved 
 prints one JSON line per process, then each method's figures and their spread: (max - min) / max over the processes,
 the statistic fixed before the run. ``before`` is crashline's measurement up to session 18, copied here verbatim (one
 thread faults every array in, then 16 threads copy 512 MiB three times, best of three); ``now`` is
-``crashline.core.host.memory_bandwidth`` (pinned threads, each faulting in its own arrays; best of passes).
+``crashline.core.host.memory_bandwidth`` (pinned threads, each faulting in its own arrays; best of passes);
+``three`` (with ``--three``) is ``now`` at session 18's shape of three passes of five timings.
 
     python bench/bandwidth_spread.py --runs 5 > bandwidth.jsonl
 """
@@ -34,11 +35,13 @@ with ThreadPoolExecutor(threads) as pool:
 print(json.dumps({"gbs": round(2 * threads * src[0].nbytes / best / 1e9, 2), "threads": threads}))
 """
 NOW = "import json, sys; from crashline.core.host import memory_bandwidth; print(json.dumps(memory_bandwidth({})))"
+SHAPES = {"before": None, "now": "", "three": "passes=3, repeats=5"}
 
 
 def one(method: str, passes: int | None) -> dict:
     started = time.monotonic()
-    code = BEFORE if method == "before" else NOW.format(f"passes={passes}" if passes else "")
+    shape = SHAPES[method] if passes is None or method != "now" else f"passes={passes}"
+    code = BEFORE if method == "before" else NOW.format(shape)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=os.environ)
     return {"method": method, **json.loads(out.stdout), "wall_s": round(time.monotonic() - started, 2)}
 
@@ -47,13 +50,15 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--passes", type=int, help="memory_bandwidth's passes (default: its own)")
+    parser.add_argument("--three", action="store_true", help="also session 18's three passes of five timings")
     args = parser.parse_args()
+    methods = ("before", "now", *(("three",) if args.three else ()))
     rows = []
     for _ in range(args.runs):
-        for method in ("before", "now"):
+        for method in methods:
             rows.append(one(method, args.passes))
             print(json.dumps(rows[-1]), flush=True)
-    for method in ("before", "now"):
+    for method in methods:
         figures = [r["gbs"] for r in rows if r["method"] == method]
         spread = (max(figures) - min(figures)) / max(figures)
         print(json.dumps({"summary": method, "gbs": figures, "spread": round(spread, 4)}), flush=True)

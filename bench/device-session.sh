@@ -17,6 +17,8 @@
 #   bash bench/device-session.sh all ID...                   # build, then soak (one call)
 #   bash bench/device-session.sh gputest ARGS...             # pytest -m gpu ARGS (e.g. tests/test_gpu_live.py -k aim)
 #   bash bench/device-session.sh order SHAPE ARGS...         # bench/warmup_bias.py order on that synthetic GGUF
+#   bash bench/device-session.sh depth SHAPE SETTINGS ARGS...  # bench/depth_check.py on that synthetic GGUF, into
+#                                                            # /tmp/res/depth-SHAPE (ARGS: --depths, --starts, ...)
 #   bash bench/device-session.sh sampler ARGS...             # bench/sampler_overhead.py on the synthetic 30B-A3B
 #                                                            # (written first), ARGS after --
 # The results stay under /tmp/res between calls; every call packs them into $OUT/results.tgz.
@@ -30,6 +32,8 @@ shape_of() {
   case $1 in
     qwen3-30b-a3b) echo '{} qwen3-30b-a3b' ;;
     qwen3moe-40x192) echo '{"layers": 40, "n_expert": 192} qwen3-30b-a3b' ;;
+    # issue #40's seed scale: about 41 GB, 48 layers, 320 experts / 8, n_embd 2048, Q4_0, ctx 262144 in its header
+    seed) echo '{"n_expert": 320, "ctx": 262144} qwen3-30b-a3b' ;;
     tiny-moe) echo '{} tiny-moe' ;;  # to try the steps on a machine without a GPU (VRAM -)
     *) echo "unknown shape $1" >&2; exit 2 ;;
   esac
@@ -126,6 +130,14 @@ order)
   write_model "$shape"
   timeout 560 python bench/warmup_bias.py order --model /tmp/clc/models/$shape.gguf --out /tmp/res/$pack "$@" \
     > /tmp/res/$pack.console.txt 2>&1 && step_rc=0 || step_rc=$?
+  mv /tmp/res/$pack.console.txt /tmp/res/$pack/console.txt 2>/dev/null || true
+  tail -4 /tmp/res/$pack/console.txt
+  ;;
+depth)
+  shape=$1 settings=$2; shift 2; pack=depth-$shape
+  write_model "$shape"
+  timeout 900 python bench/depth_check.py --model /tmp/clc/models/$shape.gguf --settings "$settings" \
+    --out /tmp/res/$pack "$@" > /tmp/res/$pack.console.txt 2>&1 && step_rc=0 || step_rc=$?
   mv /tmp/res/$pack.console.txt /tmp/res/$pack/console.txt 2>/dev/null || true
   tail -4 /tmp/res/$pack/console.txt
   ;;

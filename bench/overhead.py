@@ -18,6 +18,8 @@ import json
 import sys
 from pathlib import Path
 
+from crashline.core.paths import measure_records_under
+
 LAPS = ("setup", "lock_wait", "ballast", "server_start", "warmup_request", "workloads", "stop", "telemetry", "analysis")
 
 
@@ -27,7 +29,7 @@ def _requests_s(rec: dict) -> float:
 
 def records(results: Path) -> list[dict]:
     out = []
-    for path in sorted(results.glob("**/measure.json")):
+    for path in measure_records_under(results):
         rec = json.loads(path.read_text())
         if "time_budget_s" in rec:
             out.append({"path": path, **rec})

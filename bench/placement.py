@@ -33,7 +33,7 @@ from crashline.core.atomic import read_json, write_json  # noqa: E402
 from crashline.models.manifest import inspect_gguf  # noqa: E402
 from crashline.jobs import spec as jobs  # noqa: E402
 from crashline.jobs.measure import MeasurePaths, measure  # noqa: E402
-from crashline.core.paths import Layout  # noqa: E402
+from crashline.core.paths import Layout, RecordFolder  # noqa: E402
 from crashline.jobs.search import run_search  # noqa: E402
 
 SHAPES = {"qwen3-30b-a3b": synthetic.QWEN3_30B_A3B, "tiny": synthetic.DEFAULT_TINY}
@@ -151,7 +151,7 @@ def phase_report(args) -> None:
     layout = Layout(out)
     records = {}  # one record per configuration: the grid's, else the fit run's, else the planner's
     for phase in ("grid", "fit", "planner", "explicit"):
-        for path in sorted(out.glob(f"{phase}/**/records/*/measure.json")):
+        for path in sorted(out.glob(f"{phase}/**/records/*/{RecordFolder.MEASURE}")):
             records.setdefault(path.parent.name, path)
     provenance = next(out.glob("*/server/provenance.json"))
     layout.provenance().parent.mkdir(parents=True, exist_ok=True)

@@ -17,9 +17,9 @@ from pathlib import Path
 
 import yaml
 
-from crashline.cli.verbs import needle_records_from, records_from
 from crashline.config import plan as C
 from crashline.core.paths import Layout
+from crashline.core.records import needle_records_from, records_from
 from crashline.report.build import render
 from crashline.tables import aggregate
 from crashline.tables.needle import write_table

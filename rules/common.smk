@@ -6,12 +6,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(workflow.basedir) / "src"))
 
-from crashline.config import plan as crashline_config  # noqa: E402
-from crashline.jobs import spec as crashline_jobs  # noqa: E402
+from crashline.config import plan as crashline_plan  # noqa: E402
+from crashline.jobs import spec as crashline_spec  # noqa: E402
 from crashline.engine import eta as crashline_eta  # noqa: E402
 from crashline.core import settings as crashline_settings  # noqa: E402
 from crashline.tables import recommend as crashline_recommend  # noqa: E402
 from crashline.core.atomic import write_json  # noqa: E402
+from crashline.core.changes import what_changed  # noqa: E402
 from crashline.core.owned import UnsafeFolderError, own_results  # noqa: E402
 from crashline.core.paths import (
     Layout,
@@ -26,10 +27,10 @@ from snakemake.utils import update_config  # noqa: E402
 
 # --configfile FILE runs exactly FILE (plus any --config KEY=VALUE); without it, the demo config.
 if not workflow.config_settings.configfiles:
-    CONFIG_FILE = crashline_config.DEFAULT_CONFIG
+    CONFIG_FILE = crashline_plan.DEFAULT_CONFIG
     try:
-        demo = crashline_config.read_yaml(Path(CONFIG_FILE), "configuration file")
-    except crashline_config.ConfigError as exc:
+        demo = crashline_plan.read_yaml(Path(CONFIG_FILE), "configuration file")
+    except crashline_plan.ConfigError as exc:
         raise WorkflowError(str(exc)) from None
     update_config(demo, config)
     config.clear()
@@ -38,12 +39,12 @@ else:
     CONFIG_FILE = ", ".join(map(str, workflow.config_settings.configfiles))
     try:  # Snakemake's own reading keeps the last of a key written twice: refuse that first
         for path in workflow.config_settings.configfiles:
-            crashline_config.read_yaml(Path(path), "configuration file")
-    except crashline_config.ConfigError as exc:
+            crashline_plan.read_yaml(Path(path), "configuration file")
+    except crashline_plan.ConfigError as exc:
         raise WorkflowError(str(exc)) from None
 try:
-    CFG = crashline_config.validate(config, crashline_config.load_schema())
-except crashline_config.ConfigError as exc:
+    CFG = crashline_plan.validate(config, crashline_plan.load_schema())
+except crashline_plan.ConfigError as exc:
     raise WorkflowError(str(exc)) from None
 
 LAYOUT = Layout(CFG["results_dir"])
@@ -88,14 +89,25 @@ if packing_report():
     why = report_not_made(LAYOUT, Path(".snakemake") / "log")
     if why:
         raise WorkflowError(why)
-CONFIGURATIONS = crashline_config.expand(CFG)
+CONFIGURATIONS = crashline_plan.expand(CFG)
 CONFIG_BY_KEY = {(c["model"], c["id"]): c for c in CONFIGURATIONS}
 
 # The validated, merged config the jobs read (written only when it changes).
 EFFECTIVE_CONFIG = Path(RESULTS) / ".crashline" / "config.json"
-if not EFFECTIVE_CONFIG.exists() or json.loads(
-    EFFECTIVE_CONFIG.read_text()
-) != json.loads(json.dumps(CFG)):
+LAST_CONFIG = (
+    json.loads(EFFECTIVE_CONFIG.read_text()) if EFFECTIVE_CONFIG.exists() else None
+)
+if LAST_CONFIG != json.loads(json.dumps(CFG)):
+    if (
+        LAST_CONFIG is not None
+    ):  # what the jobs Snakemake reruns read differently, in a line each (dry runs too)
+        print(
+            "crashline: the config changed since the last run:\n  "
+            + "\n  ".join(
+                what_changed(LAST_CONFIG, json.loads(json.dumps(CFG)), most=20)
+            ),
+            file=sys.stderr,
+        )
     # a full disk, a folder this user cannot write: one line, not a traceback
     try:
         write_json(EFFECTIVE_CONFIG, CFG)
@@ -152,13 +164,13 @@ def needle_inputs(wildcards):
     for this one's (the same llama-server arguments), which it copies, and for a --fit on aimed at the margin
     its measure record, whose --fit-target it is checked at."""
     model, cid = wildcards.model, wildcards.cid
-    twin = crashline_config.needle_twin(CFG, model, cid)
+    twin = crashline_plan.needle_twin(CFG, model, cid)
     return {
         **measure_inputs(wildcards),
         **({"twin": LAYOUT.needle_record(model, twin)} if twin else {}),
         **(
             {"measured": LAYOUT.record(model, cid)}
-            if crashline_config.recall_as_measured(CFG, model, cid)
+            if crashline_plan.recall_as_measured(CFG, model, cid)
             else {}
         ),
     }
@@ -170,14 +182,14 @@ def job_spec(job):
 
     def spec(wildcards):
         job_id = wildcards.gid if job in ("search", "search_needle") else wildcards.cid
-        return crashline_jobs.to_json(
-            crashline_jobs.spec(job, CFG, wildcards.model, job_id)
+        return crashline_spec.to_json(
+            crashline_spec.spec(job, CFG, wildcards.model, job_id)
         )
 
     return spec
 
 
-SEARCHES = crashline_config.expand_searches(CFG)
+SEARCHES = crashline_plan.expand_searches(CFG)
 SEARCH_BY_KEY = {(g["model"], g["id"]): g for g in SEARCHES}
 
 

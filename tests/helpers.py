@@ -16,6 +16,7 @@ from conftest import REPO
 from crashline.config import plan as C
 from crashline.config.plan import load_schema
 from crashline.core.atomic import read_json
+from crashline.core.paths import RecordFolder
 from crashline.jobs import measure as M
 from crashline.jobs import spec as S
 
@@ -47,15 +48,15 @@ def fetch_record(model_path) -> dict:
 
 def measure_one(folder: Path, model: str, fetch: dict, provenance: dict, config: dict, draft_path=None) -> dict:
     """The first configuration of ``config`` (a raw config; validated here) measured on ``model``: its record, as
-    written to ``folder``/measure.json (the server's log and the telemetry beside it, as in a results folder)."""
+    written to the record folder ``folder`` (the server's log and the telemetry beside it, as in a results folder)."""
     cfg = C.validate(config, SCHEMA)
     item = C.expand(cfg)[0]
     M.measure(
         S.measure_spec(cfg, item["model"], item["id"]),
         S.JobInputs(fetch, {}, provenance, draft_path),
-        M.MeasurePaths(folder / "measure.json", folder / "server.log", folder / "telemetry.parquet"),
+        M.MeasurePaths.of(RecordFolder(folder)),
     )
-    return read_json(folder / "measure.json")
+    return read_json(RecordFolder(folder).measure)
 
 
 def measure_gemma(folder: Path, gemma_fetch: dict, provenance: dict, config: dict, draft_path=None) -> dict:
@@ -89,11 +90,11 @@ def run(
     )
     (item,) = C.expand(cfg)
     fetch = fetch or fetch_record(model_path)
-    record_path = tmp_path / "measure.json"
+    record_path = RecordFolder(tmp_path).measure
     rec = M.measure(
         S.measure_spec(cfg, "tiny", item["id"]),
         S.JobInputs(fetch, {}, provenance),
-        M.MeasurePaths(record_path, tmp_path / "server.log"),
+        M.MeasurePaths(record_path, RecordFolder(tmp_path).server_log),
     )
     written = read_json(record_path)
     assert (written["config_id"], written["outcome"], written["message"]) == (

@@ -12,13 +12,12 @@ import sys
 import pandas as pd
 import pytest
 
-from conftest import REPO, WIDTHS, unreadable
+from conftest import RECHECK, WIDTHS, unreadable
 from crashline.config.plan import ConfigError
 from crashline.report.compare import compare, read_run
 from crashline.tables import compare as C
 
-RECHECK = REPO / "bench" / "results" / "recheck-portable"
-NATIVE, PORTABLE = RECHECK / "native" / "results", RECHECK / "portable" / "results"
+PORTABLE = RECHECK / "portable" / "results"
 
 
 def _objective_row(folder, cid):
@@ -26,12 +25,12 @@ def _objective_row(folder, cid):
     return m[(m["config_id"] == cid) & (m["workload"] == "depth-2k")].iloc[0]
 
 
-def test_two_runs_of_one_configuration_on_two_builds(tmp_path):
-    page, rows = compare([f"native={NATIVE}", f"portable={PORTABLE}"], tmp_path / "cmp")
+def test_two_runs_of_one_configuration_on_two_builds(tmp_path, native_run):
+    page, rows = compare([f"native={native_run}", f"portable={PORTABLE}"], tmp_path / "cmp")
     native, portable = rows
     assert (native["run"], native["verdict"], native["ratio"]) == ("native", "reference", None)
     # The ratio and the verdict from the two tables themselves: medians, and the repetitions' ranges (one start).
-    a, b = _objective_row(NATIVE, native["winner"]), _objective_row(PORTABLE, portable["winner"])
+    a, b = _objective_row(native_run, native["winner"]), _objective_row(PORTABLE, portable["winner"])
     assert portable["ratio"] == round(b["e2e_tps_median"] / a["e2e_tps_median"], 3)
     apart = b["e2e_tps_max"] < a["e2e_tps_min"] or a["e2e_tps_max"] < b["e2e_tps_min"]
     assert portable["verdict"] == ("slower" if apart else "tied")
@@ -46,8 +45,8 @@ def test_two_runs_of_one_configuration_on_two_builds(tmp_path):
     assert [r["run"] for r in saved] == ["native", "portable"] and saved[1]["spread"]["of"]
 
 
-def test_the_page_reads_whole_in_chromium(tmp_path, browser):
-    compare([f"native={NATIVE}", f"portable={PORTABLE}"], tmp_path / "cmp")
+def test_the_page_reads_whole_in_chromium(tmp_path, browser, native_run):
+    compare([f"native={native_run}", f"portable={PORTABLE}"], tmp_path / "cmp")
     assert unreadable(browser, tmp_path / "cmp" / "compare.html") == {}, WIDTHS
     assert not browser.console()
 
@@ -91,19 +90,19 @@ def test_runs_ranked_by_different_objectives_are_refused():
         C.compare([_run("a", [100.0, 101.0]), other])
 
 
-def test_what_is_not_a_finished_run_and_two_runs_named_alike_are_refused(tmp_path):
+def test_what_is_not_a_finished_run_and_two_runs_named_alike_are_refused(tmp_path, native_run):
     with pytest.raises(ConfigError, match="not the results folder of a finished crashline run"):
         read_run(str(tmp_path))
     with pytest.raises(ConfigError, match="named alike"):
-        compare([f"x={NATIVE}", f"x={PORTABLE}"], tmp_path / "cmp")
+        compare([f"x={native_run}", f"x={PORTABLE}"], tmp_path / "cmp")
     with pytest.raises(ConfigError, match="at least two"):
-        compare([str(NATIVE)], tmp_path / "cmp")
+        compare([str(native_run)], tmp_path / "cmp")
     assert not (tmp_path / "cmp").exists()  # nothing written for a refused comparison
 
 
-def test_the_verb_prints_the_table_and_names_the_files(tmp_path):
+def test_the_verb_prints_the_table_and_names_the_files(tmp_path, native_run):
     a, b = tmp_path / "a", tmp_path / "b"
-    shutil.copytree(NATIVE, a)
+    shutil.copytree(native_run, a)
     shutil.copytree(PORTABLE, b)
     done = subprocess.run(
         [sys.executable, "-m", "crashline", "compare", str(a), str(b), "--out", str(tmp_path / "out")],
@@ -118,3 +117,12 @@ def test_the_verb_prints_the_table_and_names_the_files(tmp_path):
         [sys.executable, "-m", "crashline", "compare", str(a), str(b)], capture_output=True, text=True, cwd=tmp_path
     )
     assert refused.returncode != 0 and "its recommendation" in refused.stderr and "\n" not in refused.stderr.strip()
+
+
+def test_a_model_only_one_run_measured_says_so_instead_of_an_empty_comparison():
+    """#41: "Against mine (3,870.0 end to end t/s): ." where only one run had the model."""
+    from crashline.report.compare import _headline
+
+    only = {"run": "mine", "verdict": "reference", "median": 3870.0, "ratio": None, "metric_label": "end to end"}
+    said = _headline([only])
+    assert said.startswith("Only mine measured this model (3,870.0 ") and said.endswith(": nothing to compare."), said

@@ -394,3 +394,30 @@ def test_the_default_objective_is_the_whole_request_in_the_schema_and_the_code()
     assert schema_default == C.DEFAULT_METRIC == "e2e_tps"
     cfg = C.load(REPO / "config" / "config.yaml")
     assert C.resolve_objective({**cfg, "objective": {}})["metric"] == "e2e_tps"
+
+
+def test_every_problem_of_each_key_is_said_at_once_and_each_once(tmp_path):
+    """#41: config errors arrived stage by stage (the schema's, then one model's, then one setting's), so a config
+    took as many runs as it had mistakes; an unknown grid setting was named once per value."""
+    raw = base()
+    raw["repetitons"] = 3  # the schema's
+    raw["workloads"][0]["prompt_tokens"] = -5  # the schema's
+    raw["models"]["m"]["source"] = "nope:x"  # a model's
+    raw["defaults"] = {"ubatchh": 5}  # a setting's
+    raw["configurations"] = [{"grid": {"ubacth": [128, 512]}}, {"models": ["nomodel"]}]
+    raw["results_dir"] = str(tmp_path / "file")
+    (tmp_path / "file").write_text("")  # a place's
+    with pytest.raises(C.ConfigError) as caught:
+        C.validate(raw, SCHEMA)
+    lines = str(caught.value).splitlines()
+    assert lines[0] == "invalid configuration:"
+    said = [line.strip().split(" = ")[0].split(":")[0] for line in lines[1:]]
+    assert said == [
+        "config key repetitons",
+        "config key workloads.0.prompt_tokens",
+        "config key models.m.source",
+        "config key defaults.ubatchh",
+        "config key configurations.0.grid.ubacth",
+        "config key configurations.1.models",
+        "config key results_dir",
+    ], lines

@@ -71,7 +71,7 @@ def test_a_conversation_reuses_its_history_and_survives_a_restart(tmp_path, gemm
         (str(t["turn"]), t["cache_n"], t["rss_mib"]) for t in talk["turns"]
     ]
     assert (row["restart_ttft_s"], row["rss_mib_per_1k"]) == (restart["ttft_s"], talk["rss_mib_per_1k"])
-    (figure,) = memory_figures._conversation_memory("gemma", pq.read_table(tables["conversations"]).to_pandas())
+    (figure,) = memory_figures.conversation_memory_figures("gemma", pq.read_table(tables["conversations"]).to_pandas())
     assert figure.kind == "conversation" and len(figure.series) == 1 and "peak host RSS" in figure.svg
 
 

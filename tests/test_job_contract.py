@@ -233,3 +233,20 @@ def test_an_edit_of_the_decision_reruns_the_report_and_the_llama_bench_check_and
         planned = _planned(_snakemake(tmp_path, "-n"))
         assert planned.get("validity") == 1 and planned.get("report") == 1, (edit, planned)
         assert not any(planned.get(job) for job in ("measure", "needle", "search")), (edit, planned)
+
+
+def test_a_dry_run_says_what_changed_in_the_config_as_key_old_new(tmp_path):
+    """#41: a dry run's rerun reasons were 634-2,875 characters of Snakemake's JSON; the workflow says each changed
+    key once, as `key old → new`, before Snakemake's plan."""
+    copy_workflow(tmp_path)
+    (tmp_path / "mine.yaml").write_text(TINY)
+    first = _snakemake(tmp_path, "-n")
+    assert "config changed" not in first
+    (tmp_path / "mine.yaml").write_text(
+        TINY.replace("prompt_tokens: 32", "prompt_tokens: 24").replace("repetitions: 1", "repetitions: 2")
+    )
+    said = _snakemake(tmp_path, "-n")
+    assert (
+        "crashline: the config changed since the last run:\n  repetitions 1 → 2\n"
+        "  workloads.short.prompt_tokens 32 → 24\n" in said
+    ), said[:3000]

@@ -1,6 +1,6 @@
 """Modules split by layer (issue #12): loading the config pulls in no table, template, Parquet or HTTP
-library; the package's import graph, top-level and function-level imports alike, has no cycle; and
-no module imports one of a higher layer."""
+library; the package's import graph, top-level and function-level imports alike, has no cycle; no module
+imports one of a higher layer; and no module takes another's private (underscore) name (#39)."""
 
 from __future__ import annotations
 
@@ -48,6 +48,9 @@ CONFIG_MODULES = {
 }
 HEAVY = ("pandas", "jinja2", "pyarrow", "requests", "numpy", "gguf")
 KNOWN_CYCLES: list[set[str]] = []
+# (importer, module, name) of the underscore names a module may still take from another: a helper one module
+# shares with another is public and documented, or the two are one module. None is left.
+ALLOWED_PRIVATE_IMPORTS: set[tuple[str, str, str]] = set()
 
 
 def module_names() -> list[str]:
@@ -67,16 +70,21 @@ def _package_of(name: str, modules: set[str]) -> list[str]:
     return parts if name in modules and (PACKAGE / name.replace(".", "/")).is_dir() else parts[:-1]
 
 
+def _source(node: ast.ImportFrom, name: str, modules: set[str]) -> str | None:
+    """What module ``name``'s ``from X import ...`` reads, dotted below ``crashline``; None outside the package."""
+    if node.level:
+        base = _package_of(name, modules)[: len(_package_of(name, modules)) - node.level + 1]
+        return ".".join([*base, *(node.module.split(".") if node.module else [])])
+    if node.module and node.module.split(".")[0] == "crashline":
+        return node.module.removeprefix("crashline").strip(".")
+    return None
+
+
 def _targets(node: ast.ImportFrom | ast.Import, name: str, modules: set[str]) -> set[str]:
     """The package modules an import statement names."""
     if isinstance(node, ast.Import):
         dotted = [a.name.removeprefix("crashline.") for a in node.names if a.name.startswith("crashline.")]
-    elif node.level:
-        base = _package_of(name, modules)[: len(_package_of(name, modules)) - node.level + 1]
-        module = ".".join([*base, *(node.module.split(".") if node.module else [])])
-        dotted = [f"{module}.{a.name}".strip(".") for a in node.names] + [module]
-    elif node.module and node.module.split(".")[0] == "crashline":
-        module = node.module.removeprefix("crashline").strip(".")
+    elif (module := _source(node, name, modules)) is not None:
         dotted = [f"{module}.{a.name}".strip(".") for a in node.names] + [module]
     else:
         return set()
@@ -92,19 +100,56 @@ def _known(dotted: str, modules: set[str]) -> str | None:
     return None
 
 
+def syntax_tree(name: str) -> ast.Module:
+    """The parsed source of package module ``name``."""
+    path = PACKAGE / (name.replace(".", "/") + ("/__init__.py" if (PACKAGE / name).is_dir() else ".py"))
+    return ast.parse(path.read_text())
+
+
 def import_graph() -> dict[str, set[str]]:
     """Module -> the package modules it imports, anywhere in it (top level and inside functions)."""
     modules = set(module_names())
     graph = {}
     for name in modules:
-        path = PACKAGE / (name.replace(".", "/") + ("/__init__.py" if (PACKAGE / name).is_dir() else ".py"))
-        tree = ast.parse(path.read_text())
+        tree = syntax_tree(name)
         deps = set()
         for node in ast.walk(tree):
             if isinstance(node, (ast.Import, ast.ImportFrom)):
                 deps |= _targets(node, name, modules)
         graph[name] = deps - {name}
     return graph
+
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not name.startswith("__")
+
+
+def private_imports() -> set[tuple[str, str, str]]:
+    """(importer, module, name) of each underscore name a package module takes from another, anywhere in it:
+    ``from .m import _x``, or ``m._x`` on a module ``m`` it imported."""
+    modules = set(module_names())
+    found = set()
+    for name in modules:
+        tree = syntax_tree(name)
+        module_aliases = {}  # a name bound to a package module in ``name``: that module
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and (module := _source(node, name, modules)) is not None:
+                for alias in node.names:
+                    dotted = f"{module}.{alias.name}".strip(".")
+                    if dotted in modules:
+                        module_aliases[alias.asname or alias.name] = dotted
+                    elif _private(alias.name) and module != name:
+                        found.add((name, module, alias.name))
+            elif isinstance(node, ast.Import):
+                for alias in node.names:
+                    if alias.asname and alias.name.removeprefix("crashline.") in modules:
+                        module_aliases[alias.asname] = alias.name.removeprefix("crashline.")
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and _private(node.attr):
+                module = module_aliases.get(node.value.id, name)
+                if module != name:
+                    found.add((name, module, node.attr))
+    return found
 
 
 def cycles(graph: dict[str, set[str]]) -> list[set[str]]:
@@ -213,6 +258,15 @@ def test_every_module_is_in_a_layer_and_imports_none_above_it():
         if layer_of(d) > layer_of(m)
     ]
     assert not upward, "imports of a higher layer:\n" + "\n".join(upward)
+
+
+def test_no_module_takes_another_modules_private_name():
+    found = private_imports()
+    unlisted = sorted(found - ALLOWED_PRIVATE_IMPORTS)
+    assert not unlisted, "private names taken from another module (make them public, or one module):\n" + "\n".join(
+        f"{importer} takes {module}.{private}" for importer, module, private in unlisted
+    )
+    assert not ALLOWED_PRIVATE_IMPORTS - found, f"allowed but no longer taken: {ALLOWED_PRIVATE_IMPORTS - found}"
 
 
 def test_synthetic_shape_knows_the_block_sizes_gguf_knows():

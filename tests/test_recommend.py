@@ -335,3 +335,62 @@ def test_no_recommendation_names_why_none_survived(tables):
     (r,) = recommend(failed, measurements, "decode_tps", "depth-16k")
     first = failed.iloc[0]
     assert r["no_winner"] == f"every configuration failed the same way (load_failed at load: {first['message']})"
+
+
+def _tied_pair(tmp_path, a_long: tuple, b_long: tuple):
+    """Two configurations tied on decode at "short" (101 and 100 t/s, ±2%: their ranges overlap, a the higher median),
+    equal on every other column there, and ``a_long``/``b_long`` (decode, aggregate t/s) at "long"."""
+    for name, ubatch, short, long in (("a", 256, 101.0, a_long), ("b", 512, 100.0, b_long)):
+        _record(tmp_path, name, {"ubatch": ubatch}, [("short", 1, short, 100.0, 0.05), ("long", 1, *long, 0.2)])
+    configs, measurements = _tables(tmp_path)
+    return configs, measurements, {int(r["s_ubatch"]): r["config_id"] for _, r in configs.iterrows()}
+
+
+def test_a_tied_configuration_beaten_on_every_other_column_is_never_chosen(tmp_path):
+    """gemma on a busy 2-core machine (#41): the pick, tied on the objective and chosen for "the higher median", was
+    beaten by the other tied one on every other column (decode per request, aggregate, memory)."""
+    configs, measurements, ids = _tied_pair(tmp_path, a_long=(50.0, 50.0), b_long=(60.0, 60.0))
+    (r,) = recommend(configs, measurements, "decode_tps", "short")
+    assert r["winner"] == ids[512], r["tie"]
+    assert r["tie"] == (
+        f"tied with 1 other(s) on speed; chosen for being as good as `{ids[256]}` on every measured column and "
+        "better on one"
+    )
+
+
+def test_without_a_gpu_the_smaller_memory_breaks_a_tie_before_the_higher_median(tmp_path):
+    configs, measurements, ids = _tied_pair(tmp_path, a_long=(60.0, 50.0), b_long=(50.0, 60.0))  # neither dominates
+    configs["headroom_mib"] = float("nan")  # no GPU: no VRAM headroom
+    configs["peak_gpu_mib"] = float("nan")
+    configs.loc[configs["config_id"] == ids[512], "peak_rss_mib"] -= 64
+    (r,) = recommend(configs, measurements, "decode_tps", "short")
+    assert r["winner"] == ids[512]
+    assert (
+        r["tie"] == f"tied with 1 other(s) on speed; chosen for the smallest peak memory (-64 MiB against `{ids[256]}`)"
+    )
+    configs.loc[configs["config_id"] == ids[512], "peak_rss_mib"] += 64  # the same memory: the higher median
+    (r,) = recommend(configs, measurements, "decode_tps", "short")
+    assert (r["winner"], r["tie"]) == (ids[256], "tied with 1 other(s) on speed; chosen for the higher median")
+
+
+def test_a_pair_measured_while_other_processes_competed_is_inconclusive_not_slower(tmp_path):
+    """tiny-moe's -ub 512 read "slower (-53.4%)" after running under twice the others' load of the winner (#41)."""
+    for name, ubatch, decode in (("a", 256, 100.0), ("b", 512, 50.0)):
+        _record(tmp_path, name, {"ubatch": ubatch}, [("short", 1, decode, decode, 0.05)])
+    (
+        configs,
+        measurements,
+    ) = _tables(tmp_path)
+    ids = {int(r["s_ubatch"]): r["config_id"] for _, r in configs.iterrows()}
+    cores = int(configs["cpu_logical_cores"].iloc[0])
+    (quiet,) = recommend(configs, measurements, "decode_tps", "short")
+    assert quiet["inconclusive"] is None and quiet["others"][0]["reason"].startswith("slower: 50.0 t/s (-50.0%)")
+    measurements.loc[measurements["config_id"] == ids[512], "cpu_other_cores"] = 1.24
+    (busy,) = recommend(configs, measurements, "decode_tps", "short")
+    said = (
+        f"inconclusive: other processes used 1.2 of {cores} cores during these measurements; rerun on a quiet machine"
+    )
+    assert busy["winner"] == ids[256] and busy["inconclusive"] == said
+    (other,) = busy["others"]
+    assert other["inconclusive"] and not other["tied"]
+    assert other["reason"] == f"{said} (50.0 t/s against 100.0 t/s)"

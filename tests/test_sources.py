@@ -748,7 +748,7 @@ def test_a_copy_an_earlier_crashline_downloaded_is_still_used(hf_env, model_byte
     dest = tmp_path / "dest"
     dest.mkdir()
     (dest / "m.gguf").write_bytes(model_bytes)
-    verify._write_sidecar(dest / "m.gguf", sha(model_bytes), "hub metadata")
+    verify.write_sidecar(dest / "m.gguf", sha(model_bytes), "hub metadata")
     go_offline(monkeypatch)
     record = fetch("hf:o/r/m.gguf", dest, cache_dir=tmp_path / "cache")
     assert record["files"][0]["path"] == str(dest / "m.gguf") and record["fetched"] is False

@@ -380,6 +380,29 @@ def test_the_answer_is_a_command_to_paste_and_the_card_is_read_where_there_is_on
     assert line.startswith(f"llama-server -m {tiny_moe} -ngl 999 --n-cpu-moe 0 -c 4096") and " -ub 512 " in line
     if gpus()["present"]:
         assert "on a " in suggest_cli.from_cli(str(tiny_moe), None, 4096)
-    else:
-        with pytest.raises(suggest_inputs.SuggestError, match="--vram not given, and there is no card here"):
-            suggest_cli.from_cli(str(tiny_moe), None, 4096)
+    else:  # #41: suggest needed --vram on a machine without a GPU; it answers for the CPU alone
+        said = suggest_cli.from_cli(str(tiny_moe), None, 4096, "512,2048")
+        assert said.splitlines()[0].startswith("Prediction (not measured) for tiny-moe on this machine (no GPU")
+        lines = [x.strip() for x in said.splitlines() if "llama-server " in x]
+        assert [x.split(":")[0] for x in lines] == ["-ub 512", "-ub 2048"]
+        assert all(" -ngl 0 " in x and f"-m {tiny_moe} " in x for x in lines), lines
+        assert said.count("host memory: weights on the CPU ") == 2
+
+
+def test_a_dense_model_that_does_not_fit_gets_the_most_layers_that_do(gemma_fetch):
+    """#41: for a model without experts that did not fit the card, suggest said only "does not fit"; llama.cpp's
+    answer is -ngl N, the rest of the layers on the CPU."""
+    gguf = gemma_fetch["files"][0]["path"]
+    layers = inspect_gguf(Path(gguf))["layers"]
+    whole = row(suggest.suggest(gguf, 10**6, 4096, ubatches=[512], margin_mib=0), 512)
+    assert whole["status"] == suggest.ALL_ON_GPU and whole["n_gpu_layers"] is None
+    by_layers, _ = suggest.predictions(inspect_gguf(Path(gguf)), 4096, 512, "f16", "f16", None, vary="n_gpu_layers")
+    half = by_layers[layers // 2]["total_mib"]  # a card that holds half the layers exactly
+    part = row(suggest.suggest(gguf, half, 4096, ubatches=[512], margin_mib=0), 512)
+    assert (part["status"], part["n_gpu_layers"], part["predicted_mib"]) == (suggest.PART_ON_GPU, layers // 2, half)
+    assert part["args"][:2] == ["-ngl", str(layers // 2)]
+    said = suggest_cli.text(suggest.suggest(gguf, half, 4096, ubatches=[512], margin_mib=0))
+    assert f"offload {layers // 2} of its {layers} layers (-ngl {layers // 2}: predicted" in said
+    assert f" -ngl {layers // 2} " in said
+    none = row(suggest.suggest(gguf, by_layers[0]["total_mib"] - 1, 4096, ubatches=[512], margin_mib=0), 512)
+    assert none["status"] == suggest.NO_FIT and none["args"] is None  # not even the runtime fits

@@ -233,3 +233,17 @@ def test_a_card_asked_of_a_machine_without_one_is_refused_at_once(tmp_path, tiny
     )
     assert proc.returncode == 2 and f"{asked[0]}: this machine has no NVIDIA GPU" in proc.stderr, proc.stderr
     assert time.monotonic() - started < 30 and not (tmp_path / "t" / "tune.yaml").exists()
+
+
+def test_a_micro_batch_above_the_default_batch_gets_a_batch_as_large(tmp_path, tiny_moe):
+    """#41: `tune --ubatch 8192` was refused with "raise batch", which tune has no option for: tune raises it."""
+    from crashline.cli.tune import levers
+
+    raw = config(str(tiny_moe), 16384, 4096, None, None, tmp_path, False, levers("8192,512", None, None))
+    assert raw["defaults"] == {"ctx": 16384, "batch": 8192}
+    cfg = C.validate(raw, C.load_schema())
+    assert sorted((i["settings"]["ubatch"], i["settings"]["batch"]) for i in C.expand(cfg)) == [
+        (512, 8192),
+        (8192, 8192),
+    ]
+    assert config(str(tiny_moe), 8192, 4096, None, None, tmp_path, False)["defaults"] == {"ctx": 8192}  # as before

@@ -1,5 +1,5 @@
 """The exit statuses of ``crashline``, in one place: what a script can tell from the status alone (#41 item 5).
-``crashline --help`` lists them (``epilog``), and so does the README's "Exit codes"."""
+``crashline --help`` lists them (``epilog``), and so does docs/tune.md's "Exit codes"."""
 
 from __future__ import annotations
 

@@ -9,7 +9,7 @@ import signal
 import sys
 import traceback
 
-from ..config import plan as config_mod
+from ..config import plan
 from ..core.errors import CrashlineError
 from . import verbs
 from .exits import Exit, epilog
@@ -44,8 +44,8 @@ def parser() -> argparse.ArgumentParser:
         if config:
             s.add_argument(
                 "--config",
-                default=os.environ.get("CRASHLINE_CONFIG", config_mod.DEFAULT_CONFIG),
-                help=f"workflow config (default $CRASHLINE_CONFIG or {config_mod.DEFAULT_CONFIG})",
+                default=os.environ.get("CRASHLINE_CONFIG", plan.DEFAULT_CONFIG),
+                help=f"workflow config (default $CRASHLINE_CONFIG or {plan.DEFAULT_CONFIG})",
             )
         s.set_defaults(fn=fn)
         return s
@@ -71,7 +71,7 @@ def parser() -> argparse.ArgumentParser:
         ("search", "find the fastest n_cpu_moe that survives with the margin, for one search group (see `plan`)"),
         ("search-needle", "needle recall for a search's winner, and the next fastest until one recalls"),
     ):
-        s = verb(name, verbs._server_job, help_text)
+        s = verb(name, verbs.server_job, help_text)
         s.add_argument("--model")
         s.add_argument("--id", help="configuration or search group id (see `plan`)")
         s.add_argument("--spec", help="the job's spec as JSON (what the workflow passes) instead of --model/--id")
@@ -185,6 +185,17 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--out-dir", help="where to write (default RESULTS/publish/NAME)")
     s.add_argument("--configs")
     s.add_argument("--measurements")
+    s = sub.add_parser("claims", help="published speed tables: `claims import` reads one into a claims file")
+    claims_sub = s.add_subparsers(dest="claims_verb", required=True)
+    s = claims_sub.add_parser(
+        "import",
+        help="find the speed tables of a Markdown file (a path, https:// or hf:OWNER/REPO) and write a claims file",
+    )
+    s.set_defaults(fn=verbs.cmd_claims_import)
+    s.add_argument("source", help="a Markdown file, an https:// address or hf:OWNER/REPO (its model card)")
+    s.add_argument("--out", default="claims.yaml", help="the claims file to write (default ./claims.yaml)")
+    s.add_argument("--model", help="the model's name in your workflow config (models:); without it, fill it in")
+    s.add_argument("--table", type=int, help="only the N-th table of the file (from 1; default every speed table)")
     again = "derive telemetry summaries and bottlenecks again from a saved record"
     s = verb("reanalyse", verbs.cmd_reanalyse, again, config=False)
     s.add_argument("record")

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..config import plan as config_mod
+from ..config import plan
 from ..config.plan import ConfigError
 from ..core.atomic import read_json
 from ..core.owned import outside_inputs, own_folder
@@ -51,7 +51,7 @@ def config(results: str | Path, binary: str | Path, out: Path) -> dict:
         ],
         "recheck": {"against": str(earlier.root)},
     }
-    config_mod.validate(raw, config_mod.load_schema())  # a binary that cannot run is named before anything runs
+    plan.validate(raw, plan.load_schema())  # a binary that cannot run is named before anything runs
     return raw
 
 
@@ -77,4 +77,4 @@ def recheck(results: str | Path, binary: str | Path, out: str | Path = "recheck"
     out = own_folder(out, "--out", create=False)  # refused before anything runs; its real path
     raw = config(results, binary, out)
     path = run_folder(raw, out, "recheck")
-    return answer(config_mod.validate(raw, config_mod.load_schema())).after(f"config: {path}")
+    return answer(plan.validate(raw, plan.load_schema())).after(f"config: {path}")

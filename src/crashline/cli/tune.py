@@ -19,11 +19,12 @@ from pathlib import Path
 
 import yaml
 
-from ..config import plan as config_mod
+from ..config import plan
 from ..core.atomic import atomic_path
 from ..core.owned import own_folder, own_results
 from ..config.file import ConfigError
 from ..config.source import model_name
+from ..core import settings as settings_mod
 from ..engine.planner import DEFAULT_CACHE_RAM_MIB
 from ..engine.suggest import DEFAULT_UBATCHES as UBATCHES
 from ..engine.suggest_inputs import default_margin_mib, parse_size_mib
@@ -175,7 +176,8 @@ def config(
     raw = {
         "results_dir": str(out / "results"),
         "models": {name: {"source": source}},
-        "defaults": {"ctx": ctx},
+        # llama.cpp clamps -ub to -b: a micro-batch above the default logical batch gets a batch as large
+        "defaults": {"ctx": ctx, **({"batch": largest} if (largest := max(tried["ubatch"])) > DEFAULT_BATCH else {})},
         "configurations": configurations,
         # the request asked about, alone: a short one beside it cost each of the H200's 29 server starts 6.6 s
         # (a quarter of its requests' time) and decided nothing, since the objective is this one
@@ -184,14 +186,17 @@ def config(
         "budget": budget,
         "objective": {"workload": long["name"]},
     }
-    config_mod.validate(raw, config_mod.load_schema())  # a bad combination is named before anything runs
+    plan.validate(raw, plan.load_schema())  # a bad combination is named before anything runs
     return raw
+
+
+DEFAULT_BATCH = settings_mod.SETTINGS["batch"].default  # llama-server's -b where crashline sets none
 
 
 def finalist_starts() -> int:
     """How often a search's finalist is started: the schema's default of ``search.starts``, which tune's searches
     keep."""
-    entry = config_mod.load_schema()["properties"]["configurations"]["items"]["properties"]
+    entry = plan.load_schema()["properties"]["configurations"]["items"]["properties"]
     return int(entry["search"]["properties"]["starts"]["default"])
 
 
@@ -373,6 +378,7 @@ def answer(cfg: dict) -> list[str]:
             f"{a['machine']}: use {a['use']}",
             f"  {a['metric_label']} {a['speed']:.1f} t/s, {standing(a.get('tie'))} by {a['objective']}"
             + (f"; {a['memory']}" if a.get("memory") else ""),
+            *([f"  {a['inconclusive']}"] if a.get("inconclusive") else []),
             *([f"  {a['tie']}"] if a.get("tie") else []),
             *([f"  {a['reply_length']['text']}"] if a.get("reply_length") else []),  # where the answer changes
             *(f"  {fit_line(f, a['metric_label'])}" for f in a.get("fit_on") or [] if f.get("ratio") is not None),
@@ -465,4 +471,4 @@ def tune(
     on_gpu = _check_gpu(vram, gpu)
     raw = config(model, ctx, prompt, vram_mib, margin_mib, out, on_gpu, tried, GEN_TOKENS if gen is None else gen)
     path = run_folder(raw, out, "tune", gpu)
-    return answer(config_mod.validate(raw, config_mod.load_schema())).after(f"config: {path}")  # with its status
+    return answer(plan.validate(raw, plan.load_schema())).after(f"config: {path}")  # with its status

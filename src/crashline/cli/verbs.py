@@ -7,17 +7,18 @@ import json
 import sys
 from pathlib import Path
 
-from ..config import plan as config_mod
+from ..config import plan
 from ..core import settings as settings_mod
 from ..core.atomic import read_json, write_json
 from ..core.owned import own_folder, own_results
-from ..core.paths import Layout, merged_records
+from ..core.paths import Layout, SearchFolder, merged_records
+from ..core.records import needle_records_from, records_from
 
 
 def _load(args) -> tuple[dict, Layout]:
     """The config and its results layout, once the results folder is found to be the user's own (core.owned): made
     where missing, except by ``plan``, which writes nothing."""
-    cfg = config_mod.load(args.config)
+    cfg = plan.load(args.config)
     own_results(cfg["results_dir"], "results_dir", create=args.verb != "plan")
     return cfg, Layout(cfg["results_dir"])
 
@@ -25,9 +26,9 @@ def _load(args) -> tuple[dict, Layout]:
 def cmd_plan(args) -> int:
     cfg, layout = _load(args)
     if args.json:
-        print(json.dumps(config_mod.expand(cfg), indent=2))
+        print(json.dumps(plan.expand(cfg), indent=2))
         return 0
-    print("\n".join(config_mod.plan_lines(cfg)))
+    print("\n".join(plan.plan_lines(cfg)))
     sys.stdout.flush()
     print(f"records under {layout.root}/records/MODEL/ID/", file=sys.stderr)
     return 0
@@ -38,9 +39,9 @@ def cmd_fetch(args) -> int:
 
     cfg, layout = _load(args)
     if args.model not in cfg["models"]:
-        raise config_mod.ConfigError(f"no model {args.model!r} in the config; models are {', '.join(cfg['models'])}")
+        raise plan.ConfigError(f"no model {args.model!r} in the config; models are {', '.join(cfg['models'])}")
     model = cfg["models"][args.model]
-    cache = own_folder(config_mod.cache_dir(cfg), "cache_dir")  # models and llama-server: nobody else's to swap
+    cache = own_folder(plan.cache_dir(cfg), "cache_dir")  # models and llama-server: nobody else's to swap
     record = sources.fetch(
         model["source"],
         cache / "models" / args.model,
@@ -80,35 +81,35 @@ def cmd_provision(args) -> int:
     cfg, layout = _load(args)
     from ..core.host import measured_memory_bandwidth
 
-    info = provision.provide(cfg["server"], own_folder(config_mod.cache_dir(cfg), "cache_dir"), log=sys.stderr)
-    config_mod.check_flags(cfg, provision.supported_flags(info), info["version"])
+    info = provision.provide(cfg["server"], own_folder(plan.cache_dir(cfg), "cache_dir"), log=sys.stderr)
+    plan.check_flags(cfg, provision.supported_flags(info), info["version"])
     info["host_memory_bandwidth"] = measured_memory_bandwidth()  # once here, not in every job (1.5 s each)
     write_json(args.out or layout.provenance(), info)
     print(info["binary"])
     return 0
 
 
-def _server_job(args) -> int:
+def server_job(args) -> int:
     """measure, needle and search: the spec given (the workflow's params) or built from the config,
     the input records and outputs at the paths given or the layout's; the spec runs the job."""
     import dataclasses
 
-    from ..jobs import spec as jobs
+    from ..jobs import spec
 
     cfg, layout = _load(args)
     job = args.verb.replace("-", "_")
     if args.spec:
-        job_spec = jobs.from_json(args.spec)
+        job_spec = spec.from_json(args.spec)
         if job_spec.job != job:
-            raise config_mod.ConfigError(f"{args.verb} --spec: the spec is of a {job_spec.job} job; give one of {job}")
+            raise plan.ConfigError(f"{args.verb} --spec: the spec is of a {job_spec.job} job; give one of {job}")
         model, job_id = job_spec.model, job_spec.id
     elif args.model and args.id:
         model, job_id = args.model, args.id
-        job_spec = jobs.spec(job, cfg, model, job_id)
+        job_spec = spec.spec(job, cfg, model, job_id)
     else:
-        raise config_mod.ConfigError(f"{args.verb} needs --model and --id (see `plan`), or --spec")
+        raise plan.ConfigError(f"{args.verb} needs --model and --id (see `plan`), or --spec")
     draft = job_spec.draft_model
-    inputs = jobs.inputs(
+    inputs = spec.inputs(
         Path(args.fetch or layout.fetch(model)),
         Path(args.manifest or layout.manifest(model)),
         Path(args.server or layout.provenance()),
@@ -117,7 +118,7 @@ def _server_job(args) -> int:
     if job == "search":
         outputs = {"summary": args.out or layout.search(model, job_id)}
         rivals = list(job_spec.group.rivals or ())
-        found = jobs.rivals(args.rival or [layout.search(model, gid) for gid in rivals], rivals)
+        found = spec.rivals(args.rival or [layout.search(model, gid) for gid in rivals], rivals)
         inputs = dataclasses.replace(inputs, rivals=found)
     elif job == "search_needle":
         outputs = {
@@ -147,56 +148,25 @@ def cmd_needle_table(args) -> int:
     from ..tables.needle import write_table
 
     cfg, layout = _load(args)
-    given = args.records or [layout.needle_record(i["model"], i["id"]) for i in config_mod.expand(cfg)]
+    given = args.records or [layout.needle_record(i["model"], i["id"]) for i in plan.expand(cfg)]
     given = given if args.records else [*given, *merged_records(cfg["merge_results"], cfg["models"], "needle")]
     write_table(needle_records_from(given), Path(args.out or layout.needle_table()))
     return 0
-
-
-def records_from(paths: list[Path]) -> list[Path]:
-    """measure.json paths as they are; a search.json stands for the records of its own probes (not
-    for older records left in its folder by a search under other workloads or another budget)."""
-    from ..core import records
-    from ..core.paths import SearchFolder
-
-    out = []
-    for p in map(Path, paths):
-        if p.name == "search.json":
-            out += [SearchFolder.of(p).probe_record(cid) for cid in records.load(p, "search")["records"]]
-        else:
-            out.append(p)
-    return out
-
-
-def needle_records_from(paths: list[Path]) -> list[Path]:
-    """needle.json paths as they are; a search's recall.json stands for the needle records of the candidates it
-    tested."""
-    from ..core import records
-    from ..core.paths import SearchFolder
-
-    out = []
-    for p in map(Path, paths):
-        if p.name == "recall.json":
-            tested = records.load(p, "search_needle")["records"]
-            out += [SearchFolder.of(p).candidate(cid) / "needle.json" for cid in tested]
-        else:
-            out.append(p)
-    return out
 
 
 def cmd_aggregate(args) -> int:
     from ..tables.aggregate import write
 
     cfg, layout = _load(args)
-    outputs = [layout.record(i["model"], i["id"]) for i in config_mod.expand(cfg)]
-    outputs += [layout.search(g["model"], g["id"]) for g in config_mod.expand_searches(cfg)]
+    outputs = [layout.record(i["model"], i["id"]) for i in plan.expand(cfg)]
+    outputs += [layout.search(g["model"], g["id"]) for g in plan.expand_searches(cfg)]
     outputs += merged_records(cfg["merge_results"], cfg["models"], "measure")
     given = [Path(p) for p in (args.records or outputs)]
     write(
         records_from(given),
         Path(args.configs or layout.configs_table()),
         Path(args.measurements or layout.measurements_table()),
-        [p for p in given if p.name == "search.json"],
+        [p for p in given if p.name == SearchFolder.SUMMARY],
         Path(args.searches or layout.searches_table()),
         Path(args.conversations or layout.conversations_table()),
     )
@@ -325,11 +295,24 @@ def cmd_publish(args) -> int:
     return 0
 
 
+def cmd_claims_import(args) -> int:
+    """The claims file written, and each line of the table that was not read, on stdout."""
+    from ..config.claims_import import import_claims
+
+    imported = import_claims(args.source, args.out, args.model, args.table)
+    print(f"written: {args.out}: {len(imported.rows)} row(s) from {imported.tables} speed table(s)")
+    for line in imported.lines:
+        print(f"  not read: {line}")
+    if not args.model:
+        print(f"  name the model in {args.out} (model: NAME of your config's models) before running it")
+    return 0
+
+
 def cmd_reanalyse(args) -> int:
-    from ..jobs.measure import reanalyse
+    from ..jobs.measure import reanalyse, telemetry_file
 
     record = Path(args.record)
-    rec = reanalyse(record, Path(args.telemetry or record.parent / "telemetry.parquet"), read_json(args.manifest))
+    rec = reanalyse(record, telemetry_file(record, args.telemetry), read_json(args.manifest))
     for w in rec["workloads"]:
         print(f"{w['name']}: {(w.get('bottleneck') or {}).get('verdict')}")
     return 0

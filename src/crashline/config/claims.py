@@ -1,6 +1,6 @@
 """Speed tables that others published, read and checked: the claims files, their rows as
 configurations, and the workloads those rows need. No measurement and no presentation here
-(``claims_compare`` sets claimed beside measured; ``present.correction`` writes the section).
+(``tables.claims`` sets claimed beside measured; ``report.correction`` writes the section).
 
 A claims file (``config/claims/*.yaml``, validated against the package's ``data/claims.schema.yaml``)
 names the source (URL, revision, the upstream file and a local copy of it), the model, the workload
@@ -25,6 +25,31 @@ from .file import ConfigError, check_setting, load_schema, read_yaml, schema_err
 
 SCHEMA_NAME = "claims.schema.yaml"
 WORKLOAD_KEYS = ("prompt_tokens", "gen_tokens", "concurrency")
+# Settings that change speed: rows differing in one of these measured different things, and a table that leaves one
+# out leaves it unknown (config.claims_import).
+SPEED_SETTINGS = (
+    "ubatch",
+    "batch",
+    "parallel",
+    "ctx",
+    "cache_type_k",
+    "cache_type_v",
+    "flash_attn",
+    "threads",
+    "threads_batch",
+    "n_gpu_layers",
+    "n_cpu_moe",
+    "override_tensor",
+    "kv_unified",
+    "cont_batching",
+    "draft_model",
+    "draft_max",
+    "draft_min",
+    "draft_n_gpu_layers",
+    "page_cache",
+    "fit",  # llama.cpp's own placement (-fit on) moves layers and context
+    "load_mode",  # mmap or not (--no-mmap, -lm): the weights read from the page cache or held in memory
+)
 SOURCE_DEFAULTS = {
     "revision": None,
     "file": "README.md",
@@ -73,6 +98,19 @@ def _source(claim: dict, path: Path) -> dict:
     return source
 
 
+def _template(claim: dict, path: Path) -> str | None:
+    """The resolved path of the claims file's own correction template (which must exist), or None."""
+    if not claim.get("template"):
+        return None
+    template = (path.parent / claim["template"]).resolve()
+    if not template.is_file():
+        raise ClaimsError(
+            f"claims file {path}: key template = {claim['template']!r}: no file {template} "
+            "(template is relative to the claims file's folder)"
+        )
+    return str(template)
+
+
 def _check_unknown(unknown: list, stated: dict, build, where: str, path: Path) -> None:
     """The settings a row leaves out: known names, none of them also stated."""
     for name in unknown:
@@ -109,6 +147,8 @@ def _row(j: int, row: dict, claim: dict, path: Path, run_defaults: dict, models)
         "index": j,
         "label": row["label"],
         "claimed": dict(row["claimed"]),
+        "claimed_spread": dict(row.get("claimed_spread") or {}),
+        "note": row.get("note"),
         "stated": stated,
         "unknown": unknown,
         "build": build,
@@ -155,6 +195,7 @@ def _load_one(path: Path, config: dict, schema: dict) -> dict:
         "path": str(path),
         "title": claim.get("title") or f"Speed table of {source['file']} ({source['url']})",
         "note": claim.get("note"),
+        "template": _template(claim, path),
         "source": source,
         "model": claim["model"],
         "build": claim.get("build"),

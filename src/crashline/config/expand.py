@@ -9,7 +9,7 @@ import json
 import os
 from pathlib import Path
 
-from . import claims as claims_load
+from . import claims
 from ..core import settings as settings_mod
 from .file import (
     ConfigError,
@@ -41,7 +41,7 @@ def _resolve(i: int, given: dict) -> dict:
         raise ConfigError(f"config key configurations.{i}: {exc}") from None
 
 
-def _resolved_entries(config: dict):
+def resolved_entries(config: dict):
     """(entry index, resolved settings) of every grid point of every entry, searches included."""
     for searches in (False, True):
         for i, _, given in _combinations(config, searches):
@@ -50,9 +50,9 @@ def _resolved_entries(config: dict):
             yield i, _resolve(i, given)
 
 
-def _from_claims(workload: dict) -> bool:
-    """A workload a claims file added (named as claims_load.claim_workloads names them): it runs as published."""
-    return workload["name"] == claims_load.workload_name(workload)
+def from_claims(workload: dict) -> bool:
+    """A workload a claims file added (named as config.claims.claim_workloads names them): it runs as published."""
+    return workload["name"] == claims.workload_name(workload)
 
 
 def expand_searches(config: dict) -> list[dict]:
@@ -112,7 +112,7 @@ def expand(config: dict) -> list[dict]:
             item = seen.setdefault((model, cid), {"model": model, "id": cid, "settings": resolved, "given": given})
             if entry.get("starts", 1) > item.get("starts", 1):
                 item["starts"] = entry["starts"]
-    for item in claims_load.claim_configurations(claims_load.load_claims(config.get("claims") or [], config)):
+    for item in claims.claim_configurations(claims.load_claims(config.get("claims") or [], config)):
         entry = {"model": item["model"], "id": item["id"], "settings": item["resolved"], "given": item["settings"]}
         seen.setdefault((item["model"], item["id"]), entry)
     return list(seen.values())
@@ -188,7 +188,7 @@ DEFAULT_METRIC = "e2e_tps"  # the schema's default too (tests/test_config.py che
 
 def _parallels(config: dict) -> set[int]:
     """The slot counts (parallel) of every configuration: sweeps, searches and claims rows."""
-    found = {resolved["parallel"] or 1 for _, resolved in _resolved_entries(config)}
+    found = {resolved["parallel"] or 1 for _, resolved in resolved_entries(config)}
     return found | {item["settings"]["parallel"] or 1 for item in expand(config)}
 
 
@@ -203,7 +203,7 @@ def _longest(workloads: list[dict]) -> dict:
     """The longest workload of the config's own: a claims file's workload (its rows as published) is never the
     objective unless the user names it (a 100K-token row once made every configuration context_exceeded and the
     report recommend nothing)."""
-    own = [w for w in workloads if not _from_claims(w)] or workloads
+    own = [w for w in workloads if not from_claims(w)] or workloads
     return max(own, key=lambda w: (w["prompt_tokens"], w["gen_tokens"]))
 
 

@@ -1,6 +1,6 @@
 """Needle recall, the part without a server: the needle settings and their defaults, the lengths,
 the wording around the haystack, the random values, the check of an answer, and the prompt built
-from token ids. Pure functions (``needle_job`` runs them against a server).
+from token ids. Pure functions (``jobs.needle`` runs them against a server).
 
 For every length (absolute tokens, or a fraction of the configuration's per-slot context) and
 every depth, a random value (a 7-digit number or a UUID, checked not to occur in the haystack) is

@@ -7,7 +7,7 @@ import copy
 import os
 from pathlib import Path
 
-from . import claims as claims_load
+from .claims import claim_workloads, load_claims
 from ..core import settings as settings_mod
 from ..core.paths import Layout
 from .file import (
@@ -22,8 +22,8 @@ from .needle import needle_settings
 from .source import SourceError, parse_source
 from .shape import resolve_shape
 from .expand import (
-    _from_claims,
-    _resolved_entries,
+    from_claims,
+    resolved_entries,
     cache_dir,
     expand,
     expand_searches,
@@ -32,43 +32,66 @@ from .expand import (
 
 
 def validate(config: dict, schema: dict) -> dict:
-    """Validate against the schema, fill defaults, check each key, then the keys against each other."""
+    """Validate against the schema, fill defaults, check each key, then the keys against each other. Every problem
+    of the schema and of each key on its own is said at once, each once; the keys against each other are checked
+    once each key is right on its own (their errors would repeat the ones before)."""
     lines = schema_errors(config, schema, "config key")
+    try:
+        filled = fill_defaults(schema, copy.deepcopy(config))
+    except (TypeError, AttributeError, KeyError):  # a mistyped block the schema has named
+        filled = None
+    if filled is not None:
+        for check in (_check_models, _check_settings, _check_places):
+            lines += [line for line in _problems(check, filled, schema_failed=bool(lines)) if line not in lines]
     if len(lines) == 1:
         raise ConfigError(lines[0])  # one problem, one line
     if lines:
         raise ConfigError("invalid configuration:\n  " + "\n  ".join(lines))
-    config = fill_defaults(schema, copy.deepcopy(config))
-    _check_models(config)
-    _check_settings(config)
-    config = _places(config)
-    _check_places(config)
-    config = _add_claim_workloads(config)
+    config = _add_claim_workloads(filled)
     _check_references(config)
     return config
 
 
+def _problems(check, config: dict, schema_failed: bool) -> list[str]:
+    """What one check of each key on its own finds: every line it yields, or the one it raised. Where the schema
+    already failed, a check that trips over the mistyped value it named adds nothing."""
+    found = []
+    try:
+        for line in check(config):
+            found.append(line)
+    except ConfigError as exc:
+        found.append(str(exc))
+    except (TypeError, AttributeError, KeyError, ValueError):
+        if not schema_failed:
+            raise
+    return found
+
+
 def _add_claim_workloads(config: dict) -> dict:
     """Workloads the claims files need that the config lacks (none where the sweep's match them)."""
-    claims = claims_load.load_claims(config.get("claims") or [], config)
-    config["workloads"] = config["workloads"] + claims_load.claim_workloads(claims, config["workloads"])
+    claims = load_claims(config.get("claims") or [], config)
+    config["workloads"] = config["workloads"] + claim_workloads(claims, config["workloads"])
     return config
 
 
 # -- each key on its own -------------------------------------------------------------------------
 
 
-def _check_models(config: dict) -> None:
-    """Every source parses (source_spec.parse_source) and every synthetic shape resolves."""
+def _check_models(config: dict):
+    """Every source parses (config.source.parse_source) and every synthetic shape resolves: a line per problem."""
     for name, model in config["models"].items():
         source = model["source"]
         try:
             kind = parse_source(source)["kind"]
         except SourceError as exc:
             why = str(exc).removeprefix(f"model source {source!r}: ")
-            raise ConfigError(f"config key models.{name}.source = {source!r}: {why}") from None
+            yield f"config key models.{name}.source = {source!r}: {why}"
+            continue
         if "synthetic" in model:
-            _check_shape(f"models.{name}", kind, model["synthetic"], parse_source(source).get("name"))
+            try:
+                _check_shape(f"models.{name}", kind, model["synthetic"], parse_source(source).get("name"))
+            except ConfigError as exc:
+                yield str(exc)
 
 
 def _check_shape(where: str, kind: str, shape: dict, preset: str | None) -> None:
@@ -101,22 +124,24 @@ def _written_settings(config: dict):
         for name, values in entry.get("grid", {}).items():
             if name not in settings_mod.SETTINGS:
                 yield f"configurations.{i}.grid.{name}", name, values
+                continue  # an unknown setting is said once, not once per value
             for j, value in enumerate(values):
                 yield f"configurations.{i}.grid.{name}.{j}", name, value
 
 
-def _check_settings(config: dict) -> None:
-    """Every setting where it is written: defaults, configurations.N.settings, configurations.N.grid."""
-    try:
-        for key, name, value in _written_settings(config):
+def _check_settings(config: dict):
+    """Every setting where it is written (defaults, configurations.N.settings, configurations.N.grid) and every model
+    a configuration names: a line per problem."""
+    for key, name, value in _written_settings(config):
+        try:
             check_setting(key, name, value, config["models"])
-    except settings_mod.SettingsError as exc:
-        raise ConfigError(f"config key {exc}") from None
+        except settings_mod.SettingsError as exc:
+            yield f"config key {exc}"
     known = config["models"]
     for i, entry in enumerate(config["configurations"]):
         for name in entry.get("models", []):
             if name not in known:
-                raise ConfigError(
+                yield (
                     f"config key configurations.{i}.models: unknown model {name!r}; "
                     f"{settings_mod.did_you_mean(name, sorted(known), 'models')}"
                 )
@@ -171,41 +196,43 @@ def _places(config: dict) -> dict:
     return config
 
 
-def _check_places(config: dict) -> None:
-    """results_dir can be written; server.binary is not a directory or a file that cannot run.
+def _check_places(config: dict):
+    """results_dir (``~`` expanded, apart from the cache) can be written; merge_results and recheck.against are other
+    runs' results; server.binary is not a directory or a file that cannot run: a line per problem.
 
     Spaces and shell characters in paths are fine: paths never pass through a shell unquoted."""
+    _places(config)  # raises: every other place is judged against results_dir
     why = _unwritable(Path(config["results_dir"]))
     if why:
-        raise ConfigError(
+        yield (
             f"config key results_dir = {config['results_dir']!r}: cannot write there: {why}; "
             "choose a folder this user can write"
         )
     merged = [Path(f).resolve() for f in config.get("merge_results") or []]
     for i, folder in enumerate(config.get("merge_results") or []):
         if merged.index(merged[i]) != i:
-            raise ConfigError(f"config key merge_results.{i} = {folder!r} is listed twice; keep one")
-        if not (Path(folder) / "records").is_dir():
-            raise ConfigError(
+            yield f"config key merge_results.{i} = {folder!r} is listed twice; keep one"
+        elif not (Path(folder) / "records").is_dir():
+            yield (
                 f"config key merge_results.{i} = {folder!r}: no crashline results there (no records/ folder); "
                 "give the results folder of another run, as its results_dir"
             )
-        if Path(folder).resolve() == Path(config["results_dir"]).resolve():
-            raise ConfigError(f"config key merge_results.{i} = {folder!r} is this run's own results_dir")
+        elif Path(folder).resolve() == Path(config["results_dir"]).resolve():
+            yield f"config key merge_results.{i} = {folder!r} is this run's own results_dir"
     against = config.get("recheck", {}).get("against")
     if against is not None:
         tables = Layout(against)
         if not (tables.configs_table().is_file() and tables.measurements_table().is_file()):
-            raise ConfigError(
+            yield (
                 f"config key recheck.against = {against!r}: no crashline tables there ({tables.measurements_table()} "
                 "is missing); give the results folder of an earlier run whose report was made"
             )
-        if Path(against).resolve() == Path(config["results_dir"]).resolve():
-            raise ConfigError(f"config key recheck.against = {against!r} is this run's own results_dir; give another")
+        elif Path(against).resolve() == Path(config["results_dir"]).resolve():
+            yield f"config key recheck.against = {against!r} is this run's own results_dir; give another"
     binary = config["server"].get("binary")
     why = _server_binary_problem(binary) if binary else None
     if why:
-        raise ConfigError(f"config key server.binary = {binary!r}: {why}")
+        yield f"config key server.binary = {binary!r}: {why}"
 
 
 # -- the keys against each other -----------------------------------------------------------------
@@ -233,7 +260,7 @@ def _check_references(config: dict) -> None:
             f"config key objective.workload = {objective!r}: no such workload; "
             f"{settings_mod.did_you_mean(objective, names, 'workloads')}"
         )
-    entries = list(_resolved_entries(config))  # every combination resolves (ubatch <= batch, fit alone)
+    entries = list(resolved_entries(config))  # every combination resolves (ubatch <= batch, fit alone)
     expand_searches(config)  # every search range is LOW <= HIGH
     _check_concurrency(config["workloads"], entries)
     _check_scopes(config)
@@ -260,7 +287,7 @@ def _check_concurrency(workloads: list[dict], entries: list[tuple[int, dict]]) -
     """A workload sends no more requests at once than every configuration has slots."""
     for j, w in enumerate(workloads):
         n = w.get("concurrency", 1)
-        if n == "slots" or _from_claims(w):
+        if n == "slots" or from_claims(w):
             continue
         for i, resolved in entries:
             slots = resolved["parallel"] or 1

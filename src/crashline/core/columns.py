@@ -1,4 +1,4 @@
-"""The columns of the Parquet tables (aggregate.py writes them): names, keys and Arrow types in one place.
+"""The columns of the Parquet tables (tables/aggregate.py writes them): names, keys and Arrow types in one place.
 
 Each table is an ordered mapping of column name to Arrow type. ``aggregate`` writes exactly these
 columns, in this order and of these types, whether the table has rows or not; readers name columns
@@ -108,6 +108,7 @@ CONFIGS: dict[str, pa.DataType] = {
     "environment": TEXT,  # what must match to rank together: hardware and driver (crashline.core.host.environment_key)
     "hostname": TEXT,
     "cpu_model": TEXT,
+    "cpu_logical_cores": INT,  # the host's: what "other processes used N of M cores" counts against
     "gpu": TEXT,
     "gpu_uuids": TEXT,  # the GPUs the job held, comma-separated
     "gpu_driver": TEXT,

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
 
 class Layout:
@@ -21,20 +23,24 @@ class Layout:
     def provenance(self) -> Path:
         return self.root / "server" / "provenance.json"
 
+    def record_folder(self, model: str, cid: str) -> RecordFolder:
+        """The folder of configuration ``cid``'s own records: its measurement and its recall check."""
+        return RecordFolder(self.root / "records" / model / cid)
+
     def record(self, model: str, cid: str) -> Path:
-        return self.root / "records" / model / cid / "measure.json"
+        return self.record_folder(model, cid).measure
 
     def server_log(self, model: str, cid: str) -> Path:
-        return self.root / "records" / model / cid / "server.log"
+        return self.record_folder(model, cid).server_log
 
     def telemetry(self, model: str, cid: str) -> Path:
-        return self.root / "records" / model / cid / "telemetry.parquet"
+        return self.record_folder(model, cid).telemetry
 
     def needle_record(self, model: str, cid: str) -> Path:
-        return self.root / "records" / model / cid / "needle.json"
+        return self.record_folder(model, cid).needle
 
     def needle_server_log(self, model: str, cid: str) -> Path:
-        return self.root / "records" / model / cid / "needle-server.log"
+        return self.record_folder(model, cid).needle_server_log
 
     def needle_table(self) -> Path:
         return self.root / "tables" / "needle.parquet"
@@ -43,23 +49,29 @@ class Layout:
         """The server jobs of the run that started last, as it started (engine/eta.py)."""
         return self.root / "logs" / "run-plan.json"
 
+    def search_folder(self, model: str, gid: str) -> SearchFolder:
+        """The folder of search ``gid`` of ``model``: its summary, its probes and its recall check."""
+        return SearchFolder(self.root / "search" / model / gid)
+
     def search(self, model: str, gid: str) -> Path:
-        return self.root / "search" / model / gid / "search.json"
+        return self.search_folder(model, gid).summary()
 
     def search_recall(self, model: str, gid: str) -> Path:
-        """A search's recall check: which candidates were tested (their needle.json in ``needle/ID/``)."""
-        return SearchFolder(self.root / "search" / model / gid).recall()
+        """A search's recall check: which candidates were tested (their needle records in ``needle/ID/``)."""
+        return self.search_folder(model, gid).recall()
 
     def measure_records(self, model: str, cid: str) -> list[Path]:
         """Every record of configuration ``cid``: its own measurement, then each search probe's first start."""
         own = self.record(model, cid)
-        return ([own] if own.exists() else []) + sorted(
-            (self.root / "search" / model).glob(f"*/{PROBES}/{cid}/measure.json")
-        )
+        return ([own] if own.exists() else []) + self._probe_files(model, cid, RecordFolder.MEASURE)
 
     def probe_telemetry(self, model: str, cid: str) -> list[Path]:
         """The time series of configuration ``cid`` wherever a search of ``model`` measured it as a probe."""
-        return sorted((self.root / "search" / model).glob(f"*/{PROBES}/{cid}/telemetry.parquet"))
+        return self._probe_files(model, cid, RecordFolder.TELEMETRY)
+
+    def _probe_files(self, model: str, cid: str, name: str) -> list[Path]:
+        """The file ``name`` of configuration ``cid``'s first start in every search of ``model`` that probed it."""
+        return sorted((self.root / "search" / model).glob(f"*/{PROBES}/{cid}/{name}"))
 
     def configs_table(self) -> Path:
         return self.root / "tables" / "configs.parquet"
@@ -99,10 +111,61 @@ PROBES = "records"
 LATER_START = "start-{}"  # the folder of a configuration's server start k > 1, beside its first start's record
 
 
-def later_start(record_path: str | Path, k: int) -> Path:
-    """The folder of server start ``k`` (2, 3, ...) of the configuration whose first start is recorded at
-    ``record_path``: ``start-K/`` beside it (a search's finalists; an entry's ``starts``)."""
-    return Path(record_path).parent / LATER_START.format(k)
+@dataclass(frozen=True)
+class RecordFolder:
+    """The folder of one server start's records, the one owner of the names of the files in it: a configuration's
+    own (``records/MODEL/ID/``, ``Layout.record_folder``), a search probe's (``SearchFolder.probe``), a later start's
+    (``later_start``) and a recall candidate's (``SearchFolder.candidate``). A measurement writes its record, server
+    log and telemetry there; a recall check its needle record and needle server log."""
+
+    folder: Path
+
+    MEASURE: ClassVar[str] = "measure.json"
+    SERVER_LOG: ClassVar[str] = "server.log"
+    TELEMETRY: ClassVar[str] = "telemetry.parquet"
+    NEEDLE: ClassVar[str] = "needle.json"
+    NEEDLE_SERVER_LOG: ClassVar[str] = "needle-server.log"
+
+    @classmethod
+    def of(cls, record_path: str | Path) -> RecordFolder:
+        """The record folder of a file in it (a record a job was told to write, wherever that is)."""
+        return cls(Path(record_path).parent)
+
+    @property
+    def measure(self) -> Path:
+        return self.folder / self.MEASURE
+
+    @property
+    def server_log(self) -> Path:
+        return self.folder / self.SERVER_LOG
+
+    @property
+    def telemetry(self) -> Path:
+        return self.folder / self.TELEMETRY
+
+    @property
+    def needle(self) -> Path:
+        return self.folder / self.NEEDLE
+
+    @property
+    def needle_server_log(self) -> Path:
+        return self.folder / self.NEEDLE_SERVER_LOG
+
+    def later_start(self, k: int) -> RecordFolder:
+        """Server start ``k`` (2, 3, ...) of this folder's configuration: ``start-K/`` in it (a search's finalists;
+        an entry's ``starts``)."""
+        return RecordFolder(self.folder / LATER_START.format(k))
+
+    def fit_attempt(self, target: int) -> RecordFolder:
+        """Where an aimed ``--fit on`` start at ``--fit-target`` ``target`` that left less than the margin is kept:
+        ``fit-target-T/`` in this folder."""
+        return RecordFolder(self.folder / f"fit-target-{target}")
+
+
+def measure_records_under(folder: Path) -> list[Path]:
+    """Every measure record anywhere under ``folder`` (a search's probes: first starts, later starts, kept aimed
+    starts), in a stable order; none where it does not exist."""
+    return sorted(folder.rglob(RecordFolder.MEASURE)) if folder.is_dir() else []
 
 
 class SearchFolder:
@@ -119,25 +182,29 @@ class SearchFolder:
         """The search folder of a file in it: its search.json or recall.json."""
         return cls(Path(path).parent)
 
+    SUMMARY: ClassVar[str] = "search.json"
+    RECALL: ClassVar[str] = "recall.json"
+
     def summary(self) -> Path:
-        return self.folder / "search.json"
+        return self.folder / self.SUMMARY
 
     def recall(self) -> Path:
-        return self.folder / "recall.json"
+        return self.folder / self.RECALL
 
     def probes(self) -> Path:
         return self.folder / PROBES
 
-    def probe(self, record_id: str) -> Path:
-        """The folder of one probe's server start: measure.json, server.log and telemetry.parquet."""
-        return self.probes() / record_id
+    def probe(self, record_id: str) -> RecordFolder:
+        """The folder of one probe's server start (``ID`` or ``ID/start-K``): its record, log and telemetry."""
+        return RecordFolder(self.probes() / record_id)
 
-    def probe_record(self, record_id: str) -> Path:
-        return self.probe(record_id) / "measure.json"
+    def probe_records(self) -> list[Path]:
+        """Every probe record in the folder, this search's and any an earlier search left, later starts included."""
+        return measure_records_under(self.probes())
 
-    def candidate(self, config_id: str) -> Path:
-        """The folder of one recall candidate: needle.json and needle-server.log."""
-        return self.folder / "needle" / config_id
+    def candidate(self, config_id: str) -> RecordFolder:
+        """The folder of one recall candidate: its needle record and needle server log."""
+        return RecordFolder(self.folder / "needle" / config_id)
 
     def superseded(self, record_id: str = "") -> Path:
         return self.folder / "superseded" / record_id
@@ -147,7 +214,8 @@ TABLE_SUFFIXES = (".parquet", ".csv", ".json")
 
 
 def table_files(parquet_path: Path | str) -> list[Path]:
-    """The files of a table whose Parquet file is ``parquet_path``: Parquet, CSV, JSON (``tablefiles`` writes them)."""
+    """The files of a table whose Parquet file is ``parquet_path``: Parquet, CSV, JSON (``tables.files`` writes
+    them)."""
     path = Path(parquet_path)
     return [path.with_suffix(s) for s in TABLE_SUFFIXES]
 
@@ -155,11 +223,12 @@ def table_files(parquet_path: Path | str) -> list[Path]:
 def merged_records(folders: list[str], models, kind: str) -> list[Path]:
     """The ``kind`` records ("measure" or "needle") of ``models`` in other runs' results folders (merge_results),
     in a stable order."""
+    name = {"measure": RecordFolder.MEASURE, "needle": RecordFolder.NEEDLE}[kind]
     return [
         path
         for folder in folders
         for model in models
-        for path in sorted((Path(folder) / "records" / model).glob(f"*/{kind}.json"))
+        for path in sorted((Path(folder) / "records" / model).glob(f"*/{name}"))
     ]
 
 

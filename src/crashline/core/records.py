@@ -10,11 +10,13 @@ Versions (bump one, and add its upgrade, whenever a field is renamed, removed or
 - measure 1: ``"schema": 1`` (the version under its first name). 2: ``schema_version``. 3: each workload has
   ``e2e_tps`` (end to end per request, from its runs' requests) and ``warmup_runs`` (untimed runs at its depth;
   none before version 3).
-- needle 1: as measure 1. 2: ``schema_version`` (needle.py still writes version 1; ``load`` upgrades it).
-- search_needle 1: a search's recall check (``needle_job.run_search_needle``): which candidates it tested,
+- needle 1: as measure 1. 2: ``schema_version``.
+- search_needle 1: a search's recall check (``jobs.needle.run_search_needle``): which candidates it tested,
   in order, and the first that recalled (``records``: their needle.json folders, relative to its own).
 - search 0: no version, no kind, and maybe no ``records``. 1: ``kind``, ``schema_version`` and
   ``records`` (the probes' configuration ids), always present.
+
+``records_from`` and ``needle_records_from`` list the records a search's summary or recall check stands for.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from typing import Any
 from .atomic import read_json, write_json
 from .stats import end_to_end_tps, stats
 from .errors import CrashlineError
+from .paths import SearchFolder
 
 
 class Outcome(enum.StrEnum):
@@ -102,7 +105,7 @@ def utc_now() -> str:
 
 
 def supported() -> str:
-    """The kinds and versions ``load`` reads, in words: "measure 1–2, needle 1–2, search 0–1"."""
+    """The kinds and versions ``load`` reads, in words: "measure 1–3, needle 1–2, search 0–1, search_needle 1–1"."""
     return ", ".join(f"{kind} {oldest(kind)}–{CURRENT[kind]}" for kind in sorted(CURRENT))
 
 
@@ -194,3 +197,28 @@ def load(path: str | os.PathLike, kind: str | None = None) -> dict[str, Any]:
     record = _read(path)
     found = _kind_of(path, record, kind)
     return upgrade(found, _version_of(path, record, found), record)
+
+
+def records_from(paths: list[Path]) -> list[Path]:
+    """Measure record paths as they are; a search's summary stands for the records of its own probes (not for
+    older records left in its folder by a search under other workloads or another budget)."""
+    out = []
+    for p in map(Path, paths):
+        if p.name == SearchFolder.SUMMARY:
+            out += [SearchFolder.of(p).probe(cid).measure for cid in load(p, "search")["records"]]
+        else:
+            out.append(p)
+    return out
+
+
+def needle_records_from(paths: list[Path]) -> list[Path]:
+    """Needle record paths as they are; a search's recall check stands for the needle records of the candidates
+    it tested."""
+    out = []
+    for p in map(Path, paths):
+        if p.name == SearchFolder.RECALL:
+            tested = load(p, "search_needle")["records"]
+            out += [SearchFolder.of(p).candidate(cid).needle for cid in tested]
+        else:
+            out.append(p)
+    return out

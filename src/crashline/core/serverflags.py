@@ -328,6 +328,11 @@ def help_flags(text: str) -> list[list[str]]:
     return options
 
 
+def setting_of(flag: str) -> str | None:
+    """The crashline setting a llama-server flag sets (any spelling: ``-ub``, ``--ubatch-size``), or None."""
+    return _SETTING.get(normalise(flag))
+
+
 def classify(flag: str) -> str:
     """``allowed``, ``setting``, ``refused`` or ``unknown``: where this module puts one spelling."""
     if flag in _ARITY:

@@ -7,7 +7,10 @@ correction of a published table asks for those rows to be repeated before they a
 from __future__ import annotations
 
 HIGH_SPREAD_PCT = 10.0  # (max - min) / median above this, in %: the median alone is not to be trusted
-CONTENTION_CORES = 0.3  # other processes busier than this during a workload: it measured a shared machine
+# Other processes busier than this during a workload (in cores): it measured a shared machine. On this project's
+# 2-core machine quiet runs read 0.03-0.13 cores (bench/results/contention-threshold/), runs beside a build or a
+# browser 0.9-1.4 (issue #41): 0.3 is over twice the quiet maximum and a third of the lowest contended reading.
+CONTENTION_CORES = 0.3
 
 
 def missing(value) -> bool:
@@ -28,3 +31,19 @@ def too_wide(spread_pct) -> bool:
 def shared(other_cores) -> bool:
     """Other processes used more than CONTENTION_CORES cores during the workload: a shared machine."""
     return not missing(other_cores) and other_cores > CONTENTION_CORES
+
+
+def inconclusive(rows) -> str | None:
+    """Why no "faster" or "slower" may be drawn between these measurements (rows with ``cpu_other_cores`` and
+    ``cpu_logical_cores``, as the measurements table has them): other processes used more than CONTENTION_CORES
+    during one of them. None where every one was measured on a quiet machine."""
+    busy = [r for r in rows if shared(r.get("cpu_other_cores"))]
+    if not busy:
+        return None
+    worst = max(busy, key=lambda r: r["cpu_other_cores"])
+    cores = worst.get("cpu_logical_cores")
+    of = "" if missing(cores) else f" of {int(cores)}"
+    return (
+        f"inconclusive: other processes used {worst['cpu_other_cores']:.1f}{of} cores during these measurements; "
+        "rerun on a quiet machine"
+    )

@@ -15,10 +15,10 @@ import json
 import os
 from pathlib import Path
 
-from ..config import plan as config_mod
+from ..config.plan import expand, expand_searches, needle_twin
 from ..core import progress
 from ..core.atomic import write_json
-from ..core.paths import Layout, SearchFolder
+from ..core.paths import Layout, SearchFolder, measure_records_under
 from ..engine import planner
 
 PLAN_ENV = "CRASHLINE_RUN_PLAN"  # where the server jobs of this run find its plan (set by the workflow)
@@ -36,12 +36,12 @@ def plan(config: dict) -> list[dict]:
     layout = Layout(config["results_dir"])
     has_limit = config["budget"].get("vram_budget_mib") is not None
     jobs = []
-    for item in config_mod.expand(config):
+    for item in expand(config):
         model, cid = item["model"], item["id"]
         jobs.append({"job": "measure", "out": str(layout.record(model, cid)), "starts": item.get("starts", 1)})
-        twin = config_mod.needle_twin(config, model, cid)
+        twin = needle_twin(config, model, cid)
         jobs.append({"job": "needle", "out": str(layout.needle_record(model, cid)), "starts": 0 if twin else 1})
-    for group in config_mod.expand_searches(config):
+    for group in expand_searches(config):
         summary = layout.search(group["model"], group["id"])
         probes = str(SearchFolder(summary.parent).probes())
         starts = search_starts(group, has_limit)
@@ -60,8 +60,8 @@ def write_plan(config: dict, path: Path) -> list[dict]:
 def _records(job: dict) -> list[Path]:
     if job["job"] == "measure":
         return [Path(job["out"])] if Path(job["out"]).exists() else []
-    if job["job"] == "search" and Path(job["probes"]).is_dir():
-        return sorted(Path(job["probes"]).rglob("measure.json"))
+    if job["job"] == "search":
+        return measure_records_under(Path(job["probes"]))
     return []
 
 

@@ -75,6 +75,7 @@ DEFAULT_BATCH = 2048  # llama-server's -b; a larger -ub needs -b raised with it
 ALL_ON_GPU = "all on GPU"  # --n-cpu-moe 0 fits with the margin
 FITS = "fits"  # the lowest value that fits is above 0
 NO_FIT = "does not fit"  # not even with every expert layer on the CPU
+PART_ON_GPU = "part on GPU"  # a model without experts: the most layers that fit are offloaded (-ngl N)
 
 
 # -- the arithmetic -----------------------------------------------------------------------------------------------
@@ -143,9 +144,17 @@ def _settings(ubatch: int, ctx_cells: int, cache_k: str, cache_v: str) -> dict:
 
 
 def predictions(
-    manifest: dict, ctx_cells: int, ubatch: int, cache_k: str, cache_v: str, calibration: Calibration | None
+    manifest: dict,
+    ctx_cells: int,
+    ubatch: int,
+    cache_k: str,
+    cache_v: str,
+    calibration: Calibration | None,
+    vary: str = "n_cpu_moe",
 ) -> tuple[list[dict], str]:
-    """``planner.predict`` for every n_cpu_moe from 0 to the layer count, and where the compute buffer came from."""
+    """``planner.predict`` for every value of ``vary`` from 0 to the layer count (``n_cpu_moe``: expert layers kept
+    on the CPU; ``n_gpu_layers``: layers offloaded, for a model without experts), and where the compute buffer came
+    from."""
     if calibration is None:
         compute, source = estimated_compute_mib(manifest, ubatch, ctx_cells), "estimated"
         rest = REST_ESTIMATE_MIB
@@ -154,10 +163,16 @@ def predictions(
         rest = calibration.rest_mib
     base = _settings(ubatch, ctx_cells, cache_k, cache_v)
     out = [
-        planner.predict(manifest, {**base, "n_cpu_moe": n}, lambda _ubatch: compute, rest)
+        planner.predict(manifest, {**base, vary: n}, lambda _ubatch: compute, rest)
         for n in range(manifest["layers"] + 1)
     ]
     return out, source
+
+
+def highest_offload(preds: list[dict], vram_mib: float, margin_mib: float) -> int | None:
+    """The most layers offloaded (``preds`` by n_gpu_layers) whose predicted total plus the margin is at most the
+    VRAM (None: not even none is)."""
+    return next((n for n in range(len(preds) - 1, -1, -1) if preds[n]["total_mib"] + margin_mib <= vram_mib), None)
 
 
 def lowest_fitting(preds: list[dict], vram_mib: float, margin_mib: float) -> int | None:
@@ -204,7 +219,8 @@ def _assumptions(
         at = f" (ctx {cal.ctx})" if cal.ctx is not None else " (its ctx unknown: taken as the one predicted)"
         out.append(f"calibrated by {cal.source}{at}: compute buffer {measured}, rest {cal.rest_mib:,.0f} MiB")
     out.append(
-        "flash attention on (-fa auto chooses it on CUDA); one GPU with every layer offloaded (-ngl 999); "
+        "flash attention on (-fa auto chooses it on CUDA); one GPU with every layer offloaded (-ngl 999) unless a "
+        "line says -ngl N; "
         f"KV cache K {cache_k}, V {cache_v}, for ctx rounded up to a multiple of {CTX_PAD}"
         + (" per slot" if parallel > 1 else "")
     )
@@ -299,12 +315,21 @@ def suggest(
             "cache_type_v": cache_type_v,
             "parallel": parallel,
         }
+        # a model without experts that does not fit whole: the most layers that do (-ngl N), the rest on the CPU
+        ngl = None
+        if n is None and not any(row["expert_bytes"] for row in manifest["per_layer"]):
+            by_layers, _ = predictions(manifest, cells, u, cache_type_k, cache_type_v, cal, vary="n_gpu_layers")
+            ngl = highest_offload(by_layers, vram_mib, margin)
+            if ngl is not None:
+                at = by_layers[ngl]
+                given = {**{k: v for k, v in given.items() if k != "n_cpu_moe"}, "n_gpu_layers": ngl}
         rows.append(
             {
                 "ubatch": u,
                 "asked_ubatch": None if wanted == u else wanted,
+                "n_gpu_layers": ngl,  # a dense model's partial offload, where it is the answer
                 "n_cpu_moe": n,
-                "status": _status(n),
+                "status": _status(n) if ngl is None else PART_ON_GPU,
                 "predicted_mib": at["total_mib"],
                 "headroom_mib": round(vram_mib - at["total_mib"], 1),
                 "prediction": at,
@@ -312,7 +337,7 @@ def suggest(
                 "compute_from": source,
                 "all_on_gpu": _end(preds[0], 0, vram_mib, margin),
                 "all_experts_on_cpu": _end(preds[layers], layers, vram_mib, margin),
-                "args": None if n is None else settings_mod.server_args(settings_mod.resolve(given)),
+                "args": None if n is None and ngl is None else settings_mod.server_args(settings_mod.resolve(given)),
                 "host": planner.host_mib(manifest, {**_settings(u, cells, cache_type_k, cache_type_v), **given}),
                 "values": [{"n_cpu_moe": k, "predicted_mib": p["total_mib"]} for k, p in enumerate(preds)],
             }
@@ -334,6 +359,51 @@ def suggest(
         "margin_mib": margin,
         "calibration": None if cal is None else {**cal.__dict__, "compute_mib": dict(cal.compute_mib)},
         "assumptions": _assumptions(manifest, [ctx], parallel, cal, cache_type_k, cache_type_v),
+        "ubatches": rows,
+    }
+
+
+def on_cpu(
+    model: Any,
+    ctx: int,
+    *,
+    ubatches: Iterable[int] = DEFAULT_UBATCHES,
+    cache_type_k: str = "f16",
+    cache_type_v: str | None = None,
+    parallel: int = 1,
+) -> dict:
+    """Without a GPU every layer runs on the CPU: per ubatch the llama-server arguments (``-ngl 0``) and the host
+    memory the planner counts (``planner.host_mib``). Plain data: ``model``, ``model_path``, ``layers``, ``ctx``,
+    ``ubatches`` (each ``ubatch``, ``args``, ``host``)."""
+    manifest = load_model(model)
+    cache_type_v = cache_type_v or cache_type_k
+    ubs = parse_ubatches(ubatches)
+    _check(ctx, cache_type_k, cache_type_v, parallel, ubs)
+    cells = allocated_ctx(ctx, parallel)
+    rows = []
+    for u in sorted({min(u, cells) for u in ubs}):  # llama.cpp runs at most the context per micro-batch
+        given = {
+            "n_gpu_layers": 0,
+            "ctx": ctx,
+            "ubatch": u,
+            "batch": max(u, DEFAULT_BATCH),
+            "cache_type_k": cache_type_k,
+            "cache_type_v": cache_type_v,
+            "parallel": parallel,
+        }
+        settings = {**_settings(u, cells, cache_type_k, cache_type_v), **given}
+        rows.append(
+            {
+                "ubatch": u,
+                "args": settings_mod.server_args(settings_mod.resolve(given)),
+                "host": planner.host_mib(manifest, settings, gpu=False),
+            }
+        )
+    return {
+        "model": model_name(manifest),
+        "model_path": manifest.get("path"),
+        "layers": manifest["layers"],
+        "ctx": ctx,
         "ubatches": rows,
     }
 

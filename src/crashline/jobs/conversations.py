@@ -9,7 +9,7 @@ round the restart case sends the longest history, with one more turn, to a fresh
 (no cache: one long prefill).
 
 This module is the protocol (what each turn sends, what its answer must hold, what a conversation adds up to);
-measure.py runs it against its server and classifies a server that fails under it.
+jobs/serving.py runs it against its server and classifies a server that fails under it.
 """
 
 from __future__ import annotations

@@ -26,7 +26,7 @@ from ..models.sources import SourceError, check_unchanged
 from ..core.supervision import exit_with_workflow
 from ..engine.telemetry import window_summary, write_frame
 from ..core.records import utc_now
-from ..core.paths import later_start
+from ..core.paths import RecordFolder
 from .serve import RecordHead, ServerJob, Stopwatch, outcome_text
 from .serving import claims_workloads, run_workloads
 from .contract import Item, JobInputs, Measurement
@@ -271,13 +271,14 @@ class MeasurePaths:
     server_log: Path
     telemetry: Path | None = None
 
+    @classmethod
+    def of(cls, folder: RecordFolder) -> MeasurePaths:
+        """A measurement's outputs in a record folder (a later start's, a search's probe's)."""
+        return cls(folder.measure, folder.server_log, folder.telemetry)
+
     @property
     def telemetry_file(self) -> Path:
-        return Path(self.telemetry or self.record.parent / "telemetry.parquet")
-
-    def under(self, folder: Path) -> MeasurePaths:
-        """The same outputs under ``folder`` (a later start's, beside the first's record)."""
-        return MeasurePaths(folder / "measure.json", folder / "server.log", folder / "telemetry.parquet")
+        return telemetry_file(self.record, self.telemetry)
 
 
 def measure(spec: MeasureSpec, inputs: JobInputs, paths: MeasurePaths, load_only: bool = False) -> dict:
@@ -313,15 +314,16 @@ def later_starts(record: dict, spec: MeasureSpec, inputs: JobInputs, paths: Meas
             progress.say(f"no start {k}/{starts}: {why}")
             break
         progress.say(f"start {k}/{starts} of {spec.item.id}, as the first ran")
-        folder = later_start(record_path, k)
-        folder.mkdir(parents=True, exist_ok=True)
-        start_paths = paths.under(folder)
+        folder = RecordFolder.of(record_path).later_start(k)
+        folder.folder.mkdir(parents=True, exist_ok=True)
+        start_paths = MeasurePaths.of(folder)
         last = _measure(as_first, inputs, start_paths)
         later.append(str(start_paths.record.relative_to(record_path.parent)))
     for k in itertools.count(len(later) + 2):  # what an earlier run of this job left past its starts now: stale
-        if not later_start(record_path, k).is_dir():
+        stale = RecordFolder.of(record_path).later_start(k).folder
+        if not stale.is_dir():
             break
-        shutil.rmtree(later_start(record_path, k))
+        shutil.rmtree(stale)
     return records.write(record_path, "measure", {**record, "start_records": later}) if later else record
 
 
@@ -394,9 +396,14 @@ def measure_aimed(margin_mib: int, spec: MeasureSpec, inputs: JobInputs, paths: 
     return records.write(paths.record, "measure", record)
 
 
+def telemetry_file(record_path: Path, telemetry_path: Path | None) -> Path:
+    """Where a measurement's telemetry goes: the path its job names, else beside its record."""
+    return Path(telemetry_path or RecordFolder.of(record_path).telemetry)
+
+
 def keep_attempt(paths: MeasurePaths, target: int) -> Path:
     """Move one aimed start's record, server log and telemetry into ``fit-target-T/`` beside the record."""
-    kept = paths.record.parent / f"fit-target-{target}"
+    kept = RecordFolder.of(paths.record).fit_attempt(target).folder
     kept.mkdir(exist_ok=True)
     for path in (paths.record, paths.server_log, paths.telemetry_file):
         if path.exists():

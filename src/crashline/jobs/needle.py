@@ -37,7 +37,7 @@ from ..config.needle import (
     fitted,
     wording,
 )
-from ..core.paths import SearchFolder
+from ..core.paths import RecordFolder, SearchFolder
 from ..engine.server import ServerProcess
 from ..core.supervision import exit_with_workflow
 from ..core.records import utc_now
@@ -179,7 +179,7 @@ def copy_twin(item: Item, twin: str, twin_path: Path, record_path: Path, log_pat
     _note(
         log_path,
         f"crashline: no llama-server started: configuration {twin} runs the same llama-server arguments, so its "
-        f"recall stands for this one's (its needle-server.log)\n",
+        f"recall stands for this one's (its {RecordFolder.NEEDLE_SERVER_LOG})\n",
     )
     records.write(record_path, "needle", record)
     progress.say(f"needle recall of {item.id} is {twin}'s (the same llama-server arguments): {record['recall']}")
@@ -317,7 +317,7 @@ def search_candidates(summary_path: Path, objective: Objective, margin_mib: int)
     for rel in summary["records"]:
         if "/" in rel:  # a finalist's later start: the same configuration
             continue
-        rec = records.load(SearchFolder.of(summary_path).probe_record(rel), "measure")
+        rec = records.load(SearchFolder.of(summary_path).probe(rel).measure, "measure")
         headroom = (rec.get("memory") or {}).get("headroom_mib")
         if rec["outcome"] != "ok" or (headroom is not None and headroom < margin_mib):
             continue
@@ -340,8 +340,8 @@ def run_search_needle(spec: SearchNeedleSpec, inputs: JobInputs, summary_path: P
         record = run_needle(
             NeedleSpec(spec.model, item, spec.recall),
             inputs.records(),
-            folder / "needle.json",
-            folder / "needle-server.log",
+            folder.needle,
+            folder.needle_server_log,
         )
         tested.append(item.id)
         if not record["applicable"]:

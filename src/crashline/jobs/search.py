@@ -126,7 +126,7 @@ def set_aside(out_dir: Path, listed: list[str]) -> list[str]:
     moved = []
     folder = SearchFolder(out_dir)
     root = folder.probes()
-    for record in sorted(root.rglob("measure.json")) if root.is_dir() else []:
+    for record in folder.probe_records():
         rel = record.parent.relative_to(root).as_posix()
         if rel in listed:
             continue
@@ -248,7 +248,7 @@ class _Search:
         """One server start of n_cpu_moe ``n``, recorded under ``records/RECORD_ID/`` (reused when this search
         measured it before under the same job key: workloads, budget, limits, build)."""
         folder = SearchFolder(self.out_dir).probe(record_id)
-        record_path = folder / "measure.json"
+        record_path = folder.measure
         earlier = records.load(record_path, "measure") if record_path.exists() else {}
         if (
             earlier.get("job_key") == job_key(self.measurement, self.inputs.provenance, self.inputs.fetch_record)
@@ -260,8 +260,7 @@ class _Search:
         probe = MeasureSpec(
             self.model_name, Item(self.measured[n], settings_mod.resolve(given), given), self.measurement
         )
-        paths = MeasurePaths(record_path, folder / "server.log", folder / "telemetry.parquet")
-        rec = measure(probe, self.inputs, paths, load_only=load_only)
+        rec = measure(probe, self.inputs, MeasurePaths.of(folder), load_only=load_only)
         self.took.append(time.monotonic() - began)
         return rec
 

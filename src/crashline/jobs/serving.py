@@ -11,7 +11,7 @@ import time
 
 import requests
 
-from ..config.expand import _from_claims as from_claims
+from ..config.expand import from_claims
 from ..engine import logparse
 from . import conversations as conv
 from . import soak as soak_mod

@@ -9,7 +9,7 @@ limit: the hours until the first is reached at this rate. Growth whose interval 
 Whether that is long enough (``soak.must_survive_h``) is the recommendation's to decide (tables.recommend), so an
 edit of it measures nothing again.
 
-This module is the protocol and the arithmetic; measure.py runs it against its server."""
+This module is the protocol and the arithmetic; jobs/serving.py runs it against its server."""
 
 from __future__ import annotations
 

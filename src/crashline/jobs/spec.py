@@ -15,7 +15,7 @@ import dataclasses
 import json
 from pathlib import Path
 
-from ..config import plan as config_mod
+from ..config import plan
 from ..core.atomic import read_json
 from .contract import (
     Budget,
@@ -100,13 +100,13 @@ def _recall(config: dict, model: str) -> Recall:
 
 def measure_spec(config: dict, model: str, cid: str) -> MeasureSpec:
     """What a measurement reads: the configuration, the workloads and how they are run."""
-    return MeasureSpec(model, Item.of(config_mod.find(config, model, cid)), measurement_of(config, cid))
+    return MeasureSpec(model, Item.of(plan.find(config, model, cid)), measurement_of(config, cid))
 
 
 def search_spec(config: dict, model: str, gid: str) -> SearchSpec:
     """What a search reads: the group (settings, range, climb and starts, the margin, and the objective its climb
     and finalists are ranked by) and what each probe's server runs."""
-    group = config_mod.find_search(config, model, gid)
+    group = plan.find_search(config, model, gid)
     group = {**group, "margin_mib": config["budget"]["margin_mib"]}
     if group.get("climb"):
         group["objective"] = search_objective(config).as_dict()
@@ -117,16 +117,16 @@ def search_objective(config: dict) -> Objective:
     """The objective block with its workload resolved (the metric, the workload, and the per-request limits, which
     the search's ranking honours)."""
     block = config["objective"]
-    metric = block.get("metric") or config_mod.DEFAULT_METRIC
-    return Objective(**{**block, "metric": metric, "workload": config_mod.objective_workload(config)})
+    metric = block.get("metric") or plan.DEFAULT_METRIC
+    return Objective(**{**block, "metric": metric, "workload": plan.objective_workload(config)})
 
 
 def needle_spec(config: dict, model: str, cid: str) -> NeedleSpec:
     """What a recall check reads: the configuration (one check, however often it is measured), what a recall check
     reads of the config, and the configuration whose recall stands for it (the same llama-server arguments), if
     any."""
-    item = dataclasses.replace(Item.of(config_mod.find(config, model, cid)), starts=1)
-    return NeedleSpec(model, item, _recall(config, model), config_mod.needle_twin(config, model, cid))
+    item = dataclasses.replace(Item.of(plan.find(config, model, cid)), starts=1)
+    return NeedleSpec(model, item, _recall(config, model), plan.needle_twin(config, model, cid))
 
 
 def search_needle_spec(config: dict, model: str, gid: str) -> SearchNeedleSpec:
@@ -178,8 +178,8 @@ def inputs(fetch: Path, manifest: Path, provenance: Path, draft_fetch: Path | No
 
 
 def rivals(paths: list, gids: list[str]) -> tuple[dict, ...]:
-    """The summaries of a pruned search's rivals (``config.expand_searches``), from their paths. ConfigError where
-    one was not run: the rival searches run first (the workflow orders them so)."""
+    """The summaries of a pruned search's rivals (``config.expand.expand_searches``), from their paths. ConfigError
+    where one was not run: the rival searches run first (the workflow orders them so)."""
     from ..config.file import ConfigError
     from ..core import records
 

@@ -18,18 +18,19 @@ from . import verify as V
 # --- https:// and http://
 
 
-def _fetch_url(source: str, parsed: dict, dest_dir: Path, sha256: str | list[str] | None) -> list[dict]:
-    names = V._shard_names(parsed["name"])
-    expected = V._expected_list(source, sha256, len(names))
+def fetch_url(source: str, parsed: dict, dest_dir: Path, sha256: str | list[str] | None) -> list[dict]:
+    """Each file (shard) of an https:// or http:// source, reused where verified, else downloaded and verified."""
+    names = V.all_shard_names(parsed["name"])
+    expected = V.expected_hashes(source, sha256, len(names))
     entries = []
     for name, want in zip(names, expected):
         url = parsed["url"] if name == parsed["name"] else _sibling_url(parsed["url"], name)
         path = dest_dir / name
-        entry = V._reuse(path, want, "config") or V._adopt(path, want, "config")
+        entry = V.reuse_verified(path, want, "config") or V.adopt_rejected(path, want, "config")
         if entry is None:
             dest_dir.mkdir(parents=True, exist_ok=True)
             part = path.with_name(path.name + ".part")
-            entry = V._commit(source, part, path, _download(source, url, part), want, "config", keep=True)
+            entry = V.commit_verified(source, part, path, _download(source, url, part), want, "config", keep=True)
         entries.append(entry)
     return entries
 

@@ -58,18 +58,18 @@ def _repo_folder(cache: Path, repo: str) -> Path:
     return cache / ("models--" + repo.replace("/", "--"))
 
 
-def _fetch_hf(source: str, parsed: dict, dest_dir: Path, sha256: str | list[str] | None) -> tuple[list[dict], dict]:
+def fetch_hf(source: str, parsed: dict, dest_dir: Path, sha256: str | list[str] | None) -> tuple[list[dict], dict]:
     """Each file (shard) from a hub cache, downloaded there first if no cache has it, and verified.
 
     A file an earlier crashline downloaded into ``dest_dir`` and verified is used as before."""
     repo, revision = parsed["repo"], parsed["revision"]
     folder, _, first_name = parsed["path"].rpartition("/")
-    names = V._shard_names(first_name)
-    expected = V._expected_list(source, sha256, len(names))
+    names = V.all_shard_names(first_name)
+    expected = V.expected_hashes(source, sha256, len(names))
     entries, found = [], []
     for name, want in zip(names, expected):
         filename = f"{folder}/{name}" if folder else name
-        entry = V._reuse(dest_dir / filename, want, "config")
+        entry = V.reuse_verified(dest_dir / filename, want, "config")
         if entry is None:
             cached = _hf_cached(repo, filename, revision) or _hf_download(source, repo, filename, revision)
             entry = _verify_hf_cached(source, cached, filename, want, dest_dir)
@@ -162,7 +162,7 @@ def _verify_hf_cached(source: str, cached: dict, filename: str, want: str | None
         )
     origin = "config" if want else ("hub metadata" if hub else "computed")
     want = want or hub
-    V._check_gguf(source, path, f"{where}: {kept}; {delete}")
+    V.check_gguf(source, path, f"{where}: {kept}; {delete}")
     record = _hf_recorded(dest_dir, filename, path)
     if record is not None and (want is None or record.get("sha256") == want):
         actual = record["sha256"]
@@ -184,7 +184,7 @@ def _verify_hf_cached(source: str, cached: dict, filename: str, want: str | None
             write_json(_hf_sidecar(dest_dir, filename), {**record, "sha256": actual, "verified_against": origin})
         except OSError:  # hashed again next time
             pass
-    return V._file_entry(path, actual, origin if want else "computed", fetched=cached["fetched"])
+    return V.file_entry(path, actual, origin if want else "computed", fetched=cached["fetched"])
 
 
 def _tree_bytes(folder: Path) -> int:

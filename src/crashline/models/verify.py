@@ -65,11 +65,13 @@ def sample_sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def _sidecar(path: Path) -> Path:
+def sidecar_path(path: Path) -> Path:
+    """Where the verification record of ``path`` is kept: ``<name>.sha256`` beside it."""
     return path.with_name(path.name + ".sha256")
 
 
-def _write_sidecar(path: Path, sha256: str, verified_against: str, extra: dict | None = None) -> None:
+def write_sidecar(path: Path, sha256: str, verified_against: str, extra: dict | None = None) -> None:
+    """Record beside ``path`` its hash, size, mtime and what it was verified against (skipped in a read-only folder)."""
     st = path.stat()
     record = {
         "name": path.name,
@@ -81,7 +83,7 @@ def _write_sidecar(path: Path, sha256: str, verified_against: str, extra: dict |
         **(extra or {}),
     }
     try:
-        write_json(_sidecar(path), record)
+        write_json(sidecar_path(path), record)
     except OSError:  # a read-only folder (file: sources): the file is simply hashed again next time
         pass
 
@@ -89,7 +91,7 @@ def _write_sidecar(path: Path, sha256: str, verified_against: str, extra: dict |
 def _recorded(path: Path, extra: dict | None = None) -> dict | None:
     """The sidecar record of ``path`` if the file still has the recorded size and mtime."""
     try:
-        record = read_json(_sidecar(path))
+        record = read_json(sidecar_path(path))
         st = path.stat()
     except (OSError, ValueError):
         return None
@@ -102,7 +104,8 @@ def _recorded(path: Path, extra: dict | None = None) -> dict | None:
     return record
 
 
-def _file_entry(path: Path, sha256: str, verified_against: str, fetched: bool) -> dict[str, Any]:
+def file_entry(path: Path, sha256: str, verified_against: str, fetched: bool) -> dict[str, Any]:
+    """The fetch record's entry of a verified file: its path, size, hashes, what verified it, whether fetched."""
     st = path.stat()
     return {
         "name": path.name,
@@ -116,7 +119,7 @@ def _file_entry(path: Path, sha256: str, verified_against: str, fetched: bool) -
     }
 
 
-def _expected_list(source: str, sha256: str | list[str] | None, n: int) -> list[str | None]:
+def expected_hashes(source: str, sha256: str | list[str] | None, n: int) -> list[str | None]:
     """One expected hash (or None) per shard. A single string applies to the first shard."""
     if sha256 is None:
         expected: list[str | None] = [None] * n
@@ -132,7 +135,7 @@ def _expected_list(source: str, sha256: str | list[str] | None, n: int) -> list[
     return expected
 
 
-def _shard_names(name: str) -> list[str]:
+def all_shard_names(name: str) -> list[str]:
     """All shard names of a split model given the first one; ``[name]`` for a single file."""
     m = SPLIT_RE.match(name)
     if not m or int(m["index"]) != 1:
@@ -151,7 +154,7 @@ def _is_whole(path: Path) -> bool:
     return True
 
 
-def _check_gguf(source: str, path: Path, fate: str) -> None:
+def check_gguf(source: str, path: Path, fate: str) -> None:
     """SourceError (ending with ``fate``: what became of the file) unless ``path`` is a whole GGUF."""
     try:
         check_complete(path)
@@ -159,7 +162,8 @@ def _check_gguf(source: str, path: Path, fate: str) -> None:
         raise SourceError(f"model source {source!r}: {e}; {fate}") from None
 
 
-def _mismatch(source: str, name: str, want: str, actual: str, origin: str, fate: str) -> SourceError:
+def mismatch_error(source: str, name: str, want: str, actual: str, origin: str, fate: str) -> SourceError:
+    """The SourceError of a file whose sha256 is not the one expected (``fate``: what became of it)."""
     return SourceError(
         f"model source {source!r}: sha256 mismatch for {name}: expected {want} "
         f"({ORIGINS.get(origin, origin)}), got {actual}; {fate}; if {actual} is the right hash, "
@@ -167,7 +171,7 @@ def _mismatch(source: str, name: str, want: str, actual: str, origin: str, fate:
     )
 
 
-def _reuse(path: Path, expected: str | None, verified: str, extra: dict | None = None) -> dict | None:
+def reuse_verified(path: Path, expected: str | None, verified: str, extra: dict | None = None) -> dict | None:
     """A file entry for ``path`` if it is there already, verified and a whole GGUF.
 
     Verified means: its sidecar records its current size and mtime (and ``extra``) and a hash equal
@@ -186,8 +190,8 @@ def _reuse(path: Path, expected: str | None, verified: str, extra: dict | None =
     if not _is_whole(path):
         return None
     if record is None:
-        _write_sidecar(path, sha256, verified, extra)
-    return _file_entry(path, sha256, verified, fetched=False)
+        write_sidecar(path, sha256, verified, extra)
+    return file_entry(path, sha256, verified, fetched=False)
 
 
 def _rejected(path: Path) -> Path:
@@ -202,11 +206,11 @@ def _reject(fresh: Path, path: Path, actual: str) -> Path | None:
         return None
     kept = _rejected(path)
     os.replace(fresh, kept)
-    _write_sidecar(kept, actual, "rejected")
+    write_sidecar(kept, actual, "rejected")
     return kept
 
 
-def _adopt(path: Path, want: str | None, origin: str) -> dict | None:
+def adopt_rejected(path: Path, want: str | None, origin: str) -> dict | None:
     """The entry of ``path`` once a download kept earlier as ``<name>.rejected`` has the hash ``want``:
     it is renamed onto ``path`` instead of being downloaded again."""
     kept = _rejected(path)
@@ -214,12 +218,12 @@ def _adopt(path: Path, want: str | None, origin: str) -> dict | None:
     if want is None or record is None or record.get("sha256") != want:
         return None
     os.replace(kept, path)
-    _sidecar(kept).unlink(missing_ok=True)
-    _write_sidecar(path, want, origin)
-    return _file_entry(path, want, origin, fetched=True)
+    sidecar_path(kept).unlink(missing_ok=True)
+    write_sidecar(path, want, origin)
+    return file_entry(path, want, origin, fetched=True)
 
 
-def _commit(
+def commit_verified(
     source: str,
     fresh: Path,
     path: Path,
@@ -238,7 +242,7 @@ def _commit(
     """
     untouched = f" and {path} is untouched" if path.exists() else ""
     try:
-        _check_gguf(source, fresh, f"the new file was removed{untouched}: the source gave an incomplete file")
+        check_gguf(source, fresh, f"the new file was removed{untouched}: the source gave an incomplete file")
     except SourceError:
         fresh.unlink(missing_ok=True)
         raise
@@ -246,15 +250,15 @@ def _commit(
         kept = _reject(fresh, path, actual) if keep else None
         fresh.unlink(missing_ok=True)
         fate = f"the new file is kept as {kept}" if kept else "the new file was removed"
-        raise _mismatch(source, path.name, want, actual, origin, fate + untouched)
+        raise mismatch_error(source, path.name, want, actual, origin, fate + untouched)
     os.replace(fresh, path)
     verified = origin if want else "computed"
-    _write_sidecar(path, actual, verified, extra)
-    return _file_entry(path, actual, verified, fetched=True)
+    write_sidecar(path, actual, verified, extra)
+    return file_entry(path, actual, verified, fetched=True)
 
 
 @contextlib.contextmanager
-def _scratch(path: Path) -> Iterator[Path]:
+def scratch_path(path: Path) -> Iterator[Path]:
     """A temporary name beside ``path`` for a file being written; removed afterwards unless renamed."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.new")
     try:
@@ -263,7 +267,7 @@ def _scratch(path: Path) -> Iterator[Path]:
         tmp.unlink(missing_ok=True)
 
 
-def _locked(folder: Path, what: str):
+def fetch_lock(folder: Path, what: str):
     """One ``what`` into ``folder`` at a time: a lock on ``<folder>.lock``, beside it."""
     return held(
         folder.with_name(folder.name + ".lock"),

@@ -1,6 +1,6 @@
 """The report from the Parquet tables: what each part of it says is worked out here, from the tables
-(and the provenance and the config it was measured under); ``present.sections`` lays it out once and
-``present.markdown`` / ``present.html`` print it."""
+(and the provenance and the config it was measured under); ``report.sections`` lays it out once and
+``report.markdown`` / ``report.html`` print it."""
 
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ from ..tables.recommend import decide
 from ..tables import recheck as recheck_mod
 from ..core.records import Outcome
 from ..core.paths import Layout, recheck_tables
-from ..core.thresholds import missing
+from ..core.thresholds import inconclusive, missing
 
 FIGURES = "figures"  # the folder of the figures, beside report.md (paths.Layout.figures)
 
@@ -130,6 +130,8 @@ def cold_warm(configs: pd.DataFrame, measurements: pd.DataFrame) -> list[dict]:
                     "warm_prefill": fmt_stat(w, "prefill_tps"),
                     "cold_decode": fmt_stat(cold_row, "decode_tps") if len(cold_w) else "–",
                     "warm_decode": fmt_stat(w, "decode_tps"),
+                    # other processes competed on a side: the two cannot be set against each other
+                    "inconclusive": inconclusive([cold_row, w]) if len(cold_w) else None,
                 }
             )
     return out
@@ -195,6 +197,7 @@ def answers(ctx: dict) -> list[dict]:
                         for f in fits
                     ],
                     "tie": r.get("tie"),  # tied with others on the objective: why this one (None: no tie)
+                    "inconclusive": r.get("inconclusive"),  # others' processes competed: no faster or slower
                     # where another configuration would finish a request first as the reply grows or shrinks
                     "reply_length": r.get("reply_length"),
                     "use": r["use"],

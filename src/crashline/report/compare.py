@@ -13,6 +13,7 @@ from ..core.atomic import atomic_path, read_json, write_json
 from ..core.owned import outside_inputs, own_folder
 from ..core.paths import Layout
 from ..core.records import Outcome
+from ..core.thresholds import inconclusive
 from ..config.plan import ConfigError
 from ..tables import compare as compare_mod
 from ..tables.compare import Run
@@ -65,7 +66,7 @@ def _figure(model: str, rows: list[dict], runs: dict[str, Run]) -> D.Figure | No
         "median of every request, bars from min to max."
     )
     panels = D.SPEEDS
-    fig, axes = D._new(title, len(panels))
+    fig, axes = D.new_figure(title, len(panels))
     series = []
     for i, (row, data) in enumerate(drawn):
         label = row["run"] + (" (reference)" if row["verdict"] == "reference" else "")
@@ -73,15 +74,15 @@ def _figure(model: str, rows: list[dict], runs: dict[str, Run]) -> D.Figure | No
             part = data[data[cols.stat(metric, "median")].notna()]
             if part.empty:
                 continue
-            med, lo, hi = D._error_bars(part, metric)
+            med, lo, hi = D.error_bars(part, metric)
             colour = D.SERIES_COLOURS[i % len(D.SERIES_COLOURS)]
             bars = ax.errorbar(
                 part["prompt_tokens"], med, yerr=[lo, hi], fmt="o-", capsize=3, color=colour, label=label
             )
             bars.lines[0].set_gid(f"series-{i}-{metric}")
         series.append(label)
-    D._prompt_length_axes(axes, panels, [v for _, data in drawn for v in data["prompt_tokens"]])
-    return D._finish(fig, axes, f"compare-{model}", title, series, "compare")
+    D.prompt_length_axes(axes, panels, [v for _, data in drawn for v in data["prompt_tokens"]])
+    return D.finish_figure(fig, axes, f"compare-{model}", title, series, "compare")
 
 
 def _num(value, digits: int = 1) -> str:
@@ -135,10 +136,15 @@ def _headline(rows: list[dict]) -> str:
     if reference is None:
         return "No run recommended a configuration, so no speeds are compared."
     others = [r for r in rows if r is not reference]
+    if not others:
+        speed = f"{_num(reference['median'])} {_metric(rows)}"
+        return f"Only {reference['run']} measured this model ({speed}): nothing to compare."
     said = [
         f"{r['run']} is {r['verdict']} ({r['ratio']:.2f}×)" if r["ratio"] is not None else f"{r['run']}: no answer"
         for r in others
     ]
+    if doubt := inconclusive([reference, *others]):
+        said.append(doubt)
     return f"Against {reference['run']} ({_num(reference['median'])} {_metric(rows)}): " + "; ".join(said) + "."
 
 

@@ -11,13 +11,14 @@ from pathlib import Path
 import pandas as pd
 
 from .. import __version__
-from ..tables.claims import comparability, correction_table, pair_changes, unverifiable, warning_notes
+from ..tables.claims import METRICS, comparability, correction_table, pair_changes, unverifiable, warning_notes
 from ..config.claims import load_claims
 from ..core.thresholds import CONTENTION_CORES, HIGH_SPREAD_PCT
-from . import html, markdown
+from . import html, markdown, templates
 from .doc import Bullets, Cell, Code, Details, Link, Para, Section, Strong, Table
 
 START_MARKER, END_MARKER = markdown.CORRECTION_START, markdown.CORRECTION_END
+TEMPLATE = "correction.md.j2"  # data/templates/: the section sent upstream, unless a claims file names its own
 SEND_SUMMARY = "Markdown to send upstream (between the crashline:correction markers)"
 
 
@@ -79,22 +80,6 @@ def _how(claim: dict, facts: dict) -> Para:
     )
 
 
-def _claimed_table(table: list[dict]) -> Table:
-    header = ["published row", "workload", "metric", "claimed t/s", "measured t/s, median [min–max] n", "difference"]
-    rows = [
-        [
-            t["label"],
-            t["workload_text"],
-            t["metric_title"],
-            t["claimed_text"],
-            Cell(t["measured_text"], "fail" if t["problem"] else None),
-            t["diff_text"],
-        ]
-        for t in table
-    ]
-    return Table(header, rows, numeric=frozenset({3, 4, 5}))
-
-
 def _warning(table: list[dict]) -> Para | None:
     """Repeat these before trusting them: too wide a range, a shared machine."""
     if not any(t["warnings"] for t in table):
@@ -109,35 +94,6 @@ def _warning(table: list[dict]) -> Para | None:
             f"{notes['measured']} measurements (more than {CONTENTION_CORES}: the machine was shared)."
         )
     return Para(text, "warn")
-
-
-def _settings_table(claim: dict, table: list[dict]) -> Table:
-    header = [
-        "published row",
-        "stated by the source",
-        "assumed (not stated)",
-        "llama-server settings of the measurement",
-        "config",
-        "not comparable with",
-    ]
-    rows = []
-    for r in claim["rows"]:
-        t = next((t for t in table if t["row"] == r["index"]), None)
-        if t is None:
-            continue
-        stated = ", ".join(f"{k}={v}" for k, v in t["stated"].items())
-        others = t["not_comparable_with"]
-        rows.append(
-            [
-                r["label"],
-                (f"{stated}; " if stated else "") + f"build {t['build_claimed']}",
-                ", ".join(t["assumed"]) or "nothing",
-                Code(t["settings"]),
-                Code(t["config_id"]),
-                Cell("; ".join(others) or "–", "fail" if others else None),
-            ]
-        )
-    return Table(header, rows)
 
 
 def _pct(value: float) -> str:
@@ -188,19 +144,143 @@ def _unverifiable(claim: dict) -> Para | None:
     return Para([Strong("Not stated, so not checkable:"), text])
 
 
+def _claimed_cell(entry: dict, row: dict) -> str:
+    spread = row.get("claimed_spread", {}).get(entry["metric"])
+    return entry["claimed_text"] + (f" ± {spread:,.1f}" if spread is not None else "")
+
+
+def _measured_cell(entry: dict) -> str:
+    if entry["median"] is None:
+        return entry["measured_text"]
+    return f"{entry['measured_text']}, {entry['diff_text']}"
+
+
+def _template_row(row: dict, entries: dict) -> dict:
+    """One published row as the template sees it: its cells by metric (claimed with its ±, measured with the
+    difference) and the settings of its measurement."""
+    first = next(iter(entries.values()))
+    stated = ", ".join(f"{k}={v}" for k, v in first["stated"].items())
+    return {
+        "label": row["label"],
+        "workload": first["workload_text"],
+        "note": row.get("note") or "",
+        "cells": {m: {"claimed": _claimed_cell(e, row), "measured": _measured_cell(e)} for m, e in entries.items()},
+        "entries": entries,
+        "stated": (f"{stated}; " if stated else "") + f"build {first['build_claimed']}",
+        "assumed": ", ".join(first["assumed"]) or "nothing",
+        "settings": first["settings"],
+        "config_id": first["config_id"],
+        "build": first["build"],
+        "host": first["host"],
+        "not_comparable_with": first["not_comparable_with"],
+    }
+
+
+def _rows(claim: dict, table: list[dict]) -> list[dict]:
+    """The published rows that have claimed numbers, each as ``_template_row`` makes it."""
+    rows = []
+    for r in claim["rows"]:
+        entries = {t["metric"]: t for t in table if t["row"] == r["index"]}
+        if entries:
+            rows.append(_template_row(r, entries))
+    return rows
+
+
+def _metrics(table: list[dict]) -> list[dict]:
+    """The metrics the rows claim: key and a column's title ("prefill t/s")."""
+    return [
+        {"key": k, "title": t.split(" per ")[0].split(",")[0]}
+        for k, t in METRICS.items()
+        if any(e["metric"] == k for e in table)
+    ]
+
+
+def _rows_table(rows: list[dict], metrics: list[dict]) -> Table:
+    """One line per published row, as upstream: each claimed number beside the measured one (the report's form of
+    the default template's table)."""
+    notes = any(r["note"] for r in rows)
+    header = ["published row", "workload"]
+    for m in metrics:
+        header += [f"{m['title']}: claimed", f"{m['title']}: measured here, median [min–max] n"]
+    cells = []
+    for r in rows:
+        line = [r["label"], r["workload"]]
+        for m in metrics:
+            cell, entry = r["cells"].get(m["key"]), r["entries"].get(m["key"])
+            line += (
+                [cell["claimed"], Cell(cell["measured"], "fail" if entry["problem"] else None)] if cell else ["–", "–"]
+            )
+        cells.append(line + ([r["note"]] if notes else []))
+    numeric = frozenset(range(2, 2 + 2 * len(metrics)))
+    return Table(header + (["notes"] if notes else []), cells, numeric=numeric)
+
+
+def _settings_lines(rows: list[dict]) -> list:
+    """A line of full settings for every measured row: what the table states, what was assumed, the arguments."""
+    items = []
+    for r in rows:
+        others = f"; not comparable with {'; '.join(r['not_comparable_with'])}" if r["not_comparable_with"] else ""
+        items.append(
+            [
+                f"{r['label']}: stated {r['stated']}; assumed {r['assumed']}; measured with ",
+                Code(r["settings"]),
+                " (config ",
+                Code(r["config_id"]),
+                f"){others}.",
+            ]
+        )
+    lead = (
+        "Settings of each measurement",
+        " (what the table states, what was assumed where it is silent, and the full ",
+    )
+    return [Para([Strong(lead[0]), lead[1], Code("llama-server"), " arguments):"]), Bullets(items)]
+
+
 def build(claim: dict, configs: pd.DataFrame, measurements: pd.DataFrame, level: int = 3) -> Section:
     """The section of one claim, with its heading at ``level``."""
     table = correction_table([claim], configs, measurements)
+    rows = _rows(claim, table)
     blocks = [
         _how(claim, _facts(claim, table, configs)),
-        _claimed_table(table),
+        _rows_table(rows, _metrics(table)),
         _warning(table),
-        _settings_table(claim, table),
+        *_settings_lines(rows),
         *_comparability(claim, table),
         _unverifiable(claim),
     ]
     title = f"Re-measured: {claim['title']}"
     return Section(title, [b for b in blocks if b is not None], level, f"correction-{claim['name']}", "correction")
+
+
+def template_context(claim: dict, configs: pd.DataFrame, measurements: pd.DataFrame, level: int) -> dict:
+    """What a correction template is given: the table's title and source, the metrics the rows claim, each row
+    (``_template_row``), and the paragraphs the package writes (``how``, ``warning``, ``comparability``,
+    ``unstated``: Markdown already)."""
+    table = correction_table([claim], configs, measurements)
+    rows = _rows(claim, table)
+    warning, unstated = _warning(table), _unverifiable(claim)
+    source = {k: v for k, v in claim["source"].items() if k != "local_copy_path"}
+    return {
+        "heading": "#" * min(6, level),
+        "title": claim["title"],
+        "source": source,
+        "metrics": _metrics(table),
+        "rows": rows,
+        "any_note": any(r["note"] for r in rows),
+        "how": markdown.block(_how(claim, _facts(claim, table, configs))),
+        "warning": markdown.block(warning) if warning else "",
+        "comparability": markdown.block(_comparability(claim, table)),
+        "unstated": markdown.block(unstated) if unstated else "",
+    }
+
+
+def render_section(claim: dict, configs: pd.DataFrame, measurements: pd.DataFrame, level: int) -> str:
+    """The section's Markdown from the claims file's own template (``template:``) or the package's."""
+    if claim.get("template"):
+        text, where = templates.user_template(claim["template"]), claim["template"]
+    else:
+        text, where = templates.package_template(TEMPLATE), TEMPLATE
+    return templates.render(text, where, template_context(claim, configs, measurements, level)).strip("\n")
 
 
 def upstream_level(claim: dict) -> int:
@@ -217,7 +297,7 @@ def upstream_markdown(claim: dict, configs: pd.DataFrame, measurements: pd.DataF
         f"<sub>Generated by crashline {__version__} from {source['url']}{revision}; a later run replaces "
         "everything between the `crashline:correction` markers.</sub>"
     )
-    body = markdown.block(build(claim, configs, measurements, upstream_level(claim)))
+    body = render_section(claim, configs, measurements, upstream_level(claim))
     return f"{START_MARKER}\n{body}\n\n{footer}\n{END_MARKER}\n"
 
 

@@ -1,5 +1,5 @@
 """The report as plain data: each section is built once from these types, and two printers
-(``present.markdown``, ``present.html``) write it.
+(``report.markdown``, ``report.html``) write it.
 
 Inline content is a ``str``, one of the spans below, or a list of them. Blocks are ``Para``,
 ``Bullets``, ``Table``, ``CodeBlock``, ``Details``, ``Box`` and ``Section``; a ``Document`` is a

@@ -72,7 +72,7 @@ class Figure:
 # -- values and labels ---------------------------------------------------------------------------
 
 
-def _value(value):
+def plain_value(value):
     """A table value as plain Python: None for a missing one, an int for a whole float (NaN-padded ints)."""
     if missing(value):
         return None
@@ -87,9 +87,9 @@ def _mib(value) -> str:
     return f"{value:,.0f} MiB"
 
 
-def _setting_text(name: str, value) -> str:
+def setting_text(name: str, value) -> str:
     """One setting as llama-server would be given it (``-ub 512``, ``-kvu``), or in words where it has no flag."""
-    value = _value(value)
+    value = plain_value(value)
     if name == "page_cache":
         return f"{value} page cache" if value else "page cache unknown"
     if name == "extra_args":
@@ -100,41 +100,43 @@ def _setting_text(name: str, value) -> str:
     return " ".join(server_args({name: value})) or f"{name.replace('_', ' ')} {value}"
 
 
-def _present(frame: pd.DataFrame, names: Iterable[str]) -> list[str]:
+def present_columns(frame: pd.DataFrame, names: Iterable[str]) -> list[str]:
+    """The columns of ``names`` that ``frame`` has, in that order."""
     return [c for c in names if c in frame.columns]
 
 
-def _varying(rows: pd.DataFrame, names: Iterable[str]) -> list[str]:
+def varying_columns(rows: pd.DataFrame, names: Iterable[str]) -> list[str]:
     """The setting columns whose values differ between the rows (a missing value counts as one value)."""
-    return [c for c in names if len({_value(v) for v in rows[c]}) > 1]
+    return [c for c in names if len({plain_value(v) for v in rows[c]}) > 1]
 
 
-def _not_default(rows: pd.DataFrame, names: Iterable[str]) -> list[str]:
+def not_default_columns(rows: pd.DataFrame, names: Iterable[str]) -> list[str]:
     """The setting columns where some row differs from crashline's default."""
     out = []
     for c in names:
         default = SETTINGS[c.removeprefix(cols.SETTING_PREFIX)].default
         default = " ".join(default) if isinstance(default, (list, tuple)) else default
-        given = [v for v in map(_value, rows[c]) if v not in (None, "")]  # unset: not a difference
+        given = [v for v in map(plain_value, rows[c]) if v not in (None, "")]  # unset: not a difference
         if any(v != default for v in given):
             out.append(c)
     return out
 
 
-def _label(row, names: list[str]) -> str:
+def settings_label(row, names: list[str]) -> str:
+    """A row named by its settings ``names`` as llama-server flags, or "crashline's default settings" without any."""
     if not names:
         return "crashline's default settings"
-    return ", ".join(_setting_text(c.removeprefix(cols.SETTING_PREFIX), row[c]) for c in names)
+    return ", ".join(setting_text(c.removeprefix(cols.SETTING_PREFIX), row[c]) for c in names)
 
 
-def _label_columns(rows: pd.DataFrame, names: list[str]) -> list[str]:
+def label_columns(rows: pd.DataFrame, names: list[str]) -> list[str]:
     """What tells the rows apart: the settings that vary, or (all alike) those that are not crashline's defaults."""
-    return _varying(rows, names) or _not_default(rows, names)
+    return varying_columns(rows, names) or not_default_columns(rows, names)
 
 
 def _order(value) -> tuple:
     """A sort key for values of mixed kinds: numbers by size, then texts, then missing."""
-    value = _value(value)
+    value = plain_value(value)
     if value is None:
         return (2, "")
     if isinstance(value, (int, float)) and not isinstance(value, bool):
@@ -142,11 +144,11 @@ def _order(value) -> tuple:
     return (1, str(value))
 
 
-def _groups(rows: pd.DataFrame, names: list[str]) -> list[tuple[tuple, pd.DataFrame]]:
+def grouped_rows(rows: pd.DataFrame, names: list[str]) -> list[tuple[tuple, pd.DataFrame]]:
     """The rows grouped by the values of ``names`` (missing values alike), in a stable order."""
     if not names:
         return [((), rows)] if len(rows) else []
-    keys = rows[names].apply(lambda r: tuple(_value(v) for v in r), axis=1)
+    keys = rows[names].apply(lambda r: tuple(plain_value(v) for v in r), axis=1)
     groups: dict[tuple, list] = {}
     for index, key in zip(rows.index, keys, strict=True):
         groups.setdefault(key, []).append(index)
@@ -154,42 +156,45 @@ def _groups(rows: pd.DataFrame, names: list[str]) -> list[tuple[tuple, pd.DataFr
     return [(key, rows.loc[groups[key]]) for key in ordered]
 
 
-def _failure_text(row) -> str:
+def failure_text(row) -> str:
     """How a configuration failed, in the report's words: "oom at warmup", "load_failed (weights) at load"."""
-    outcome, failure, phase = (_value(row.get(c)) for c in ("outcome", "failure", "phase"))
+    outcome, failure, phase = (plain_value(row.get(c)) for c in ("outcome", "failure", "phase"))
     kind = f"{outcome} ({failure})" if failure and failure != outcome else str(outcome)
     return f"{kind} at {phase}" if phase else kind
 
 
-def _environments(rows: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
+def by_environment(rows: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
+    """The rows of each environment (machine and budget), in a stable order; all as one without the column."""
     if "environment" not in rows or rows.empty:
         return [("", rows)]
     return [(str(env), part) for env, part in rows.groupby(rows["environment"].fillna(""), sort=True)]
 
 
-def _env_text(rows: pd.DataFrame) -> str:
+def env_text(rows: pd.DataFrame) -> str:
     """A short name of a machine: its GPU and the budget it ran under."""
-    gpu = _value(rows["gpu"].iloc[0]) if "gpu" in rows else None
-    budget = _value(rows["vram_budget_mib"].iloc[0]) if "vram_budget_mib" in rows else None
+    gpu = plain_value(rows["gpu"].iloc[0]) if "gpu" in rows else None
+    budget = plain_value(rows["vram_budget_mib"].iloc[0]) if "vram_budget_mib" in rows else None
     return f"{gpu or 'unknown GPU'}" + (f", budget {_mib(budget)}" if budget else "")
 
 
-def _with_env(rows: pd.DataFrame, names: list[str]) -> tuple[list[str], bool]:
+def with_environment(rows: pd.DataFrame, names: list[str]) -> tuple[list[str], bool]:
     """Rows of several machines (or budgets) are never one series: the environment joins the key."""
     several = "environment" in rows and rows["environment"].nunique(dropna=False) > 1
     return (["environment", *names] if several else names), several
 
 
-def _series_label(rows: pd.DataFrame, names: list[str], several_envs: bool) -> str:
+def series_label(rows: pd.DataFrame, names: list[str], several_envs: bool) -> str:
+    """The legend label of a series: its settings, and its machine where the figure holds several."""
     settings = [c for c in names if c != "environment"]
-    text = _label(rows.iloc[0], settings)
-    return f"{text} ({_env_text(rows)})" if several_envs else text
+    text = settings_label(rows.iloc[0], settings)
+    return f"{text} ({env_text(rows)})" if several_envs else text
 
 
 # -- drawing -------------------------------------------------------------------------------------
 
 
-def _new(title: str, panels: int = 1, height: float = 3.8) -> tuple[MplFigure, list]:
+def new_figure(title: str, panels: int = 1, height: float = 3.8) -> tuple[MplFigure, list]:
+    """A new figure of ``panels`` panels stacked on one x axis, its title wrapped above them."""
     fig = MplFigure(figsize=(7.6, height + 1.9 * (panels - 1)), layout="constrained")
     FigureCanvasSVG(fig)
     axes = fig.subplots(panels, 1, sharex=True, squeeze=False)[:, 0].tolist()
@@ -231,12 +236,13 @@ def _svg(fig: MplFigure, name: str, title: str) -> str:
     return f"{text[:head]}\n <title>{caption}</title>{text[head:]}".rstrip() + "\n"
 
 
-def _finish(fig: MplFigure, axes: list, name: str, title: str, series: list[str], kind: str) -> Figure:
+def finish_figure(fig: MplFigure, axes: list, name: str, title: str, series: list[str], kind: str) -> Figure:
+    """The report's ``Figure`` of a drawn figure: its legend added, rendered to SVG."""
     _legend(fig, axes)
     return Figure(name=name, title=title, svg=_svg(fig, name, title), series=series, kind=kind)
 
 
-def _error_bars(rows: pd.DataFrame, metric: str) -> tuple[list, list, list]:
+def error_bars(rows: pd.DataFrame, metric: str) -> tuple[list, list, list]:
     """Medians and the distances to min and max (none where min or max is missing)."""
     med = [float(v) for v in rows[cols.stat(metric, "median")]]
     lo = [m - v if not missing(v) else 0.0 for m, v in zip(med, rows[cols.stat(metric, "min")], strict=True)]
@@ -247,15 +253,17 @@ def _error_bars(rows: pd.DataFrame, metric: str) -> tuple[list, list, list]:
 SPEEDS = (("decode_tps", "decode"), ("prefill_tps", "prefill"))
 
 
-def _speed_panels(rows: pd.DataFrame) -> list[tuple[str, str]]:
+def speed_panels(rows: pd.DataFrame) -> list[tuple[str, str]]:
+    """(metric, word) of each speed (decode, prefill) that some row has a median of: one panel each."""
     return [(m, word) for m, word in SPEEDS if rows[cols.stat(m, "median")].notna().any()]
 
 
-def _has(frame: pd.DataFrame | None, *names: str) -> bool:
+def has_columns(frame: pd.DataFrame | None, *names: str) -> bool:
+    """Whether ``frame`` is given, has rows, and has every column of ``names``."""
     return frame is not None and not frame.empty and all(n in frame.columns for n in names)
 
 
-def _limit(rows: pd.DataFrame, budget: dict) -> tuple[float | None, str]:
+def vram_limit(rows: pd.DataFrame, budget: dict) -> tuple[float | None, str]:
     """The VRAM limit the rows ran under, and what it is: the budget, else the card's total memory."""
     limits = rows["vram_limit_mib"].dropna() if "vram_limit_mib" in rows else pd.Series(dtype=float)
     budgets = rows["vram_budget_mib"].dropna() if "vram_budget_mib" in rows else pd.Series(dtype=float)
@@ -268,7 +276,7 @@ def _limit(rows: pd.DataFrame, budget: dict) -> tuple[float | None, str]:
     return float(limits.max()), "card's memory" if card else "VRAM budget"
 
 
-def _limit_lines(ax, limit: float, limit_is: str, margin) -> None:
+def limit_lines(ax, limit: float, limit_is: str, margin) -> None:
     """The limit, and the limit less the margin, as labelled horizontal lines (ids ``limit``, ``margin``)."""
     line = ax.axhline(limit, color=LIMIT_COLOUR, linewidth=1.0, label=f"{limit_is} ({_mib(limit)})")
     line.set_gid("limit")
@@ -278,7 +286,7 @@ def _limit_lines(ax, limit: float, limit_is: str, margin) -> None:
         line.set_gid("margin")
 
 
-def _prompt_length_axes(axes: list, panels, prompt_tokens) -> None:
+def prompt_length_axes(axes: list, panels, prompt_tokens) -> None:
     """Speed panels against prompt length: each panel's speed per request from 0, the prompt lengths as ticks
     (on a log scale where they span 8x or more)."""
     for ax, (_metric, word) in zip(axes, panels, strict=True):

@@ -44,7 +44,7 @@ from ..core.atomic import atomic_path
 from ..core.paths import Layout
 from ..core.records import Outcome
 from .drawing import (
-    _prompt_length_axes,
+    prompt_length_axes,
     FAILURE_COLOURS,
     FAILURE_MARKERS,
     Figure,
@@ -53,35 +53,35 @@ from .drawing import (
     RC,
     SERIES_COLOURS,
     SETTING_COLUMNS,
-    _env_text,
-    _environments,
-    _error_bars,
-    _failure_text,
-    _finish,
-    _groups,
-    _has,
-    _label,
-    _label_columns,
-    _limit,
-    _limit_lines,
-    _new,
-    _not_default,
-    _present,
-    _series_label,
-    _setting_text,
-    _speed_panels,
-    _value,
-    _varying,
-    _with_env,
+    env_text,
+    by_environment,
+    error_bars,
+    failure_text,
+    finish_figure,
+    grouped_rows,
+    has_columns,
+    settings_label,
+    label_columns,
+    vram_limit,
+    limit_lines,
+    new_figure,
+    not_default_columns,
+    present_columns,
+    series_label,
+    setting_text,
+    speed_panels,
+    plain_value,
+    varying_columns,
+    with_environment,
 )
-from .memory_figures import _conversation_memory, _memory
+from .memory_figures import conversation_memory_figures, telemetry_figures
 
 # -- 1. peak VRAM against --n-cpu-moe ------------------------------------------------------------
 
 
 def _predictions(searches: pd.DataFrame | None, model: str, names: list[str], lo: int, hi: int) -> list[tuple]:
     """The planner's predicted VRAM per n_cpu_moe of each search of the model, within [lo, hi]."""
-    if not _has(searches, "model", "value_rows"):
+    if not has_columns(searches, "model", "value_rows"):
         return []
     out = []
     for _, row in searches[searches["model"] == model].iterrows():
@@ -90,7 +90,7 @@ def _predictions(searches: pd.DataFrame | None, model: str, names: list[str], lo
             for v in row["value_rows"]
             if v["predicted_mib"] is not None and lo <= v["n_cpu_moe"] <= hi
         )
-        key = tuple(_value(row[c]) if c in row else None for c in names)
+        key = tuple(plain_value(row[c]) if c in row else None for c in names)
         if len(points) > 1:
             out.append((key, points))
     return out
@@ -111,10 +111,10 @@ def per_gpu(rows: pd.DataFrame) -> pd.DataFrame:
 
 
 def _vram(model: str, configs: pd.DataFrame, searches: pd.DataFrame | None, budget: dict) -> list[Figure]:
-    if not _has(configs, N_CPU_MOE, "peak_gpu_mib", "gpu", "outcome"):
+    if not has_columns(configs, N_CPU_MOE, "peak_gpu_mib", "gpu", "outcome"):
         return []
     rows = configs[(configs["model"] == model) & configs[N_CPU_MOE].notna() & (configs["gpu"] != "no GPU")]
-    envs = [(env, per_gpu(part)) for env, part in _environments(rows) if part[N_CPU_MOE].nunique() > 1]
+    envs = [(env, per_gpu(part)) for env, part in by_environment(rows) if part[N_CPU_MOE].nunique() > 1]
     out = []
     for i, (_env, part) in enumerate(envs):
         suffix = f"-{i + 1}" if len(envs) > 1 else ""
@@ -123,24 +123,24 @@ def _vram(model: str, configs: pd.DataFrame, searches: pd.DataFrame | None, budg
 
 
 def _vram_one(model: str, rows: pd.DataFrame, searches, budget: dict, suffix: str) -> Figure | None:
-    limit, limit_is = _limit(rows, budget)
+    limit, limit_is = vram_limit(rows, budget)
     margin = budget.get("margin_mib")
-    others = [c for c in _present(rows, SETTING_COLUMNS) if c != N_CPU_MOE]
-    names = _varying(rows, others)
-    label_names = names or _not_default(rows, others)
-    groups = _groups(rows, names)
+    others = [c for c in present_columns(rows, SETTING_COLUMNS) if c != N_CPU_MOE]
+    names = varying_columns(rows, others)
+    label_names = names or not_default_columns(rows, others)
+    groups = grouped_rows(rows, names)
     several = len(groups) > 1
-    where = f" on {_env_text(rows)}" if suffix else ""
+    where = f" on {env_text(rows)}" if suffix else ""
     title = (
         f"Peak VRAM of {model} against --n-cpu-moe{where}, one series per combination of the other settings, "
         f"with the {limit_is} and the margin below it; each failure is marked where it failed."
     )
-    fig, (ax,) = _new(title)
+    fig, (ax,) = new_figure(title)
     series, drawn = [], 0
     kinds: dict[str, int] = {}  # failure kind and phase -> its marker
     failed: dict[str, list[tuple]] = {}  # legend entry -> (x, y, kind, series index)
     for i, (_key, group) in enumerate(groups):
-        label = _label(group.iloc[0], label_names)
+        label = settings_label(group.iloc[0], label_names)
         ok = group[(group["outcome"] == Outcome.OK) & group["peak_gpu_mib"].notna()].sort_values(N_CPU_MOE)
         if len(ok):
             colour = SERIES_COLOURS[i % len(SERIES_COLOURS)]
@@ -149,13 +149,15 @@ def _vram_one(model: str, rows: pd.DataFrame, searches, budget: dict, suffix: st
             series.append(label)
             drawn += len(ok)
         for _, row in group[group["outcome"] != Outcome.OK].iterrows():
-            peak = _value(row["peak_gpu_mib"])
+            peak = plain_value(row["peak_gpu_mib"])
             y = peak if peak is not None else limit  # no peak sampled: on the limit line
             if y is None:
                 continue
-            kind = _failure_text(row)
+            kind = failure_text(row)
             kinds.setdefault(kind, len(kinds))
-            failed.setdefault(f"{kind} ({label})" if several else kind, []).append((_value(row[N_CPU_MOE]), y, kind, i))
+            failed.setdefault(f"{kind} ({label})" if several else kind, []).append(
+                (plain_value(row[N_CPU_MOE]), y, kind, i)
+            )
     for entry, points in failed.items():
         kind, group_index = points[0][2], points[0][3]
         artist = ax.scatter(
@@ -178,24 +180,24 @@ def _vram_one(model: str, rows: pd.DataFrame, searches, budget: dict, suffix: st
     for key, points in _predictions(searches, model, names, *span):
         match = next((i for i, (k, _g) in enumerate(groups) if k == key), None)
         colour = SERIES_COLOURS[match % len(SERIES_COLOURS)] if match is not None else "#999999"
-        whose = f" ({_label(groups[match][1].iloc[0], names)})" if several and match is not None else ""
+        whose = f" ({settings_label(groups[match][1].iloc[0], names)})" if several and match is not None else ""
         label = f"planner's prediction{whose}"
         (line,) = ax.plot(*zip(*points, strict=True), ":", color=colour, linewidth=1.1, label=label)
         line.set_gid(f"series-{len(series)}")
         series.append(label)
     if limit is not None:
-        _limit_lines(ax, limit, limit_is, margin)
+        limit_lines(ax, limit, limit_is, margin)
     ax.set_xlabel("--n-cpu-moe (layers whose experts stay on the CPU)")
     ax.set_ylabel("peak VRAM of the server (MiB)")
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    return _finish(fig, [ax], f"vram-vs-n-cpu-moe-{model}{suffix}", title, series, "vram")
+    return finish_figure(fig, [ax], f"vram-vs-n-cpu-moe-{model}{suffix}", title, series, "vram")
 
 
 # -- 2. speed against --n-cpu-moe at the objective workload -------------------------------------
 
 
 def _speed(model: str, measurements: pd.DataFrame, workload: str) -> list[Figure]:
-    if not _has(measurements, N_CPU_MOE, "workload", "workload_outcome", "decode_tps_median"):
+    if not has_columns(measurements, N_CPU_MOE, "workload", "workload_outcome", "decode_tps_median"):
         return []
     rows = measurements[
         (measurements["model"] == model)
@@ -203,30 +205,30 @@ def _speed(model: str, measurements: pd.DataFrame, workload: str) -> list[Figure
         & (measurements["workload_outcome"] == Outcome.OK)
         & measurements[N_CPU_MOE].notna()
     ]
-    panels = _speed_panels(rows) if len(rows) else []
+    panels = speed_panels(rows) if len(rows) else []
     if rows[N_CPU_MOE].nunique() < 2 or not panels:
         return []
-    others = [c for c in _present(rows, SETTING_COLUMNS) if c != N_CPU_MOE]
-    names, several = _with_env(rows, _varying(rows, others))
-    label_names = [c for c in names if c != "environment"] or _not_default(rows, others)
+    others = [c for c in present_columns(rows, SETTING_COLUMNS) if c != N_CPU_MOE]
+    names, several = with_environment(rows, varying_columns(rows, others))
+    label_names = [c for c in names if c != "environment"] or not_default_columns(rows, others)
     first = rows.iloc[0]
-    at_once = _value(first["concurrency"]) or 1
+    at_once = plain_value(first["concurrency"]) or 1
     shape = f"{int(first['prompt_tokens']):,} prompt tokens, {int(first['gen_tokens']):,} generated"
     shape += f", {at_once} requests at once" if at_once > 1 else ""
     title = (
         f"Decode and prefill speed of {model} against --n-cpu-moe at workload {workload} ({shape}): "
         "median of every request, bars from min to max."
     )
-    fig, axes = _new(title, len(panels))
+    fig, axes = new_figure(title, len(panels))
     series = []
-    for i, (_key, group) in enumerate(_groups(rows, names)):
+    for i, (_key, group) in enumerate(grouped_rows(rows, names)):
         group = group.sort_values(N_CPU_MOE)
-        label = _series_label(group, label_names, several)
+        label = series_label(group, label_names, several)
         for ax, (metric, _word) in zip(axes, panels, strict=True):
             data = group[group[cols.stat(metric, "median")].notna()]
             if data.empty:
                 continue
-            med, lo, hi = _error_bars(data, metric)
+            med, lo, hi = error_bars(data, metric)
             bars = ax.errorbar(
                 data[N_CPU_MOE], med, yerr=[lo, hi], fmt="o-", capsize=3, color=SERIES_COLOURS[i % 8], label=label
             )
@@ -237,14 +239,14 @@ def _speed(model: str, measurements: pd.DataFrame, workload: str) -> list[Figure
         ax.set_ylim(bottom=0)
     axes[-1].set_xlabel("--n-cpu-moe (layers whose experts stay on the CPU)")
     axes[-1].xaxis.set_major_locator(MaxNLocator(integer=True))
-    return [_finish(fig, axes, f"speed-vs-n-cpu-moe-{model}", title, series, "speed")]
+    return [finish_figure(fig, axes, f"speed-vs-n-cpu-moe-{model}", title, series, "speed")]
 
 
 # -- 3. speed against prompt length -------------------------------------------------------------
 
 
 def _depth(model: str, measurements: pd.DataFrame, workload: str, recommended: set[str]) -> list[Figure]:
-    if not _has(measurements, "prompt_tokens", "concurrency", "workload_outcome", "decode_tps_median"):
+    if not has_columns(measurements, "prompt_tokens", "concurrency", "workload_outcome", "decode_tps_median"):
         return []
     survived = measurements["outcome"] == Outcome.OK if "outcome" in measurements else True
     rows = measurements[  # a configuration that failed is no trade-off, whatever its workloads here did
@@ -253,7 +255,7 @@ def _depth(model: str, measurements: pd.DataFrame, workload: str, recommended: s
         & (measurements["workload_outcome"] == Outcome.OK)
         & (measurements["concurrency"].fillna(1) == 1)
     ]
-    if rows["prompt_tokens"].nunique() < 2 or not _speed_panels(rows):
+    if rows["prompt_tokens"].nunique() < 2 or not speed_panels(rows):
         return []
     # Per configuration and prompt length one row: the workload with the most generated tokens.
     rows = rows.sort_values(["config_id", "prompt_tokens", "gen_tokens"]).drop_duplicates(
@@ -267,14 +269,14 @@ def _depth(model: str, measurements: pd.DataFrame, workload: str, recommended: s
     objective = objective[~objective.index.duplicated()]
 
     def rank(cid):
-        speed = _value(objective.get(cid))
+        speed = plain_value(objective.get(cid))
         return (cid not in recommended, speed is None, -(speed or 0.0), cid)
 
     chosen = sorted(candidates, key=rank)[:MAX_DEPTH_CONFIGS]
     rows = rows[rows["config_id"].isin(chosen)]
-    settings = _present(rows, SETTING_COLUMNS)
+    settings = present_columns(rows, SETTING_COLUMNS)
     first = rows.drop_duplicates("config_id").set_index("config_id").loc[chosen]
-    names = _label_columns(first, settings)
+    names = label_columns(first, settings)
     several = "environment" in rows and rows["environment"].nunique(dropna=False) > 1
     how = "the recommended first, then " if recommended & set(chosen) else ""
     more = (
@@ -286,17 +288,17 @@ def _depth(model: str, measurements: pd.DataFrame, workload: str, recommended: s
         f"Decode and prefill speed of {model} against prompt length, one request at a time: "
         f"median of every request, bars from min to max.{more}"
     )
-    panels = _speed_panels(rows)
-    fig, axes = _new(title, len(panels))
+    panels = speed_panels(rows)
+    fig, axes = new_figure(title, len(panels))
     series = []
     for i, cid in enumerate(chosen):
         data = rows[rows["config_id"] == cid].sort_values("prompt_tokens")
-        label = _series_label(data, names, several) + (" (recommended)" if cid in recommended else "")
+        label = series_label(data, names, several) + (" (recommended)" if cid in recommended else "")
         for ax, (metric, _word) in zip(axes, panels, strict=True):
             part = data[data[cols.stat(metric, "median")].notna()]
             if part.empty:
                 continue
-            med, lo, hi = _error_bars(part, metric)
+            med, lo, hi = error_bars(part, metric)
             bars = ax.errorbar(
                 part["prompt_tokens"],
                 med,
@@ -309,8 +311,8 @@ def _depth(model: str, measurements: pd.DataFrame, workload: str, recommended: s
             )
             bars.lines[0].set_gid(f"series-{i}-{metric}")
         series.append(label)
-    _prompt_length_axes(axes, panels, rows["prompt_tokens"])
-    return [_finish(fig, axes, f"speed-vs-prompt-length-{model}", title, series, "depth")]
+    prompt_length_axes(axes, panels, rows["prompt_tokens"])
+    return [finish_figure(fig, axes, f"speed-vs-prompt-length-{model}", title, series, "depth")]
 
 
 # -- 4. per-request decode against aggregate throughput ------------------------------------------
@@ -328,7 +330,7 @@ def _pareto(points: list[tuple[float, float]]) -> list[tuple[float, float]]:
 
 def _concurrency(model: str, measurements: pd.DataFrame) -> list[Figure]:
     need = ("concurrency", "prompt_tokens", "gen_tokens", "aggregate_tps_median", "decode_tps_median")
-    if not _has(measurements, *need):
+    if not has_columns(measurements, *need):
         return []
     survived = measurements["outcome"] == Outcome.OK if "outcome" in measurements else True
     rows = measurements[  # a configuration that failed is no trade-off, whatever its workloads here did
@@ -348,21 +350,21 @@ def _concurrency(model: str, measurements: pd.DataFrame) -> list[Figure]:
     if len(rows) < 2:
         return []
     parallel = cols.setting("parallel")
-    names = _varying(rows, [c for c in _present(rows, SETTING_COLUMNS) if c != parallel])
-    keys, several = _with_env(rows, [])
+    names = varying_columns(rows, [c for c in present_columns(rows, SETTING_COLUMNS) if c != parallel])
+    keys, several = with_environment(rows, [])
     title = (
         f"Decode speed per request against total generated throughput for {model}, as more requests run "
         "at once: each point a configuration at a number of requests at once (medians); the dashed line "
         "joins the best trade-offs."
     )
-    fig, (ax,) = _new(title, height=4.2)
+    fig, (ax,) = new_figure(title, height=4.2)
     series = []
     front_label = "best trade-offs of each series (no other point of it is faster on both axes)"
     for prompt, gen in shapes:
         same = rows[(rows["prompt_tokens"] == prompt) & (rows["gen_tokens"] == gen)]
-        for _key, data in _groups(same, keys):
+        for _key, data in grouped_rows(same, keys):
             colour = SERIES_COLOURS[len(series) % len(SERIES_COLOURS)]
-            label = f"{prompt:,} prompt + {gen:,} generated tokens" + (f" ({_env_text(data)})" if several else "")
+            label = f"{prompt:,} prompt + {gen:,} generated tokens" + (f" ({env_text(data)})" if several else "")
             xs = data["aggregate_tps_median"].astype(float).tolist()
             ys = data["decode_tps_median"].astype(float).tolist()
             artist = ax.scatter(xs, ys, color=colour, s=30, zorder=3, label=label)
@@ -372,9 +374,9 @@ def _concurrency(model: str, measurements: pd.DataFrame) -> list[Figure]:
             for (_, row), x, y in zip(data.iterrows(), xs, ys, strict=True):
                 if (x, y) not in front and int(row["concurrency"]) == 1:
                     continue  # a point named only where it matters: on the front, or several at once
-                slots = _setting_text("parallel", row[parallel]) if parallel in row else ""
+                slots = setting_text("parallel", row[parallel]) if parallel in row else ""
                 text = ", ".join(t for t in (f"{int(row['concurrency'])} at once", slots) if t)
-                text += f", {_label(row, names)}" if names else ""
+                text += f", {settings_label(row, names)}" if names else ""
                 ax.annotate(text, (x, y), xytext=(4, 4), textcoords="offset points", fontsize=7, color="#333333")
             if len(front) > 1:
                 ax.plot(*zip(*front, strict=True), "--", color=colour, linewidth=1.0, label=front_label)
@@ -382,7 +384,7 @@ def _concurrency(model: str, measurements: pd.DataFrame) -> list[Figure]:
     ax.set_ylabel("decode per request (tokens/s)")
     ax.set_xlim(left=0)
     ax.set_ylim(bottom=0)
-    return [_finish(fig, [ax], f"per-request-vs-total-throughput-{model}", title, series, "concurrency")]
+    return [finish_figure(fig, [ax], f"per-request-vs-total-throughput-{model}", title, series, "concurrency")]
 
 
 # -- all of them ---------------------------------------------------------------------------------
@@ -406,12 +408,14 @@ def figures(
     recommended configuration ids, which the speed-against-prompt-length figure draws first;
     ``conversations`` is the conversations table (memory over the turns).
     """
-    if not _has(configs, "model"):
+    if not has_columns(configs, "model"):
         return {}
     recommended = set(recommended)
     # A search probe with the settings of a sweep configuration has its id: one row each is enough here.
-    configs = configs.drop_duplicates(["model", "config_id"], keep="last") if _has(configs, "config_id") else configs
-    if _has(measurements, "model", "config_id", "workload"):
+    configs = (
+        configs.drop_duplicates(["model", "config_id"], keep="last") if has_columns(configs, "config_id") else configs
+    )
+    if has_columns(measurements, "model", "config_id", "workload"):
         measurements = measurements.drop_duplicates(["model", "config_id", "workload"], keep="last")
     out = {}
     with matplotlib.rc_context(RC):  # the figures' own settings, restored after: nothing leaks into other plots
@@ -421,8 +425,8 @@ def figures(
                 *_speed(model, measurements, objective_workload),
                 *_depth(model, measurements, objective_workload, recommended),
                 *_concurrency(model, measurements),
-                *_memory(model, configs, telemetry or {}, budget),
-                *_conversation_memory(model, conversations),
+                *telemetry_figures(model, configs, telemetry or {}, budget),
+                *conversation_memory_figures(model, conversations),
             ]
     return out
 

@@ -1,4 +1,4 @@
-"""The HTML printer of ``present.doc``: every text escaped, marks as classes."""
+"""The HTML printer of ``report.doc``: every text escaped, marks as classes."""
 
 from __future__ import annotations
 

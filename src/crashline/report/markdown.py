@@ -1,4 +1,4 @@
-"""The Markdown printer of ``present.doc``, and how Markdown text is read (its headings).
+"""The Markdown printer of ``report.doc``, and how Markdown text is read (its headings).
 
 Marks are left out (Markdown has no colour). Text in a table cell has its pipes escaped and its
 line breaks joined, so a message cannot split a row; code spans get as many backticks as they need.
@@ -9,6 +9,7 @@ from __future__ import annotations
 import html
 import re
 
+from ..core.mdtext import FENCE, HEADING
 from .doc import (
     Abbr,
     Box,
@@ -31,8 +32,6 @@ from .doc import (
 # Where a correction section starts and ends in an upstream Markdown file (HTML comments: invisible there).
 CORRECTION_START = "<!-- crashline:correction:start -->"
 CORRECTION_END = "<!-- crashline:correction:end -->"
-_HEADING = re.compile(r"^(#{1,6})\s+(.*?)\s*#*\s*$")
-_FENCE = re.compile(r"^\s*(```|~~~)")
 _TICKS = re.compile(r"`+")
 
 
@@ -135,10 +134,10 @@ def headings(text: str) -> list[tuple[int, int, str]]:
     """(line index, level, title) of every ATX heading outside code fences."""
     out, fenced = [], False
     for i, line in enumerate(text.splitlines()):
-        if _FENCE.match(line):
+        if FENCE.match(line):
             fenced = not fenced
             continue
-        m = None if fenced else _HEADING.match(line)
+        m = None if fenced else HEADING.match(line)
         if m:
             out.append((i, len(m.group(1)), m.group(2)))
     return out

@@ -16,15 +16,15 @@ from .drawing import (
     PHASE_SHADES,
     SERIES_COLOURS,
     SETTING_COLUMNS,
-    _finish,
-    _has,
-    _label,
-    _label_columns,
-    _limit,
-    _limit_lines,
-    _new,
-    _present,
-    _value,
+    finish_figure,
+    has_columns,
+    settings_label,
+    label_columns,
+    vram_limit,
+    limit_lines,
+    new_figure,
+    present_columns,
+    plain_value,
 )
 
 # -- 5. memory over time -------------------------------------------------------------------------
@@ -33,7 +33,7 @@ from .drawing import (
 def phases(frame: pd.DataFrame) -> list[tuple[str, float, float]]:
     """The phases of a run from its telemetry, as (phase, start s, end s) from the first sample: each phase
     runs from its first sample to the next phase's first (the sampler marks them as they begin)."""
-    if not _has(frame, "t", "phase") or len(frame) < 2:
+    if not has_columns(frame, "t", "phase") or len(frame) < 2:
         return []
     t0 = float(frame["t"].iloc[0])
     t = (frame["t"].astype(float) - t0).tolist()
@@ -71,13 +71,17 @@ def _phase_labels(spans: list[tuple[str, float, float]], ax, fig: MplFigure) -> 
     return out
 
 
-def _memory(model: str, configs: pd.DataFrame, telemetry: Mapping[str, pd.DataFrame], budget: dict) -> list[Figure]:
+def telemetry_figures(
+    model: str, configs: pd.DataFrame, telemetry: Mapping[str, pd.DataFrame], budget: dict
+) -> list[Figure]:
+    """Memory of each configuration of ``model`` over its server's run, from its telemetry: VRAM and the server's
+    RSS, the phases shaded, VRAM against the limit."""
     out = []
-    rows = configs[configs["model"] == model] if _has(configs, "model", "config_id") else pd.DataFrame()
+    rows = configs[configs["model"] == model] if has_columns(configs, "model", "config_id") else pd.DataFrame()
     for cid in sorted(telemetry or {}):
         frame = telemetry[cid]
         match = rows[rows["config_id"] == cid] if len(rows) else rows
-        if match.empty or not _has(frame, "t") or len(frame) < 2:
+        if match.empty or not has_columns(frame, "t") or len(frame) < 2:
             continue
         lines = [
             (c, text)
@@ -90,9 +94,9 @@ def _memory(model: str, configs: pd.DataFrame, telemetry: Mapping[str, pd.DataFr
         if not lines:
             continue
         row = match.iloc[0]
-        args = _value(row.get("server_args")) or "crashline's default settings"
+        args = plain_value(row.get("server_args")) or "crashline's default settings"
         title = f"Memory of {model} over its run with {args} ({cid}), the phases shaded."
-        fig, (ax,) = _new(title, height=3.6)
+        fig, (ax,) = new_figure(title, height=3.6)
         t = frame["t"].astype(float) - float(frame["t"].iloc[0])
         series = []
         for i, (column, text) in enumerate(lines):
@@ -100,9 +104,9 @@ def _memory(model: str, configs: pd.DataFrame, telemetry: Mapping[str, pd.DataFr
             line.set_gid(f"series-{i}")
             series.append(text)
         if "gpu_mib" in dict(lines):
-            limit, limit_is = _limit(match, budget)
+            limit, limit_is = vram_limit(match, budget)
             if limit is not None:
-                _limit_lines(ax, limit, limit_is, budget.get("margin_mib"))
+                limit_lines(ax, limit, limit_is, budget.get("margin_mib"))
         for k, (_name, start, end) in enumerate(phases(frame)):
             ax.axvspan(start, end, color=PHASE_SHADES[k % 2], zorder=0, linewidth=0)
         for start, text in _phase_labels(phases(frame), ax, fig):
@@ -120,19 +124,19 @@ def _memory(model: str, configs: pd.DataFrame, telemetry: Mapping[str, pd.DataFr
         ax.set_xlabel("time since the first sample (s)")
         ax.set_ylabel("memory (MiB)")
         ax.set_ylim(bottom=0)
-        out.append(_finish(fig, [ax], f"memory-over-time-{model}-{cid}", title, series, "memory"))
+        out.append(finish_figure(fig, [ax], f"memory-over-time-{model}-{cid}", title, series, "memory"))
     return out
 
 
-def _conversation_memory(model: str, conversations: pd.DataFrame | None) -> list[Figure]:
+def conversation_memory_figures(model: str, conversations: pd.DataFrame | None) -> list[Figure]:
     """Peak VRAM (with a GPU) and host RSS of each turn against the history it sent, one series per
     configuration and conversation workload; a conversation that failed ends in a marker at its last turn."""
-    if not _has(conversations, "model", "turn_rows", "conversation"):
+    if not has_columns(conversations, "model", "turn_rows", "conversation"):
         return []
     rows = conversations[conversations["model"] == model]
     if rows.empty:
         return []
-    names = _label_columns(rows, _present(rows, SETTING_COLUMNS))
+    names = label_columns(rows, present_columns(rows, SETTING_COLUMNS))
     several_talks = rows["conversation"].nunique() > 1
     panels = [("gpu_mib", "peak VRAM (MiB)"), ("rss_mib", "peak host RSS (MiB)")]
     panels = [(k, word) for k, word in panels if any(t[k] is not None for ts in rows["turn_rows"] for t in ts)]
@@ -142,10 +146,10 @@ def _conversation_memory(model: str, conversations: pd.DataFrame | None) -> list
         f"Memory of {model} as each conversation grows with the prompt cache on: the peak of each turn against "
         "the history it sent (the restart case left out); ✕ marks the turn a conversation failed at."
     )
-    fig, axes = _new(title, panels=len(panels))
+    fig, axes = new_figure(title, panels=len(panels))
     series = []
     for i, (_, row) in enumerate(rows.iterrows()):
-        label = ", ".join(t for t in (_label(row, names), row["conversation"] if several_talks else "") if t)
+        label = ", ".join(t for t in (settings_label(row, names), row["conversation"] if several_talks else "") if t)
         label = label or row["conversation"]
         colour = SERIES_COLOURS[i % len(SERIES_COLOURS)]
         turns = [t for t in row["turn_rows"] if t["turn"] != "restart"]
@@ -163,4 +167,4 @@ def _conversation_memory(model: str, conversations: pd.DataFrame | None) -> list
         ax.set_ylabel(word)
         ax.set_ylim(bottom=0)
     axes[-1].set_xlabel("history sent (tokens)")
-    return [_finish(fig, axes, f"conversation-memory-{model}", title, series, "conversation")]
+    return [finish_figure(fig, axes, f"conversation-memory-{model}", title, series, "conversation")]

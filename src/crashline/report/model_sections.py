@@ -1,4 +1,4 @@
-"""One model's section of the report, laid out from what ``crashline.report`` worked out for it: the
+"""One model's section of the report, laid out from what ``report.build`` worked out for it: the
 recommendation and why the others lost, the results, llama.cpp's own choice (``--fit on``), the planner and its
 what-if, the crash line, what limits decode, cold versus warm, conversations, soaks, the llama-bench cross-check
 and the failures."""
@@ -64,6 +64,8 @@ def recommendation(r: dict):
         *([f" {whole}"] if (whole := request_text(r.get("winner_measured") or {})) else []),
     ]
     blocks = [answer, Para(said), CodeBlock(r["command"], copy=True), Para(["Configuration id ", Code(r["winner"])])]
+    if r.get("inconclusive"):
+        blocks.insert(1, Para([Strong(r["inconclusive"][0].upper() + r["inconclusive"][1:]), "."], "fail"))
     if r.get("reply_length"):
         blocks.insert(2, Para(code_spans(r["reply_length"]["text"] + ".")))
     if r.get("tie"):

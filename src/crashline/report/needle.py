@@ -1,5 +1,5 @@
 """The needle recall section: per model, per configuration, a grid of lengths x depths (from
-``needle_table.recall_grid``)."""
+``tables.needle.recall_grid``)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The report's sections, laid out once from what ``crashline.report`` worked out: the failures at the
+"""The report's sections, laid out once from what ``report.build`` worked out: the failures at the
 top, the summary, the environment and what the answer cost, then one section per model
 (``model_sections``), the needle recall grid and the corrections of published tables."""
 

@@ -19,6 +19,7 @@ def cold_warm(rows: list[dict]) -> list:
         "prefill t/s warm",
         "decode t/s cold",
         "decode t/s warm",
+        "compared",
     ]
     table = [
         [
@@ -30,6 +31,7 @@ def cold_warm(rows: list[dict]) -> list:
             r["warm_prefill"],
             r["cold_decode"],
             r["warm_decode"],
+            Cell(r["inconclusive"], "fail") if r.get("inconclusive") else "–",
         ]
         for r in rows
     ]

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from ..core.thresholds import missing
+from ..core.thresholds import missing, shared
 from .rows import num
 
 
@@ -59,6 +59,15 @@ def deciding(rows: list[dict]) -> list[str]:
     return [_short_suspect(r) for r in pick]
 
 
+def _contention(w) -> list[str]:
+    """Other processes as a suspect, first, where they used more than CONTENTION_CORES during the workload."""
+    if not shared(w.get("cpu_other_cores")):
+        return []
+    cores = w.get("cpu_logical_cores")
+    of = "" if missing(cores) else f" of {int(cores)}"
+    return [f"other processes {w['cpu_other_cores']:.1f}{of} cores: rerun on a quiet machine"]
+
+
 def limits(measurements: pd.DataFrame, configs: pd.DataFrame, workload: str) -> list[dict]:
     """One row per surviving configuration: each suspect during steady decode, the bound, the verdict, and
     the suspects that decide it."""
@@ -75,7 +84,7 @@ def limits(measurements: pd.DataFrame, configs: pd.DataFrame, workload: str) -> 
                 "bound": _bound(w),
                 "ratio": f"{w['measured_over_bound']:.0%}" if not missing(w["measured_over_bound"]) else "–",
                 "cells": [_suspect_cell(suspects.get(name), gpu, name) for name in SUSPECT_COLUMNS],
-                "deciding": "; ".join(deciding(list(w["bottleneck_rows"]))) or "–",
+                "deciding": "; ".join([*_contention(w), *deciding(list(w["bottleneck_rows"]))]) or "–",
                 "verdict": "–" if missing(w["bottleneck_verdict"]) else w["bottleneck_verdict"],
             }
         )

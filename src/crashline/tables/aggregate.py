@@ -28,7 +28,7 @@ from ..core.paths import SearchFolder
 from ..core.records import Outcome
 from ..core import records
 from ..core import settings as settings_mod
-from . import files as tablefiles
+from . import files
 from ..engine.workloads import summarize
 
 
@@ -36,7 +36,8 @@ def _settings_columns(resolved: dict) -> dict:
     return {cols.setting(k): (" ".join(v) if isinstance(v, list) else v) for k, v in resolved.items()}
 
 
-SERVING_LAPS = ("server_start", "warmup_request", "workloads", "conversations", "soak")  # measure.py's clock
+# laps of the job's clock (jobs/serve.py, jobs/serving.py)
+SERVING_LAPS = ("server_start", "warmup_request", "workloads", "conversations", "soak")
 
 
 def fit_aim_text(aim: dict | None) -> str | None:
@@ -125,6 +126,7 @@ def _config_row(rec: dict) -> dict:
         "environment": host_mod.environment_key(rec["host"]) + f"|budget {budget.get('vram_budget_mib') or 'none'}",
         "hostname": rec["host"].get("hostname"),
         "cpu_model": rec["host"].get("cpu_model"),
+        "cpu_logical_cores": rec["host"].get("cpu_logical_cores"),
         "gpu": ", ".join(d["name"] for d in gpu.get("devices", [])) or "no GPU",
         "gpu_uuids": ",".join(d["uuid"] for d in gpu.get("devices", []) if d.get("uuid")) or None,
         "gpu_driver": gpu.get("driver"),
@@ -313,7 +315,7 @@ def start_groups(search_paths: list[Path]) -> list[list[Path]]:
     for path in map(Path, search_paths):
         for final in records.load(path, "search").get("finalists") or []:
             if len(final["records"]) > 1:
-                groups.append([SearchFolder.of(path).probe_record(rid) for rid in final["records"]])
+                groups.append([SearchFolder.of(path).probe(rid).measure for rid in final["records"]])
     return groups
 
 
@@ -365,7 +367,7 @@ def arrow_tables(record_paths: list[Path], starts: list[list[Path]] = ()) -> dic
         ]
         rows["conversations"] += [{**row, **_conversation_columns(t)} for t in rec.get("conversations") or []]
     types = {"configs": cols.CONFIGS, "measurements": cols.MEASUREMENTS, "conversations": cols.CONVERSATIONS}
-    return {name: tablefiles.typed_table(table_rows, types[name]) for name, table_rows in rows.items()}
+    return {name: files.typed_table(table_rows, types[name]) for name, table_rows in rows.items()}
 
 
 def tables(record_paths: list[Path], search_paths: list[Path] = ()) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -430,7 +432,7 @@ def _search_row(s: dict) -> dict:
 
 
 def arrow_search_table(summary_paths: list[Path]) -> pa.Table:
-    return tablefiles.typed_table([_search_row(records.load(p, "search")) for p in summary_paths], cols.SEARCHES)
+    return files.typed_table([_search_row(records.load(p, "search")) for p in summary_paths], cols.SEARCHES)
 
 
 def search_table(summary_paths: list[Path]) -> pd.DataFrame:
@@ -454,5 +456,5 @@ def write(
     if conversations_path is not None:
         outputs.append((found["conversations"], conversations_path))
     for table, path in outputs:
-        tablefiles.write(table, path)
+        files.write(table, path)
     return found["configs"].to_pandas(), found["measurements"].to_pandas()

@@ -3,7 +3,7 @@ and the rows of one table that measured different things.
 
 :func:`correction_table` sets each claimed number beside the measured one (median [min–max] n, the
 difference in %), and :func:`comparability` names the speed-relevant settings in which rows of the
-one published table differ. ``present.correction`` writes both as a section.
+one published table differ. ``report.correction`` writes both as a section.
 """
 
 from __future__ import annotations
@@ -14,31 +14,9 @@ from typing import Any
 import pandas as pd
 
 from ..core import settings as settings_mod
-from ..config.claims import WORKLOAD_KEYS
+from ..config.claims import SPEED_SETTINGS, WORKLOAD_KEYS
 from ..core.thresholds import missing, shared, too_wide
 
-# Settings that change speed: rows differing in one of these measured different things.
-SPEED_SETTINGS = (
-    "ubatch",
-    "batch",
-    "parallel",
-    "ctx",
-    "cache_type_k",
-    "cache_type_v",
-    "flash_attn",
-    "threads",
-    "threads_batch",
-    "n_gpu_layers",
-    "n_cpu_moe",
-    "override_tensor",
-    "kv_unified",
-    "cont_batching",
-    "draft_model",
-    "draft_max",
-    "draft_min",
-    "draft_n_gpu_layers",
-    "page_cache",
-)
 # What each claimed number is compared with: per request, or all requests together.
 METRICS = {
     "prefill_tps": "prefill t/s per request",
@@ -103,7 +81,7 @@ def _difference_text(d: dict) -> str:
 def comparability(rows: list[dict]) -> list[dict]:
     """Pairs of rows of one published table that differ in speed-relevant settings.
 
-    ``rows``: a claim's rows (or ``claims_load.claim_configurations`` items of one claim). Stated and
+    ``rows``: a claim's rows (or ``config.claims.claim_configurations`` items of one claim). Stated and
     assumed values both count: a row that states ``ctx 8192`` beside one whose context was
     assumed to be 4096 is flagged, with the assumption named. The workload counts too (prompt,
     generated tokens, requests at once), and so does the build. Each flag: {"a", "b" (labels),

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import pandas as pd
 
 from ..core import columns as cols
+from ..core.thresholds import inconclusive
 from .recheck import build_of, number
 from .ties import overlap, spread_of
 from ..core.errors import CrashlineError
@@ -97,6 +98,9 @@ def _row(run: Run, answer: dict) -> dict:
         "headroom_mib": number(answer.get("headroom_mib")),
         "peak_gpu_mib": number(measured.get("peak_gpu_mib")) if measured is not None else None,
         "peak_rss_mib": number(measured.get("peak_rss_mib")) if measured is not None else None,
+        # what other processes used while it was measured, of the host's cores (thresholds.inconclusive)
+        "cpu_other_cores": number(measured.get("cpu_other_cores")) if measured is not None else None,
+        "cpu_logical_cores": number(measured.get("cpu_logical_cores")) if measured is not None else None,
     }
     for name in SHOWN:
         row[name] = number(measured[cols.stat(name, "median")]) if measured is not None else None
@@ -121,6 +125,8 @@ def _against(row: dict, reference: dict | None) -> tuple[float | None, str | Non
     ratio = round(row["median"] / reference["median"], 3)
     if min(row["n"] or 0, reference["n"] or 0) < 2:
         return ratio, "cannot tell"  # one request on a side: no range to judge the noise by
+    if inconclusive([row, reference]):
+        return ratio, "inconclusive"  # other processes competed on one side: neither faster nor slower
     if overlap(row["spread"], reference["spread"]):
         return ratio, "tied"
     return ratio, "faster" if ratio > 1 else "slower"

@@ -1,5 +1,5 @@
 """The needle table (``results/tables/needle.parquet``): one row per needle trial, from the records
-``needle_job`` writes, and what the report and the recommendation read from it."""
+``jobs.needle`` writes, and what the report and the recommendation read from it."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pyarrow as pa
 from ..core import columns as cols
 from ..core import settings as settings_mod
 from ..core import records
-from . import files as tablefiles
+from . import files
 from ..core.host import environment_key
 from ..config.needle import baseline_failed, length_label
 from ..core.thresholds import missing
@@ -86,13 +86,13 @@ def table(record_paths) -> pa.Table:
             rows.append({**base, "length": None})
         for t in trials:
             rows.append({**base, "length": length_key(t["length"]), **{k: t.get(k) for k in TRIAL_COLUMNS}})
-    return tablefiles.typed_table(rows, cols.NEEDLE)
+    return files.typed_table(rows, cols.NEEDLE)
 
 
 def write_table(record_paths, path: Path) -> pd.DataFrame:
     """``table`` written atomically as Parquet, CSV and JSON."""
     arrow = table([Path(p) for p in record_paths])
-    tablefiles.write(arrow, path)
+    files.write(arrow, path)
     return arrow.to_pandas()
 
 

@@ -10,6 +10,7 @@ import pandas as pd
 
 from ..core import columns as cols
 from ..core.records import Outcome
+from ..core.thresholds import inconclusive
 from .ties import overlap, spread_of
 
 
@@ -58,7 +59,7 @@ def compare(
         then = then_by_key.get(key)
         if then is None:
             continue
-        failed_then, failed_now = _failure(then), _failure(now)
+        failed_then, failed_now, doubt = _failure(then), _failure(now), None
         a, b = speeds_then.get(key), speeds_now.get(key)
         ok_speeds = a is not None and b is not None and number(a.get(median)) and number(b.get(median))
         ratio = round(float(b[median]) / float(a[median]), 3) if ok_speeds else None
@@ -72,6 +73,8 @@ def compare(
             verdict = "tied"  # nothing to compare at the objective's workload
         elif min(number(a.get(count)) or 0, number(b.get(count)) or 0) < 2:
             verdict = "cannot tell"  # one request on a side: no range to judge the noise by
+        elif doubt := inconclusive([a, b]):
+            verdict = "inconclusive"  # other processes competed on one side: neither faster nor slower
         elif overlap(spread_of(a, metric), spread_of(b, metric)):
             verdict = "tied"
         else:
@@ -98,6 +101,7 @@ def compare(
                 "peak_gpu_mib_change": _difference(now.get("peak_gpu_mib"), then.get("peak_gpu_mib")),
                 "peak_rss_mib_change": _difference(now.get("peak_rss_mib"), then.get("peak_rss_mib")),
                 "verdict": verdict,
+                "inconclusive": doubt,  # why neither faster nor slower: others' processes, in words
             }
         )
     return rows
@@ -130,6 +134,9 @@ def headline(rows: list[dict]) -> str | None:
     kept = sum(r["verdict"] in ("tied", "faster", "survives now", "cannot tell") for r in rows)
     once = sum(r["verdict"] == "cannot tell" for r in rows)
     untold = f"; {once} measured once on a side, so its speed is not compared (raise repetitions)" if once else ""
+    busy = [r for r in rows if r["verdict"] == "inconclusive"]
+    if busy:
+        untold += f"; {len(busy)} {busy[0]['inconclusive']}"
     return (
         f"{said} kept all {kept} configuration(s) measured in both: none fails or is slower beyond the noise{untold}."
     )

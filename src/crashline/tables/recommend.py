@@ -18,9 +18,10 @@ import pandas as pd
 
 from ..core import columns as cols
 from ..core.records import Outcome
+from ..core.thresholds import inconclusive
 from .difference import difference, shown_value
 from .reply import reply_lengths
-from .ties import break_tie, overlap, spread_of, ties
+from .ties import HOST_MEMORY, break_tie, dominates, measured_columns, overlap, spread_of, ties
 
 METRIC_LABEL = {"e2e_tps": "end to end", "decode_tps": "decode", "prefill_tps": "prefill", "aggregate_tps": "aggregate"}
 PER_REQUEST = {"e2e_tps": True, "decode_tps": True, "prefill_tps": True, "aggregate_tps": False}
@@ -198,7 +199,7 @@ def recommend(
     Only configurations whose ``workload`` ran ``concurrency`` requests at once are ranked (None: the load
     every row of the workload ran, else 1). ``min_decode_tps`` and ``max_ttft_s`` are limits on the medians
     at that workload: a configuration that misses one is not ranked, with a reason naming it.
-    ``config.resolve_objective(config)`` gives these arguments from a config's ``objective:`` block. A survivor
+    ``config.plan.resolve_objective(config)`` gives these arguments from a config's ``objective:`` block. A survivor
     whose unique-prompt soak projects a limit within ``must_survive_h`` hours is not eligible either."""
     recall_failures = recall_failures or {}
     out = []
@@ -230,7 +231,12 @@ def recommend(
         tied = [cid for _, cid in ranked if ties(spread[cid], fastest)] if ranked else []
         headroom = dict(zip(group["config_id"], group["headroom_mib"]))
         rows = {cid: speeds.loc[cid] for cid in tied}
-        winner, tie = break_tie(tied, headroom, rows, metric) if tied else (None, None)
+        config_rows = {r["config_id"]: r for _, r in group.iterrows()}
+        measured = {
+            cid: measured_columns(ours[ours["config_id"] == cid], config_rows[cid], (workload, metric)) for cid in tied
+        }
+        memory = {cid: config_rows[cid].get(HOST_MEMORY) for cid in tied}
+        winner, tie = break_tie(tied, headroom, rows, metric, measured, memory) if tied else (None, None)
         best = float(speeds.loc[winner, col]) if winner else None
         verdicts = []
         reference = group[group["config_id"] == winner].iloc[0] if winner else group.iloc[0]
@@ -297,6 +303,12 @@ def recommend(
                         "reason": "; ".join(why for _, why in limits[cid]),
                     }
                 )
+            elif doubt := inconclusive([measured, speeds.loc[winner]]) if winner and measured is not None else None:
+                speed = _value(measured, col)
+                verdicts.append(
+                    {"config_id": cid, "label": label, "failed": False, "tied": False, "inconclusive": True,
+                     "speed": speed, "reason": f"{doubt} ({_tps(speed)} against {_tps(best)})"}
+                )  # fmt: skip
             else:
                 speed = _value(measured, col)
                 pct = (speed - best) / best * 100 if speed and best else None
@@ -343,6 +355,8 @@ def recommend(
                 "winner_row": group[group["config_id"] == winner].iloc[0].to_dict() if winner else None,
                 "winner_measured": _medians(speeds.loc[winner]) if winner else None,
                 "tie": tie,
+                # other processes competed during the ranked measurements: no faster or slower among them
+                "inconclusive": inconclusive([speeds.loc[cid] for _, cid in ranked]) if len(ranked) > 1 else None,
                 "reply_length": reply,
                 "no_winner": None
                 if winner
@@ -359,6 +373,10 @@ def recommend(
             }
         )
     return out
+
+
+def _tps(speed) -> str:
+    return "no speed" if speed is None else f"{speed:.1f} t/s"
 
 
 def _medians(row) -> dict:
@@ -448,11 +466,10 @@ def tradeoff(
 
 
 def _undominated(row: dict, others: list[dict]) -> bool:
-    decode, agg = row["decode_tps_median"], row["aggregate_tps_median"]
-    if decode is None or agg is None:
-        return False
-    for o in others:
-        d, a = o["decode_tps_median"], o["aggregate_tps_median"]
-        if d is not None and a is not None and d >= decode and a >= agg and (d > decode or a > agg):
-            return False
-    return True
+    """No other row beats or equals ``row`` on both decode per request and aggregate."""
+
+    def columns(r: dict) -> dict:
+        return {k: (r[k], True) for k in ("decode_tps_median", "aggregate_tps_median")}
+
+    known = row["decode_tps_median"] is not None and row["aggregate_tps_median"] is not None
+    return known and not any(dominates(columns(o), columns(row)) for o in others)

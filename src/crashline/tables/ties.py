@@ -1,7 +1,8 @@
 """When two configurations are tied on the objective and which way a tie goes: each one's spread (the medians of
 its server starts where it had several, else every request of its repetitions), the tie rule (overlapping spreads;
-a configuration started once cannot tie one that won interleaved starts), and the tie-break (ahead on every other
-metric, then the most VRAM headroom, then the higher median)."""
+a configuration started once cannot tie one that won interleaved starts), and the tie-break (never one another tied
+configuration beats or equals on every measured column; then ahead on every other metric, the most VRAM headroom, the
+smallest peak memory, the higher median)."""
 
 from __future__ import annotations
 
@@ -50,43 +51,80 @@ def ties(a: Spread, b: Spread) -> bool:
 # the metrics that break a tie on the objective, each with whether higher is better
 TIE_METRICS = (("prefill_tps", True), ("decode_tps", True), ("ttft_s", False))
 TIE_WORDS = {"prefill_tps": "prefill", "decode_tps": "decode", "ttft_s": "time to first token"}
+HIGHER_IS_BETTER = {"prefill_tps": True, "decode_tps": True, "e2e_tps": True, "aggregate_tps": True, "ttft_s": False}
+# a configuration's peak memory: less is better (the host's on a machine without a GPU, the card's on one)
+HOST_MEMORY = "peak_rss_mib"
+MEMORY_COLUMNS = (HOST_MEMORY, "peak_gpu_mib")
 
 
-def _dominates(a, b, metric: str) -> bool:
-    """``a``'s medians are at least as good as ``b``'s on every other metric and better on one."""
-    pairs = [
-        (float(a[cols.stat(m, "median")]), float(b[cols.stat(m, "median")]), higher)
-        for m, higher in TIE_METRICS
-        if m != metric and not pd.isna(a.get(cols.stat(m, "median"))) and not pd.isna(b.get(cols.stat(m, "median")))
-    ]
-    as_good = all((x >= y) if higher else (x <= y) for x, y, higher in pairs)
-    return bool(pairs) and as_good and any(x != y for x, y, _ in pairs)
+def dominates(a: dict, b: dict) -> bool:
+    """``a`` is at least as good as ``b`` on every column both have a value for and better on one. Columns map a name
+    to (value, higher is better); a column either lacks (None or NaN) is left out."""
+    known = [k for k in a if k in b and not pd.isna(a[k][0]) and not pd.isna(b[k][0])]
+    as_good = all((a[k][0] >= b[k][0]) if a[k][1] else (a[k][0] <= b[k][0]) for k in known)
+    return bool(known) and as_good and any(a[k][0] != b[k][0] for k in known)
 
 
-def break_tie(tied: list[str], headroom: dict, rows: dict, metric: str) -> tuple[str, str | None]:
-    """Among configurations tied with the fastest (``tied``, fastest first): the one better than every other on
-    every other metric (prefill, decode, time to first token; ``rows``: their measurement rows) where one is; else
-    the one with the most VRAM headroom, since the speeds cannot tell them apart and room is what survives the next
-    longer prompt; where no headroom is known, the fastest median. Returns (winner, why, in words; None without a
-    tie)."""
+def measured_columns(measurements: pd.DataFrame, config, tied_on: tuple[str, str]) -> dict:
+    """Every column a configuration was measured on, for ``dominates``: each workload's median of each metric but the
+    one the configurations are tied on (``tied_on``: the objective's workload and metric, where the speeds cannot tell
+    them apart), and its peak memory (``config``: its row of the configs table; ``measurements``: its rows of the
+    measurements table)."""
+    out = {
+        (row["workload"], m): (row.get(cols.stat(m, "median")), higher)
+        for _, row in measurements.drop_duplicates("workload").iterrows()
+        for m, higher in HIGHER_IS_BETTER.items()
+        if (row["workload"], m) != tied_on
+    }
+    return out | {(name,): (config.get(name), False) for name in MEMORY_COLUMNS}
+
+
+def _ahead_elsewhere(a, b, metric: str) -> bool:
+    """``a``'s medians at the objective's workload are at least as good as ``b``'s on every metric but ``metric``, and
+    better on one."""
+
+    def columns(row) -> dict:
+        return {m: (row.get(cols.stat(m, "median")), higher) for m, higher in TIE_METRICS if m != metric}
+
+    return dominates(columns(a), columns(b))
+
+
+def break_tie(
+    tied: list[str], headroom: dict, rows: dict, metric: str, measured: dict, memory: dict
+) -> tuple[str, str | None]:
+    """Among configurations tied with the fastest (``tied``, fastest first), never one that another tied configuration
+    beats or equals on every measured column (``measured``: ``measured_columns`` per configuration). Of those left:
+    the one better than every other on every other metric (prefill, decode, time to first token; ``rows``: their
+    measurement rows at the objective's workload) where one is; else the one with the most VRAM headroom, since the
+    speeds cannot tell them apart and room is what survives the next longer prompt; on a machine without a GPU
+    (no headroom known), the smallest peak memory (``memory``: host peak RSS in MiB); where neither is known, the
+    fastest median. Returns (winner, why, in words; None without a tie)."""
     if len(tied) == 1:
         return tied[0], None
-    best = [c for c in tied if all(_dominates(rows[c], rows[o], metric) for o in tied if o != c)]
+    said = f"tied with {len(tied) - 1} other(s) on speed"
+    kept = [c for c in tied if not any(dominates(measured[o], measured[c]) for o in tied if o != c)]
+    if len(kept) == 1:
+        others = ", ".join(f"`{o}`" for o in tied if o != kept[0])
+        return kept[0], f"{said}; chosen for being as good as {others} on every measured column and better on one"
+    best = [c for c in kept if all(_ahead_elsewhere(rows[c], rows[o], metric) for o in kept if o != c)]
     if best:
-        others = ", ".join(f"`{o}`" for o in tied if o != best[0])
+        others = ", ".join(f"`{o}`" for o in kept if o != best[0])
         words = [TIE_WORDS[m] for m, _ in TIE_METRICS if m != metric]
         named = " and ".join([", ".join(words[:-1]), words[-1]] if len(words) > 2 else words)
-        return best[0], f"tied with {len(tied) - 1} other(s) on speed; chosen for being ahead of {others} on {named}"
-    known = {cid: h for cid in tied if (h := headroom.get(cid)) is not None and h == h}  # NaN: no GPU, no headroom
-    if len(known) == len(tied):
-        winner = max(tied, key=lambda cid: (known[cid], -tied.index(cid)))
-        runner = next(cid for cid in tied if cid != winner)
-        more = known[winner] - known[runner]
-        why = (
-            f"tied with {len(tied) - 1} other(s) on speed; chosen for the most VRAM headroom ({more:+,.0f} MiB against "
-            f"`{runner}`)"
-            if more
-            else f"tied with {len(tied) - 1} other(s) on speed and headroom; chosen for the higher median"
-        )
-        return winner, why
-    return tied[0], f"tied with {len(tied) - 1} other(s) on speed; chosen for the higher median"
+        return best[0], f"{said}; chosen for being ahead of {others} on {named}"
+    for values, more_wins, what in (
+        (headroom, True, "the most VRAM headroom"),
+        (memory, False, "the smallest peak memory"),
+    ):
+        known = {cid: v for cid in kept if (v := values.get(cid)) is not None and v == v}  # NaN: not known
+        if len(known) < len(kept):
+            continue
+        leaders = [cid for cid in kept if known[cid] == (max if more_wins else min)(known.values())]
+        if len(leaders) > 1:  # it cannot tell these apart: the next one decides among them
+            kept = leaders
+            continue
+        runner = next(cid for cid in kept if cid != leaders[0])
+        return leaders[
+            0
+        ], f"{said}; chosen for {what} ({known[leaders[0]] - known[runner]:+,.0f} MiB against `{runner}`)"
+    return kept[0], f"{said}; chosen for the higher median"
