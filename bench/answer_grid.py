@@ -43,7 +43,7 @@ from crashline.config import plan as C
 from crashline.core import settings as S
 from crashline.core.paths import Layout, RecordFolder
 from crashline.jobs import spec as jobs
-from crashline.jobs.measure import measure
+from crashline.jobs.measure import MeasurePaths, measure
 from crashline.jobs.search_rules import speed_of
 
 
@@ -112,17 +112,9 @@ def run(args) -> None:
             print(
                 f"pass {k}: {t['model']} ubatch {t['given'].get('ubatch')} n_cpu_moe {t['n']} ({t['id']})", flush=True
             )
-            measure(
-                model_name=t["model"],
-                item={"id": t["id"], "settings": S.resolve(t["given"]), "given": t["given"]},
-                config=jobs.search_spec(cfg, t["model"], t["group"]["id"]).config,
-                fetch_record=inputs["fetch_record"],
-                manifest=inputs["manifest"],
-                provenance=inputs["provenance"],
-                record_path=folder.measure,
-                log_path=folder.server_log,
-                telemetry_path=folder.telemetry,
-            )
+            item = jobs.Item(t["id"], S.resolve(t["given"]), t["given"])
+            measurement = jobs.search_spec(cfg, t["model"], t["group"]["id"]).measurement
+            measure(jobs.MeasureSpec(t["model"], item, measurement), inputs.records(), MeasurePaths.of(folder))
 
 
 def _stat(speed) -> dict | None:

@@ -31,7 +31,8 @@ from crashline.models import pagecache, sources, synthetic
 from crashline.engine import provision  # noqa: E402
 from crashline.core.atomic import read_json, write_json  # noqa: E402
 from crashline.models.manifest import inspect_gguf  # noqa: E402
-from crashline.jobs.measure import measure  # noqa: E402
+from crashline.jobs import spec as jobs  # noqa: E402
+from crashline.jobs.measure import MeasurePaths, measure  # noqa: E402
 from crashline.core.paths import Layout, RecordFolder  # noqa: E402
 from crashline.jobs.search import run_search  # noqa: E402
 
@@ -93,14 +94,9 @@ class Runner:
             return read_json(path)
         self.starts += 1
         rec = measure(
-            model_name=MODEL,
-            item={"id": cid, "settings": resolved, "given": given},
-            config=self.cfg,
-            fetch_record=self.fetch,
-            manifest=self.manifest,
-            provenance=self.prov,
-            record_path=path,
-            log_path=self.layout.server_log(MODEL, cid),
+            jobs.MeasureSpec(MODEL, jobs.Item(cid, resolved, given), jobs.measurement_of(self.cfg)),
+            jobs.JobInputs(self.fetch, self.manifest, self.prov),
+            MeasurePaths(path, self.layout.server_log(MODEL, cid)),
         )
         mem = rec.get("memory") or {}
         print(
@@ -113,20 +109,12 @@ class Runner:
 
 def phase_planner(args, run: Runner) -> dict:
     """The workflow's own search (crashline.jobs.search), over the whole n_cpu_moe range."""
-    group = {
-        "id": "bench",
-        "given": dict(run.cfg["defaults"]),
-        "range": [0, run.manifest["layers"]],
-        "margin_mib": run.cfg["budget"]["margin_mib"],
-    }
+    group = jobs.SearchGroup(
+        "bench", dict(run.cfg["defaults"]), (0, run.manifest["layers"]), run.cfg["budget"]["margin_mib"]
+    )
+    spec = jobs.SearchSpec(MODEL, group, jobs.measurement_of(run.cfg))
     summary = run_search(
-        model_name=MODEL,
-        group=group,
-        config=run.cfg,
-        fetch_record=run.fetch,
-        manifest=run.manifest,
-        provenance=run.prov,
-        out_dir=Path(run.cfg["results_dir"]) / "search",
+        spec, jobs.JobInputs(run.fetch, run.manifest, run.prov), Path(run.cfg["results_dir"]) / "search"
     )
     run.starts = summary["server_starts"]
     return summary

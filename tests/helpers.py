@@ -18,6 +18,7 @@ from crashline.config.plan import load_schema
 from crashline.core.atomic import read_json
 from crashline.core.paths import RecordFolder
 from crashline.jobs import measure as M
+from crashline.jobs import spec as S
 
 
 SCHEMA = load_schema()
@@ -51,16 +52,9 @@ def measure_one(folder: Path, model: str, fetch: dict, provenance: dict, config:
     cfg = C.validate(config, SCHEMA)
     item = C.expand(cfg)[0]
     M.measure(
-        model_name=model,
-        item=item,
-        config=cfg,
-        fetch_record=fetch,
-        manifest={},
-        provenance=provenance,
-        record_path=RecordFolder(folder).measure,
-        log_path=RecordFolder(folder).server_log,
-        telemetry_path=RecordFolder(folder).telemetry,
-        draft_path=draft_path,
+        S.measure_spec(cfg, item["model"], item["id"]),
+        S.JobInputs(fetch, {}, provenance, draft_path),
+        M.MeasurePaths.of(RecordFolder(folder)),
     )
     return read_json(RecordFolder(folder).measure)
 
@@ -98,14 +92,9 @@ def run(
     fetch = fetch or fetch_record(model_path)
     record_path = RecordFolder(tmp_path).measure
     rec = M.measure(
-        model_name="tiny",
-        item=item,
-        config=cfg,
-        fetch_record=fetch,
-        manifest={},
-        provenance=provenance,
-        record_path=record_path,
-        log_path=RecordFolder(tmp_path).server_log,
+        S.measure_spec(cfg, "tiny", item["id"]),
+        S.JobInputs(fetch, {}, provenance),
+        M.MeasurePaths(record_path, RecordFolder(tmp_path).server_log),
     )
     written = read_json(record_path)
     assert (written["config_id"], written["outcome"], written["message"]) == (

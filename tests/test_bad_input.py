@@ -424,7 +424,7 @@ def test_a_workload_scoped_to_no_configuration_is_refused():
         C.validate(cfg, SCHEMA)
     cfg["workloads"][-1]["configs"].pop()
     valid = C.validate(cfg, SCHEMA)
-    assert [w["name"] for w in jobs.spec("measure", valid, item["model"], item["id"]).config["workloads"]] == [
+    assert [w["name"] for w in jobs.spec("measure", valid, item["model"], item["id"]).measurement.workloads] == [
         *(w["name"] for w in cfg["workloads"])
     ]
 

@@ -156,10 +156,10 @@ def test_a_claims_workload_runs_on_its_rows_configurations_only(tmp_path):
     added = next(w for w in cfg["workloads"] if w["name"] == "claim-pp512-tg64")
     assert added["configs"][0] == row["id"] and len(added["configs"]) == 2  # rows 0 and 1
     for item in C.expand(cfg):
-        names = [w["name"] for w in jobs.spec("measure", cfg, item["model"], item["id"]).config["workloads"]]
+        names = [w["name"] for w in jobs.spec("measure", cfg, item["model"], item["id"]).measurement.workloads]
         wanted = ["short"] + [w["name"] for w in cfg["workloads"] if item["id"] in w.get("configs", [])]
         assert names == wanted, item["id"]
-        assert all("configs" not in w for w in jobs.spec("measure", cfg, "m", item["id"]).config["workloads"])
+        assert all("configs" not in w for w in jobs.spec("measure", cfg, "m", item["id"]).measurement.workloads)
     own = [i for i in C.expand(cfg) if not any(i["id"] in w.get("configs", []) for w in cfg["workloads"])]
     assert len(own) == 1  # the sweep's ub 512 point, row 0's settings at another context: the user's own only
     assert C.objective_workload(cfg) == "short"

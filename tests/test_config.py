@@ -362,8 +362,9 @@ def test_an_entry_s_starts_reach_its_measurement_only():
     assert "starts" not in alone[512] and alone[512]["id"] == items[512]["id"]
     cfg["configurations"][0]["starts"] = 2
     valid = C.validate(cfg, SCHEMA)
-    assert spec.measure_spec(valid, "m", items[128]["id"]).item["starts"] == 2
-    assert "starts" not in spec.needle_spec(valid, "m", items[128]["id"]).item
+    assert spec.measure_spec(valid, "m", items[128]["id"]).item.starts == 2
+    assert spec.needle_spec(valid, "m", items[128]["id"]).item.starts == 1
+    assert "starts" not in spec.needle_spec(valid, "m", items[128]["id"]).to_dict()["item"]
     assert {j["starts"] for j in eta.plan(valid) if j["job"] == "measure"} == {2}
     cfg["configurations"][0]["search"] = {"n_cpu_moe": [0, 8]}
     with pytest.raises(C.ConfigError, match=r"configurations.0.starts = 2: .* move it to search.starts"):

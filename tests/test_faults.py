@@ -362,6 +362,7 @@ def full_disk(tmp_path):
 def test_a_full_disk_loses_nothing_and_leaves_no_server(tmp_path, tiny_moe, server_provenance, full_disk):
     from crashline.config import plan as C
     from crashline.jobs import measure as M
+    from crashline.jobs import spec as S
     from helpers import SCHEMA
 
     cfg = C.validate(
@@ -375,15 +376,9 @@ def test_a_full_disk_loses_nothing_and_leaves_no_server(tmp_path, tiny_moe, serv
     (item,) = C.expand(cfg)
     with pytest.raises(OSError, match="No space left on device"):
         M.measure(
-            model_name="tiny",
-            item=item,
-            config=cfg,
-            fetch_record=fetch_record(tiny_moe),
-            manifest={},
-            provenance=server_provenance,
-            record_path=full_disk / "measure.json",
-            log_path=tmp_path / "server.log",
-            telemetry_path=tmp_path / "telemetry.parquet",
+            S.measure_spec(cfg, "tiny", item["id"]),
+            S.JobInputs(fetch_record(tiny_moe), {}, server_provenance),
+            M.MeasurePaths(full_disk / "measure.json", tmp_path / "server.log", tmp_path / "telemetry.parquet"),
         )
     assert sorted(p.name for p in full_disk.iterdir()) == ["filler"]  # no record, whole or partial
     assert not servers_of(tmp_path)

@@ -63,6 +63,7 @@ def test_a_budget_above_the_free_memory_is_refused():
 
 def measure(tmp_path, model, provenance, settings, budget_mib=None, gen_tokens=64, prompt_tokens=128):
     from crashline.jobs import measure as M
+    from crashline.jobs import spec as S
 
     cfg = C.validate(
         {
@@ -76,14 +77,9 @@ def measure(tmp_path, model, provenance, settings, budget_mib=None, gen_tokens=6
     )
     (item,) = C.expand(cfg)
     return M.measure(
-        model_name="m",
-        item=item,
-        config=cfg,
-        fetch_record=fetch_record(model),
-        manifest={},
-        provenance=provenance,
-        record_path=tmp_path / "measure.json",
-        log_path=tmp_path / "server.log",
+        S.measure_spec(cfg, "m", item["id"]),
+        S.JobInputs(fetch_record(model), {}, provenance),
+        M.MeasurePaths(tmp_path / "measure.json", tmp_path / "server.log"),
     )
 
 

@@ -39,19 +39,40 @@ def test_specs_hold_what_each_job_reads_and_nothing_else():
     cfg = C.load(REPO / "config" / "config.yaml")
     item = C.expand(cfg)[0]
     measure, needle = (jobs.spec(j, cfg, item["model"], item["id"]) for j in ("measure", "needle"))
-    assert set(measure.config) == {
+    job_config = measure.measurement.as_dict()
+    assert set(job_config) == {
         *("server", "workloads", "conversations", "repetitions", "warmup_requests", "budget", "telemetry"),
     }
     # a config without conversations has no key for them: its measurements keep their job key
     bare = jobs.spec("measure", {**cfg, "conversations": []}, item["model"], item["id"])
-    assert set(bare.config) == {"server", "workloads", "repetitions", "warmup_requests", "budget", "telemetry"}
-    assert set(needle.config) == {"models", "server", "budget", "needle"}
-    assert set(measure.config["server"]) == {"startup_timeout_s", "request_timeout_s", "stop_timeout_s"}
+    assert set(bare.measurement.as_dict()) == {
+        *("server", "workloads", "repetitions", "warmup_requests", "budget", "telemetry"),
+    }
+    recall = needle.recall.as_dict(item["model"])
+    assert set(recall) == {"models", "server", "budget", "needle"} and set(recall["models"]) == {item["model"]}
+    assert set(job_config["server"]) == {"startup_timeout_s", "request_timeout_s", "stop_timeout_s"}
     # the margin decides what may be recommended, not what a server measures: a search and its recall check have it
-    assert "margin_mib" not in measure.config["budget"] and "margin_mib" not in needle.config["budget"]
+    assert "margin_mib" not in job_config["budget"] and "margin_mib" not in recall["budget"]
     edited = {**cfg, "needle": {**cfg["needle"], "depths": [0.5]}}
     assert jobs.spec("measure", edited, item["model"], item["id"]) == measure  # recall settings: measure kept
     assert jobs.spec("needle", edited, item["model"], item["id"]) != needle
+
+
+def test_only_the_spec_builders_read_the_config():
+    """#39: a job takes its spec, never the validated config: no function of jobs/ but the builders of jobs/spec.py
+    has a ``config`` parameter, or takes keywords it does not name (``**job``)."""
+    import ast
+
+    found = []
+    for path in sorted((REPO / "src" / "crashline" / "jobs").glob("*.py")):
+        if path.name == "spec.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                named = [a.arg for a in [*node.args.posonlyargs, *node.args.args, *node.args.kwonlyargs]]
+                if "config" in named or node.args.kwarg:
+                    found.append(f"{path.name}:{node.lineno} {node.name}")
+    assert not found, f"jobs reading the config or unnamed keywords: {found}"
 
 
 def test_a_spec_is_typed_per_job_and_reads_back_only_as_written():
@@ -66,7 +87,7 @@ def test_a_spec_is_typed_per_job_and_reads_back_only_as_written():
         spec = jobs.spec(job, cfg, item["model"], item["id"])
         assert type(spec).job == job and jobs.from_json(jobs.to_json(spec)) == spec and spec.id == item["id"]
         with pytest.raises(dataclasses.FrozenInstanceError):
-            spec.config = cfg
+            spec.item = cfg
     assert json.loads(jobs.to_json(jobs.spec("needle", cfg, item["model"], item["id"])))["job"] == "needle"
     whole = json.dumps({"job": "measure", "model": item["model"], **cfg})
     with pytest.raises(C.ConfigError, match=r"--spec of a measure job: unknown key 'budget'.*; no 'item'"):
@@ -127,15 +148,7 @@ def test_search_probes_are_measured_again_after_an_edit(tmp_path, tiny_moe, serv
     def search(workloads=SHORT, budget=None, model=tiny_moe):
         cfg = search_config(model, workloads, budget)
         spec = jobs.spec("search", cfg, "tiny", C.expand_searches(cfg)[0]["id"])
-        summary = run_search(
-            model_name="tiny",
-            group=spec.group,
-            config=spec.config,
-            fetch_record=fetch_record(model),
-            manifest=inspect_gguf(model),
-            provenance=server_provenance,
-            out_dir=out,
-        )
+        summary = run_search(spec, jobs.JobInputs(fetch_record(model), inspect_gguf(model), server_provenance), out)
         probes = {cid: (out / "records" / cid / "measure.json").stat().st_mtime_ns for cid in summary["records"]}
         return probes, summary
 

@@ -337,38 +337,35 @@ def _aimed_job(tmp_path, monkeypatch, headroom_at, outcome_at=lambda target: "ok
     from crashline.core import records
     from crashline.core.settings import aim_fit, resolve
     from crashline.jobs import measure as M
+    from crashline.jobs import spec as S
 
     started = []
 
-    def one_start(*, model_name, item, config, record_path, log_path, skip_under_margin=None, **_):
-        target = item["settings"]["fit_target"]
+    def one_start(spec, inputs, paths, load_only=False, skip_under_margin=None):
+        target = spec.item.settings["fit_target"]
         started.append((target, skip_under_margin))
-        log_path.write_text(f"server log at --fit-target {target}\n")
-        (record_path.parent / "telemetry.parquet").write_text(f"telemetry at {target}")
+        paths.server_log.write_text(f"server log at --fit-target {target}\n")
+        paths.telemetry_file.write_text(f"telemetry at {target}")
         record = {
-            "config_id": item["id"],
-            "settings": item["settings"],
+            "config_id": spec.item.id,
+            "settings": spec.item.settings,
             "outcome": outcome_at(target),
             "memory": {"headroom_mib": float(headroom_at(target))},
             "time_budget_s": {"server_start": 20.0, "workloads": 10.0, "total": 31.0},
             "workloads": [],
             "conversations": [],
         }
-        return records.write(record_path, "measure", record)
+        return records.write(paths.record, "measure", record)
 
     monkeypatch.setattr(M, "_measure", one_start)
     settings = aim_fit(resolve({"fit": "on", "ctx": 32768}), 1024)
+    item = S.Item("fit", settings, {"fit": "on", "ctx": 32768}, starts)
+    limits, budget = S.ServerLimits(300, 900, 30), S.Budget(vram_budget_mib=12288)  # as a spec gives it: no margin
+    measurement = S.Measurement(limits, (), 1, 0, budget, S.Telemetry(0.25))
     record = M.measure(
-        model_name="m",
-        item={
-            "id": "fit",
-            "settings": settings,
-            "given": {"fit": "on", "ctx": 32768},
-            **({"starts": starts} if starts > 1 else {}),
-        },
-        config={"budget": {"vram_budget_mib": 12288}},  # as a job's spec gives it: no margin
-        record_path=tmp_path / "measure.json",
-        log_path=tmp_path / "server.log",
+        S.MeasureSpec("m", item, measurement),
+        S.JobInputs({}, {}, {}),
+        M.MeasurePaths(tmp_path / "measure.json", tmp_path / "server.log"),
     )
     return record, started
 

@@ -16,6 +16,7 @@ from crashline.report import html, markdown, needle as NR
 from crashline.config import plan as C
 from crashline.jobs import haystack as HS
 from crashline.jobs import needle as NJ
+from crashline.jobs import spec as S
 from crashline.jobs import trials as TR
 from crashline.config import needle as NP
 from crashline.tables import needle as NT
@@ -82,15 +83,11 @@ def run(
     (item,) = C.expand(cfg)
     record_path = tmp_path / "needle.json"
     rec = NJ.run_needle(
-        model_name=name,
-        item=item,
-        config=cfg,
-        fetch_record=fetch,
-        provenance=provenance,
-        record_path=record_path,
-        log_path=tmp_path / "needle-server.log",
+        S.needle_spec(cfg, name, item["id"]),
+        S.JobInputs(fetch, {}, provenance, measured=measured(item) if measured else None),
+        record_path,
+        tmp_path / "needle-server.log",
         rng=rng,
-        **({"measured": measured(item)} if measured else {}),
     )
     assert read_json(record_path) == json.loads(json.dumps(rec)), "the record on disk is the one returned"
     assert not list(tmp_path.glob(".*.part")), "no temporary file left behind"

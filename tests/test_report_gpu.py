@@ -233,20 +233,17 @@ def test_search_replayed_on_the_h200_records(tmp_path, monkeypatch, capsys):
     ubatch 2048): it calibrates at 28 (loaded and stopped), predicts 27, probes 27 then 26, then measures 28 for
     the margin, and no value clears it. Each probe's line says how many starts are left by the usual course."""
 
-    def h200(*, item, **_):
-        return derived_again(RECORDS_11761 / f"ncmoe{item['settings']['n_cpu_moe']}-ub2048.json", 11761)
+    from crashline.jobs import spec as jobs
+
+    def h200(spec, inputs, paths, load_only=False):
+        return derived_again(RECORDS_11761 / f"ncmoe{spec.item.settings['n_cpu_moe']}-ub2048.json", 11761)
 
     monkeypatch.setattr(search, "measure", h200)
-    config = {"budget": {"vram_budget_mib": 11761, "margin_mib": 1024}}
-    summary = search.run_search(
-        model_name="moe-synthetic",
-        group={"id": "h200", "range": [0, 28], "given": {"ctx": 32768, "ubatch": 2048}, "margin_mib": 1024},
-        config=config,
-        fetch_record={},
-        manifest=read_json(MANIFEST),
-        provenance={},
-        out_dir=tmp_path,
-    )
+    budget = jobs.Budget(vram_budget_mib=11761)
+    bare = jobs.Measurement(jobs.ServerLimits(300, 900, 30), (), 1, 0, budget, jobs.Telemetry(0.25))
+    group = jobs.SearchGroup("h200", {"ctx": 32768, "ubatch": 2048}, (0, 28), 1024)
+    inputs = jobs.JobInputs({}, read_json(MANIFEST), {})
+    summary = search.run_search(jobs.SearchSpec("moe-synthetic", group, bare), inputs, tmp_path)
     # from the record at 28: CUDA0's compute buffer only (CUDA_Host's 192.07 MiB is RAM), and the load peak less
     # the card's buffers; the prediction at this ubatch is the same as when both were counted
     assert (summary["compute_mib"], summary["rest_mib"]) == ({2048: 476.05}, 590.9)
@@ -317,25 +314,16 @@ def test_the_margin_is_searched_from_the_prediction_on_the_h200_search(tmp_path,
     (folder,) = [p.parent for p in TUNE_H200.glob("results/search/*/*/search.json") if "4a7dabea11" in str(p)]
     real = read_json(folder / "search.json")
 
-    def h200(*, record_path, **_):
-        return read_json(
-            folder / "records" / Path(record_path).parent.relative_to(tmp_path / "records") / "measure.json"
-        )
+    def h200(spec, inputs, paths, load_only=False):
+        return read_json(folder / "records" / paths.record.parent.relative_to(tmp_path / "records") / "measure.json")
 
     monkeypatch.setattr(search, "measure", h200)
     cfg = C.validate(
         {**yaml.safe_load((TUNE_H200 / "tune.yaml").read_text()), "results_dir": str(tmp_path)}, C.load_schema()
     )
     spec = jobs.spec("search", cfg, "qwen3-30b-a3b", real["group"])
-    summary = search.run_search(
-        model_name="qwen3-30b-a3b",
-        group=spec.group,
-        config=spec.config,
-        fetch_record={},
-        manifest=read_json(TUNE_H200 / "results" / "models" / "qwen3-30b-a3b" / "manifest.json"),
-        provenance={},
-        out_dir=tmp_path,
-    )
+    manifest = read_json(TUNE_H200 / "results" / "models" / "qwen3-30b-a3b" / "manifest.json")
+    summary = search.run_search(spec, jobs.JobInputs({}, manifest, {}), tmp_path)
     assert (real["boundary"], real["lowest_with_margin"], real["recommended_n_cpu_moe"]) == (25, 29, 30)
     assert [p["n_cpu_moe"] for p in real["probes"]] == [25, 24]
     assert (summary["boundary"], summary["lowest_with_margin"], summary["recommended_n_cpu_moe"]) == (25, 29, 30)

@@ -44,15 +44,8 @@ def test_search_on_cpu_writes_probes_summary_and_report(tmp_path, tiny_moe, serv
     assert group["range"] == [0, 4] and "n_cpu_moe" not in group["given"]
     fetch = fetch_record(tiny_moe)
     out = tmp_path / "search" / "tiny" / group["id"]
-    summary = run_search(
-        model_name="tiny",
-        group={**group, "margin_mib": cfg["budget"]["margin_mib"]},
-        config=cfg,
-        fetch_record=fetch,
-        manifest=inspect_gguf(tiny_moe),
-        provenance=server_provenance,
-        out_dir=out,
-    )
+    spec = jobs.spec("search", cfg, "tiny", group["id"])
+    summary = run_search(spec, jobs.JobInputs(fetch, inspect_gguf(tiny_moe), server_provenance), out)
     assert summary["boundary"] == summary["recommended_n_cpu_moe"] == summary["lowest_with_margin"] == 0
     assert summary["climbed"] == summary["finalists"] == [] and summary["lead_held"] is None  # climb: 0
     assert summary["probes"] == [{"n_cpu_moe": 0, "survived": True}]
@@ -113,20 +106,13 @@ def test_search_climbs_then_starts_the_finalists_again_interleaved(tmp_path, tin
     )
     (group,) = C.expand_searches(cfg)
     spec = jobs.spec("search", cfg, "tiny", group["id"])
-    assert (spec.group["climb"], spec.group["starts"]) == (2, 2)
-    assert spec.group["objective"] == {"metric": "decode_tps", "workload": "short", **spec.group["objective"]}
+    assert (spec.group.climb, spec.group.starts) == (2, 2)
+    assert (spec.group.objective.metric, spec.group.objective.workload) == ("decode_tps", "short")
     out = tmp_path / "search"
 
     def search() -> dict:
-        return run_search(
-            model_name="tiny",
-            group=spec.group,
-            config=spec.config,
-            fetch_record=fetch_record(tiny_moe),
-            manifest=inspect_gguf(tiny_moe),
-            provenance=server_provenance,
-            out_dir=out,
-        )
+        inputs = jobs.JobInputs(fetch_record(tiny_moe), inspect_gguf(tiny_moe), server_provenance)
+        return run_search(spec, inputs, out)
 
     summary = search()
     assert summary["boundary"] == summary["lowest_with_margin"] == 0
@@ -298,16 +284,10 @@ def test_a_range_beyond_the_models_layers_is_refused_naming_them(tmp_path):
     """n_cpu_moe [10, 20] on a 4-layer model printed '10..4', nan, and recommended 4, outside the range (#26)."""
     from crashline.config.file import ConfigError
 
+    bare = jobs.Measurement(jobs.ServerLimits(1, 1, 1), (), 1, 0, jobs.Budget(), jobs.Telemetry(0.25))
+    spec = jobs.SearchSpec("tiny", jobs.SearchGroup("g", {}, (10, 20), 1024), bare)
     with pytest.raises(ConfigError, match=r"the model has 4 layers.*give a range within 0\.\.4"):
-        run_search(
-            model_name="tiny",
-            group={"id": "g", "given": {}, "range": [10, 20], "margin_mib": 1024},
-            config={"budget": {}},
-            fetch_record={},
-            manifest={"layers": 4},
-            provenance={},
-            out_dir=tmp_path,
-        )
+        run_search(spec, jobs.JobInputs({}, {"layers": 4}, {}), tmp_path)
 
 
 def _rival(objective: dict, median: float, low: float, high: float, survived: bool = True) -> dict:
@@ -326,13 +306,14 @@ def _rival(objective: dict, median: float, low: float, high: float, survived: bo
 def test_the_best_rival_is_the_fastest_winner_ranked_by_the_same_objective():
     from crashline.jobs.search_rules import best_rival
 
-    e2e = {"metric": "e2e_tps", "workload": "long"}
+    e2e = jobs.Objective("e2e_tps", "long")
     assert best_rival([], e2e) is None
-    slow, fast = _rival(e2e, 100, 90, 110), _rival(e2e, 200, 150, 210)
+    slow, fast = _rival(e2e.as_dict(), 100, 90, 110), _rival(e2e.as_dict(), 200, 150, 210)
     # the winner's row, not the runner-up's (which is faster here, and did not win)
     assert best_rival([slow, fast], e2e) == ("rival-200", 3, planner.Speed(200, 150, 210, 6))
-    assert best_rival([_rival({**e2e, "metric": "decode_tps"}, 900, 800, 950), slow], e2e)[0] == "rival-100"
-    assert best_rival([_rival(e2e, 900, 800, 950, survived=False)], e2e) is None  # a start failed: no bar
+    decode = {**e2e.as_dict(), "metric": "decode_tps"}
+    assert best_rival([_rival(decode, 900, 800, 950), slow], e2e)[0] == "rival-100"
+    assert best_rival([_rival(e2e.as_dict(), 900, 800, 950, survived=False)], e2e) is None  # a start failed: no bar
     assert best_rival([{**fast, "finalists": []}], e2e) is None  # a search without a climb has no speeds
 
 
@@ -356,18 +337,10 @@ def test_a_search_clearly_slower_than_its_rival_stops_at_the_lowest_value_with_t
     (group,) = C.expand_searches(cfg)
     assert group["rivals"] == []  # the first search of its model has none
     spec = jobs.spec("search", cfg, "tiny", group["id"])
-    rival = _rival(spec.group["objective"], rival_tps, rival_tps * 0.9, rival_tps * 1.1)
+    rival = _rival(spec.group.objective.as_dict(), rival_tps, rival_tps * 0.9, rival_tps * 1.1)
     out = tmp_path / "search"
-    summary = run_search(
-        model_name="tiny",
-        group=spec.group,
-        config=spec.config,
-        fetch_record=fetch_record(tiny_moe),
-        manifest=inspect_gguf(tiny_moe),
-        provenance=server_provenance,
-        out_dir=out,
-        rivals=[rival],
-    )
+    inputs = jobs.JobInputs(fetch_record(tiny_moe), inspect_gguf(tiny_moe), server_provenance, rivals=(rival,))
+    summary = run_search(spec, inputs, out)
     assert summary["rival"] == {"search": rival["group"], "n_cpu_moe": 3, "median": rival_tps, "n": 6} | {
         "min": rival_tps * 0.9,
         "max": rival_tps * 1.1,

@@ -13,6 +13,7 @@ import pytest
 
 from conftest import REPO
 from crashline.jobs import needle as needle_job
+from crashline.jobs import spec as S
 from crashline.core import records
 from crashline.core.atomic import read_json
 from helpers import copy_workflow
@@ -106,7 +107,7 @@ def test_a_pruned_search_runs_after_its_rival_and_stops_where_it_is_clearly_slow
         records.load(folder / "records" / r / "measure.json", "measure") for r in pruned["records"] if "/" not in r
     ]
     at_lowest = next(r for r in firsts if r["settings"]["n_cpu_moe"] == lowest)  # its first start
-    speed = speed_of([at_lowest], pruned["objective"], pruned["margin_mib"])
+    speed = speed_of([at_lowest], S.Objective(**pruned["objective"]), pruned["margin_mib"])
     assert pruned["cut_short"] == (speed.high < won["min"])
     if pruned["cut_short"]:
         assert pruned["climbed"] == pruned["finalists"] == [] and pruned["server_starts"] == 2
@@ -115,45 +116,42 @@ def test_a_pruned_search_runs_after_its_rival_and_stops_where_it_is_clearly_slow
         assert pruned["climbed"] and pruned["finalists"]
 
 
-def recall_check(summary_path, objective: dict, out):
+def recall_check(summary_path, objective: S.Objective, out):
     """The search's recall check of gemma's search (run_needle replaced by the test), its record written to ``out``."""
-    return needle_job.run_search_needle(
-        model_name="gemma",
-        summary_path=summary_path,
-        objective=objective,
-        margin_mib=1024,
-        config={"budget": {}},
-        fetch_record={},
-        provenance={},
-        out_path=out,
+    from crashline.config.needle import needle_settings
+
+    recall = S.Recall(
+        S.ModelSource("file:gemma"), S.ServerLimits(1, 1, 1), S.Budget(), S.NeedleGrid.of(needle_settings({}))
     )
+    spec = S.SearchNeedleSpec("gemma", summary_path.parent.name, objective, 1024, recall)
+    return needle_job.run_search_needle(spec, S.JobInputs({}, {}, {}), summary_path, out)
 
 
 @pytest.mark.e2e
 def test_a_winner_that_fails_recall_is_replaced_by_the_next_fastest(searched, tmp_path, monkeypatch):
     """The candidates of the real search, the first made to fail: the job checks the next one, in order of speed."""
     (summary_path,) = searched.glob("search/gemma/*/search.json")
-    objective = {"metric": "decode_tps", "workload": "short"}
+    objective = S.Objective("decode_tps", "short")
     candidates = needle_job.search_candidates(summary_path, objective, 1024)
     assert len(candidates) >= 2
     summary = records.load(summary_path, "search")
-    assert candidates[0]["settings"]["n_cpu_moe"] == summary["recommended_n_cpu_moe"]  # the winner first
+    assert candidates[0].settings["n_cpu_moe"] == summary["recommended_n_cpu_moe"]  # the winner first
     speeds = [
-        read_json(summary_path.parent / "records" / c["id"] / "measure.json")["workloads"][0]["decode_tps"]["median"]
+        read_json(summary_path.parent / "records" / c.id / "measure.json")["workloads"][0]["decode_tps"]["median"]
         for c in candidates[1:]
     ]
     assert speeds == sorted(speeds, reverse=True)  # then the fastest first
     calls = []
 
-    def fake_needle(**kw):
-        calls.append(kw["item"]["id"])
+    def fake_needle(spec, inputs, record_path, log_path):
+        calls.append(spec.item.id)
         failed = [512] if len(calls) == 1 else []
         return {"applicable": True, "outcome": "ok", "failed_required": failed}
 
     monkeypatch.setattr(needle_job, "run_needle", fake_needle)
     out = tmp_path / "recall.json"
     rec = recall_check(summary_path, objective, out)
-    assert calls == [c["id"] for c in candidates[:2]] and rec["recalled"] == candidates[1]["id"]
+    assert calls == [c.id for c in candidates[:2]] and rec["recalled"] == candidates[1].id
     assert records.load(out, "search_needle")["records"] == calls
 
 
@@ -162,12 +160,12 @@ def test_a_winner_that_recalls_nothing_even_at_the_shortest_length_ends_the_chec
     """The baseline: a candidate that recalls no needle even at the shortest length fails as the model, not as its
     placement, and the search's other candidates (which differ in placement alone) are not checked."""
     (summary_path,) = searched.glob("search/gemma/*/search.json")
-    objective = {"metric": "decode_tps", "workload": "short"}
+    objective = S.Objective("decode_tps", "short")
     assert len(needle_job.search_candidates(summary_path, objective, 1024)) >= 2
     calls = []
 
-    def recalls_nothing(**kw):
-        calls.append(kw["item"]["id"])
+    def recalls_nothing(spec, inputs, record_path, log_path):
+        calls.append(spec.item.id)
         trials = [{"length_target": n, "passed": False} for n in (512, 512, 2048)]
         return {"applicable": True, "outcome": "ok", "failed_required": [512, 2048], "trials": trials}
 

@@ -91,7 +91,9 @@ def cmd_provision(args) -> int:
 
 def server_job(args) -> int:
     """measure, needle and search: the spec given (the workflow's params) or built from the config,
-    the input records and outputs at the paths given or the layout's; one function runs the job."""
+    the input records and outputs at the paths given or the layout's; the spec runs the job."""
+    import dataclasses
+
     from ..jobs import spec
 
     cfg, layout = _load(args)
@@ -106,7 +108,7 @@ def server_job(args) -> int:
         job_spec = spec.spec(job, cfg, model, job_id)
     else:
         raise plan.ConfigError(f"{args.verb} needs --model and --id (see `plan`), or --spec")
-    draft = getattr(job_spec, "item", {}).get("settings", {}).get("draft_model")
+    draft = job_spec.draft_model
     inputs = spec.inputs(
         Path(args.fetch or layout.fetch(model)),
         Path(args.manifest or layout.manifest(model)),
@@ -115,8 +117,9 @@ def server_job(args) -> int:
     )
     if job == "search":
         outputs = {"summary": args.out or layout.search(model, job_id)}
-        rivals = job_spec.group.get("rivals") or []
-        inputs["rivals"] = spec.rivals(args.rival or [layout.search(model, gid) for gid in rivals], rivals)
+        rivals = list(job_spec.group.rivals or ())
+        found = spec.rivals(args.rival or [layout.search(model, gid) for gid in rivals], rivals)
+        inputs = dataclasses.replace(inputs, rivals=found)
     elif job == "search_needle":
         outputs = {
             "summary": args.out or layout.search_recall(model, job_id),
@@ -128,16 +131,16 @@ def server_job(args) -> int:
             "server_log": args.log or layout.needle_server_log(model, job_id),
         }
         if job_spec.twin:
-            inputs["twin_record"] = layout.needle_record(model, job_spec.twin)
-        if settings_mod.fit_aimed(job_spec.item["settings"], job_spec.item["given"]):  # checked as it was measured
-            inputs["measured"] = Path(args.measured or layout.record(model, job_id))
+            inputs = dataclasses.replace(inputs, twin_record=layout.needle_record(model, job_spec.twin))
+        if settings_mod.fit_aimed(job_spec.item.settings, job_spec.item.given):  # checked as it was measured
+            inputs = dataclasses.replace(inputs, measured=Path(args.measured or layout.record(model, job_id)))
     else:
         outputs = {
             "record": args.out or layout.record(model, job_id),
             "server_log": args.log or layout.server_log(model, job_id),
             "telemetry": args.telemetry or layout.telemetry(model, job_id),
         }
-    print(spec.run(job_spec, inputs, outputs))
+    print(job_spec.run(inputs, outputs))
     return 0
 
 

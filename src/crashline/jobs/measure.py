@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import itertools
 import json
 import math
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
 import pandas as pd
 
@@ -24,10 +27,9 @@ from ..core.supervision import exit_with_workflow
 from ..engine.telemetry import window_summary, write_frame
 from ..core.records import utc_now
 from ..core.paths import RecordFolder
-from .serve import ServerJob, Stopwatch, outcome_text
+from .serve import RecordHead, ServerJob, Stopwatch, outcome_text
 from .serving import claims_workloads, run_workloads
-
-SERVER_FIELDS = ("binary", "obtained", "sha256", "version", "backend", "source", "build_flags")  # of provenance
+from .contract import Item, JobInputs, Measurement
 
 
 def vram_limit_mib(budget_mib: int | None, host_info: dict) -> float | None:
@@ -40,22 +42,6 @@ def gpu_limits_mib(budget_mib: int | None, host_info: dict) -> list[float]:
     """Each GPU's limit: the budget (an emulated card of that size, each), else the card's memory."""
     devices = host_info["gpu"].get("devices", [])
     return [budget_mib or d["memory_total_mib"] for d in devices]
-
-
-def model_summary(name: str, fetch_record: dict, manifest: dict) -> dict:
-    return {
-        "name": name,
-        "source": fetch_record["source"],
-        "path": fetch_record["files"][0]["path"],
-        "sha256": fetch_record["sha256"],
-        "files": [{k: f[k] for k in ("name", "bytes", "sha256")} for f in fetch_record["files"]],
-        "architecture": manifest.get("architecture"),
-        "quantisation": manifest.get("file_type"),
-        "total_bytes": manifest.get("total_bytes"),
-        "layers": manifest.get("layers"),
-        "n_expert": manifest.get("n_expert"),
-        "n_expert_used": manifest.get("n_expert_used"),
-    }
 
 
 def memory_summary(
@@ -163,16 +149,14 @@ def reanalyse(record_path: Path, telemetry_path: Path, manifest: dict) -> dict:
     return records.write(record_path, "measure", record)
 
 
-def server_command(provenance: dict, model_path: str, item: dict, draft_path: str | None) -> tuple[list[str], dict]:
+def server_command(provenance: dict, model_path: str, item: Item, draft_path: str | None) -> tuple[list[str], dict]:
     """The llama-server command for a configuration, with only the flags this build knows, and the
     flags left out (settings at their default that the build lacks)."""
-    resolved = item["settings"]
+    resolved = item.settings
     if resolved.get("draft_model") and not draft_path:
-        raise ValueError(
-            f"configuration {item['id']} names draft model {resolved['draft_model']!r}; its file is needed"
-        )
+        raise ValueError(f"configuration {item.id} names draft model {resolved['draft_model']!r}; its file is needed")
     runnable, left_out = settings_mod.for_binary(
-        resolved, item["given"], supported_flags(provenance), provenance.get("version") or provenance["binary"]
+        resolved, item.given, supported_flags(provenance), provenance.get("version") or provenance["binary"]
     )
     return settings_mod.command_line(provenance["binary"], model_path, runnable, lambda _name: draft_path), left_out
 
@@ -205,11 +189,12 @@ def settings_used(resolved: dict, placement: dict) -> dict:
     return out
 
 
-def job_key(job_config: dict, provenance: dict, fetch_record: dict) -> str:
+def job_key(measurement: Measurement, provenance: dict, fetch_record: dict) -> str:
     """What a measurement's result depends on besides its settings: the workloads, repetitions, budget,
     limits and telemetry of its job config, the llama-server build and the model file (its sha256: another file
     under the same name is another model). A search reuses a probe record only under the same key."""
     model = fetch_record.get("sha256") or [f.get("sha256") for f in fetch_record.get("files") or []]
+    job_config = measurement.as_dict()
     text = json.dumps({"config": job_config, "server_sha256": provenance.get("sha256"), "model": model}, sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
@@ -223,7 +208,7 @@ def require_unchanged(model_name: str, fetch_record: dict) -> None:
         )
 
 
-def said_why_again(record_path: Path, inputs: dict) -> None:
+def said_why_again(record_path: Path, spec: MeasureSpec) -> None:
     """Before a job measures again over its record: what changed since, in a line (``core.changes``)."""
     from ..core.changes import what_changed
 
@@ -237,49 +222,103 @@ def said_why_again(record_path: Path, inputs: dict) -> None:
     before = {"item": {"id": old.get("id"), "settings": settings}, "config": old.get("job_config")}
     if before["config"] is None:
         return  # a record from before the job config was kept
-    now = {"item": {k: inputs["item"].get(k) for k in ("id", "settings")}, "config": inputs["config"]}
+    now = {"item": {"id": spec.item.id, "settings": spec.item.settings}, "config": spec.measurement.as_dict()}
     changed = what_changed(before, now)
     if changed:
         progress.say(f"measuring again, since the record was made: {'; '.join(changed)}")
 
 
-def measure(*, model_name: str, item: dict, **job) -> dict:
-    """Start the server for one configuration, run the workloads, stop it, write the record (``_measure`` takes
-    the job's other inputs and paths, and ``load_only``: start it and stop it once ready, for a search's
-    calibration), saying its outcome on the console. A ``--fit on`` whose target crashline chose is aimed at the
-    margin (``measure_aimed``)."""
-    with progress.job(f"measure {model_name} {item['id']}"):
-        said_why_again(job["record_path"], {"item": item, "config": job["config"]})
+@dataclass(frozen=True)
+class MeasureSpec:
+    """What a measurement reads: the configuration and how its server runs."""
+
+    model: str
+    item: Item
+    measurement: Measurement
+    job: ClassVar[str] = "measure"
+    KEYS: ClassVar[tuple[str, ...]] = ("model", "item", "config")
+
+    @property
+    def id(self) -> str:
+        return self.item.id
+
+    @property
+    def draft_model(self) -> str | None:
+        return self.item.settings.get("draft_model")
+
+    def to_dict(self) -> dict:
+        return {"model": self.model, "item": self.item.as_dict(self.model), "config": self.measurement.as_dict()}
+
+    @classmethod
+    def from_dict(cls, raw: dict) -> MeasureSpec:
+        return cls(raw["model"], Item.of(raw["item"]), Measurement.of(raw["config"]))
+
+    def run(self, inputs: JobInputs, outputs: dict) -> str:
+        """Measure; ``outputs``: record, server_log, telemetry. Returns the line it prints."""
+        paths = MeasurePaths(Path(outputs["record"]), Path(outputs["server_log"]), Path(outputs["telemetry"]))
+        rec = measure(self, inputs, paths)
+        return f"{self.model} {rec['config_id']}: {rec['outcome']}" + (
+            f" ({rec['phase']}: {rec['message']})" if rec["message"] else ""
+        )
+
+
+@dataclass(frozen=True)
+class MeasurePaths:
+    """Where one server start's outputs go: its record, its server log and its telemetry (None: beside the
+    record)."""
+
+    record: Path
+    server_log: Path
+    telemetry: Path | None = None
+
+    @classmethod
+    def of(cls, folder: RecordFolder) -> MeasurePaths:
+        """A measurement's outputs in a record folder (a later start's, a search's probe's)."""
+        return cls(folder.measure, folder.server_log, folder.telemetry)
+
+    @property
+    def telemetry_file(self) -> Path:
+        return telemetry_file(self.record, self.telemetry)
+
+
+def measure(spec: MeasureSpec, inputs: JobInputs, paths: MeasurePaths, load_only: bool = False) -> dict:
+    """Start the server for one configuration, run the workloads, stop it, write the record (``load_only``: start
+    it and stop it once ready, for a search's calibration), saying its outcome on the console. A ``--fit on`` whose
+    target crashline chose is aimed at the margin (``measure_aimed``)."""
+    item = spec.item
+    with progress.job(f"measure {spec.model} {item.id}"):
+        said_why_again(paths.record, spec)
         # a job's config holds no margin (it does not decide what a server measures): the target crashline chose is
         # the margin (settings.aim_fit); the H200 lease of session 14 ran unaimed while this read the budget's
-        if not job.get("load_only") and settings_mod.fit_aimed(item["settings"], item["given"]):
-            record = measure_aimed(item["settings"]["fit_target"], model_name=model_name, item=item, **job)
+        if not load_only and settings_mod.fit_aimed(item.settings, item.given):
+            record = measure_aimed(item.settings["fit_target"], spec, inputs, paths)
         else:
-            record = _measure(model_name=model_name, item=item, **job)
-        if item.get("starts", 1) > 1 and not job.get("load_only"):
-            record = later_starts(record, model_name=model_name, item=item, **job)
+            record = _measure(spec, inputs, paths, load_only=load_only)
+        if item.starts > 1 and not load_only:
+            record = later_starts(record, spec, inputs, paths)
         progress.say(_final_text(record))
         return record
 
 
-def later_starts(record: dict, *, model_name: str, item: dict, **job) -> dict:
-    """Server starts 2..N of a configuration whose entry asks for N (``item["starts"]``), one after another,
+def later_starts(record: dict, spec: MeasureSpec, inputs: JobInputs, paths: MeasurePaths) -> dict:
+    """Server starts 2..N of a configuration whose entry asks for N (``item.starts``), one after another,
     each a whole measurement at the settings the first ran (an aimed --fit on at the target it settled on), recorded
     in ``start-K/`` beside the record, which lists them (``start_records``, relative to its folder); the tables pool
     them as a search's finalist's starts, so that the spread between starts decides a tie (tables.ties). None after
     a start that failed, or a --fit on whose last aim still left less than the margin: it cannot be the answer."""
-    record_path, starts = Path(job["record_path"]), item["starts"]
+    record_path, starts = paths.record, spec.item.starts
+    as_first = dataclasses.replace(spec, item=dataclasses.replace(spec.item, settings=record["settings"]))
     later, last = [], record
     for k in range(2, starts + 1):
         if why := _no_more_starts(last, k - 1, record):
             progress.say(f"no start {k}/{starts}: {why}")
             break
-        progress.say(f"start {k}/{starts} of {item['id']}, as the first ran")
+        progress.say(f"start {k}/{starts} of {spec.item.id}, as the first ran")
         folder = RecordFolder.of(record_path).later_start(k)
         folder.folder.mkdir(parents=True, exist_ok=True)
-        paths = {"record_path": folder.measure, "log_path": folder.server_log, "telemetry_path": folder.telemetry}
-        last = _measure(model_name=model_name, item={**item, "settings": record["settings"]}, **{**job, **paths})
-        later.append(str(folder.measure.relative_to(record_path.parent)))
+        start_paths = MeasurePaths.of(folder)
+        last = _measure(as_first, inputs, start_paths)
+        later.append(str(start_paths.record.relative_to(record_path.parent)))
     for k in itertools.count(len(later) + 2):  # what an earlier run of this job left past its starts now: stale
         stale = RecordFolder.of(record_path).later_start(k).folder
         if not stale.is_dir():
@@ -315,7 +354,7 @@ def fit_shortfall(record: dict, margin_mib: int) -> int | None:
     return margin_mib if record["outcome"] == Outcome.OOM else None
 
 
-def measure_aimed(margin_mib: int, *, model_name: str, item: dict, **job) -> dict:
+def measure_aimed(margin_mib: int, spec: MeasureSpec, inputs: JobInputs, paths: MeasurePaths) -> dict:
     """``--fit on`` aimed at the margin. llama.cpp's --fit leaves --fit-target MiB free by its own estimate at load;
     serving the workloads takes more (on the H200 the 30B-A3B at 12 GiB left 832 and 918 MiB with a 1,024 MiB target:
     bench/results/lease-2026-12-02-s13). A start that leaves less than the margin, or runs out of memory, is kept
@@ -323,12 +362,15 @@ def measure_aimed(margin_mib: int, *, model_name: str, item: dict, **job) -> dic
     to FIT_AIM_STEP_MIB, FIT_AIM_STARTS starts at most; each start but the last skips its timed repetitions once a
     warm-up is under the margin (it cannot be the answer). The record is the last start's: its settings hold the
     target it ran, ``fit_aim`` every start's target, outcome, headroom and time (the tables count every start's)."""
-    asked = item["settings"]["fit_target"]
+    item = spec.item
+    asked = item.settings["fit_target"]
     target, attempts = asked, []
     for k in range(1, FIT_AIM_STARTS + 1):
         last = k == FIT_AIM_STARTS
-        aimed = {**item, "settings": {**item["settings"], "fit_target": target}}
-        record = _measure(model_name=model_name, item=aimed, skip_under_margin=None if last else margin_mib, **job)
+        aimed = dataclasses.replace(
+            spec, item=dataclasses.replace(item, settings={**item.settings, "fit_target": target})
+        )
+        record = _measure(aimed, inputs, paths, skip_under_margin=None if last else margin_mib)
         short = fit_shortfall(record, margin_mib)
         headroom = (record.get("memory") or {}).get("headroom_mib")
         attempts.append(
@@ -341,7 +383,7 @@ def measure_aimed(margin_mib: int, *, model_name: str, item: dict, **job) -> dic
         )
         if short is None or last:
             break
-        kept = keep_attempt(job, target)
+        kept = keep_attempt(paths, target)
         raised = target + math.ceil(short / FIT_AIM_STEP_MIB) * FIT_AIM_STEP_MIB
         why = (
             f"its peak left {headroom:,.0f} MiB, {short:,} MiB short of the {margin_mib:,} MiB margin"
@@ -351,7 +393,7 @@ def measure_aimed(margin_mib: int, *, model_name: str, item: dict, **job) -> dic
         progress.say(f"--fit on --fit-target {target}: {why} (kept in {kept}); again with --fit-target {raised}")
         target = raised
     record["fit_aim"] = {"margin_mib": margin_mib, "asked_fit_target": asked, "attempts": attempts}
-    return records.write(job["record_path"], "measure", record)
+    return records.write(paths.record, "measure", record)
 
 
 def telemetry_file(record_path: Path, telemetry_path: Path | None) -> Path:
@@ -359,12 +401,11 @@ def telemetry_file(record_path: Path, telemetry_path: Path | None) -> Path:
     return Path(telemetry_path or RecordFolder.of(record_path).telemetry)
 
 
-def keep_attempt(job: dict, target: int) -> Path:
+def keep_attempt(paths: MeasurePaths, target: int) -> Path:
     """Move one aimed start's record, server log and telemetry into ``fit-target-T/`` beside the record."""
-    record_path = Path(job["record_path"])
-    kept = RecordFolder.of(record_path).fit_attempt(target).folder
+    kept = RecordFolder.of(paths.record).fit_attempt(target).folder
     kept.mkdir(exist_ok=True)
-    for path in (record_path, Path(job["log_path"]), telemetry_file(record_path, job.get("telemetry_path"))):
+    for path in (paths.record, paths.server_log, paths.telemetry_file):
         if path.exists():
             path.replace(kept / path.name)
     return kept
@@ -380,51 +421,44 @@ def _final_text(record: dict) -> str:
 
 
 def _measure(
-    *,
-    model_name: str,
-    item: dict,
-    config: dict,
-    fetch_record: dict,
-    manifest: dict,
-    provenance: dict,
-    record_path: Path,
-    log_path: Path,
-    draft_path: str | None = None,
-    telemetry_path: Path | None = None,
+    spec: MeasureSpec,
+    inputs: JobInputs,
+    paths: MeasurePaths,
     load_only: bool = False,
     skip_under_margin: int | None = None,
 ) -> dict:
     clock = Stopwatch()
-    resolved = item["settings"]
+    item, measurement, budget = spec.item, spec.measurement, spec.measurement.budget
+    fetch_record, provenance = inputs.fetch_record, inputs.provenance
+    resolved = item.settings
     model_path = fetch_record["files"][0]["path"]
-    require_unchanged(model_name, fetch_record)
-    command, left_out = server_command(provenance, model_path, item, draft_path)
+    require_unchanged(spec.model, fetch_record)
+    command, left_out = server_command(provenance, model_path, item, inputs.draft_path)
+    head = RecordHead.of(spec.model, item, inputs)
     record = {
-        "config_id": item["id"],
-        "model": model_summary(model_name, fetch_record, manifest),
-        "settings": resolved,
-        "given": item["given"],
+        **head.opening(),
+        "given": item.given,
         "flags_left_out": left_out,
-        "job_key": job_key(config, provenance, fetch_record),
-        "job_config": config,  # what the job read besides its settings: what changed is said on a rerun
-        "server": {k: provenance.get(k) for k in SERVER_FIELDS},
-        "host": host.describe(),
-        "budget": config["budget"],
-        "repetitions": config["repetitions"],
-        "page_cache": page_cache_state(fetch_record, draft_path, resolved["page_cache"]),
+        "job_key": job_key(measurement, provenance, fetch_record),
+        "job_config": measurement.as_dict(),  # what the job read besides its settings: what changed is said on a rerun
+        **head.where(),
+        "budget": budget.as_dict(),
+        "repetitions": measurement.repetitions,
+        "page_cache": page_cache_state(fetch_record, inputs.draft_path, resolved["page_cache"]),
         "cpu_memory_bandwidth_gbs": host.memory_bandwidth_from(provenance),
         "started_at": utc_now(),
         **({"load_only": True} if load_only else {}),
     }
     record["page_cache_resident_at_start"] = record["page_cache"]["resident"][model_path]
-    server = ServerProcess(command, log_path, host_ram_mib=config["budget"].get("host_ram_mib"))
-    budget_mib = config["budget"].get("vram_budget_mib")
+    server = ServerProcess(command, paths.server_log, host_ram_mib=budget.host_ram_mib)
+    budget_mib = budget.vram_budget_mib
     job = ServerJob(
-        holder=f"measure {model_name} {item['id']}",
+        holder=f"measure {spec.model} {item.id}",
         server=server,
-        config=config,
+        limits=measurement.server,
+        budget=budget,
         record=record,
-        telemetry=config["telemetry"]["interval_s"],
+        telemetry=measurement.telemetry.interval_s,
         lap=clock.lap,
     )
     done: dict = {"workloads": [], "talks": [], "soaked": None, "claims_failure": None}
@@ -432,7 +466,11 @@ def _measure(
     def work(job: ServerJob) -> None:
         if not load_only:
             limit = vram_limit_mib(budget_mib, record["host"])
-            served = config if skip_under_margin is None else {**config, "timed_with_margin_mib": skip_under_margin}
+            served = (
+                measurement
+                if skip_under_margin is None
+                else dataclasses.replace(measurement, timed_with_margin_mib=skip_under_margin)
+            )
             done["workloads"], done["talks"], done["soaked"], job.failure, done["claims_failure"] = run_workloads(
                 server, job.sampler, served, resolved, limit, clock
             )
@@ -441,13 +479,11 @@ def _measure(
 
     exit_with_workflow()
     clock.lap("setup")
-    job.run(work, log_path)
+    job.run(work, paths.server_log)
     workloads, talks, soaked = done["workloads"], done["talks"], done["soaked"]
     failure, sampler = job.failure, job.sampler
     record["memory"] = (
-        memory_summary(
-            sampler.result(), budget_mib, record["host"], config["budget"].get("host_ram_mib"), server.host_peak_mib
-        )
+        memory_summary(sampler.result(), budget_mib, record["host"], budget.host_ram_mib, server.host_peak_mib)
         if sampler
         else None
     )
@@ -455,7 +491,7 @@ def _measure(
     frame = sampler.frame() if sampler else pd.DataFrame()
     if sampler:
         sampler.close()
-    write_frame(frame, telemetry_file(record_path, telemetry_path))
+    write_frame(frame, paths.telemetry_file)
     clock.lap("telemetry")
     for w in workloads:
         w["telemetry"] = {k: window_summary(frame, v) for k, v in w.get("windows", {}).items()}
@@ -480,12 +516,9 @@ def _measure(
                 "phase": bad.get("failed_at") or bad["name"],
                 "message": bad["message"],
             }
-    add_bottlenecks(workloads, record, manifest, resolved)
+    add_bottlenecks(workloads, record, inputs.manifest, resolved)
     record.update(
-        outcome=failure["outcome"],
-        failure=failure.get("failure"),
-        phase=failure.get("phase"),
-        message=failure.get("message"),
+        **head.ended(failure).ending(),
         log_tail=record["placement"].get("tail") if failure["outcome"] != Outcome.OK else None,
         workloads=workloads,
         conversations=talks,
@@ -494,4 +527,4 @@ def _measure(
     )
     clock.lap("analysis")
     record["time_budget_s"] = clock.budget()
-    return records.write(record_path, "measure", record)
+    return records.write(paths.record, "measure", record)

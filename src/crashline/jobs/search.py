@@ -39,15 +39,20 @@ Values below the boundary that were never started are reported as skipped with t
 
 from __future__ import annotations
 
+import dataclasses
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
 from ..config.file import ConfigError
 from ..engine import planner
 from ..core import progress, records
 from ..core import settings as settings_mod
-from .measure import job_key, measure
+from .measure import MeasurePaths, MeasureSpec, job_key, measure
+from ..core.locks import lease_for
 from .serve import outcome_text
+from .contract import Item, JobInputs, Measurement, Objective, SearchGroup
 from ..core.paths import LATER_START, SearchFolder
 from ..core.records import Outcome
 from .search_rules import (
@@ -57,28 +62,53 @@ from .search_rules import (
     cut_short_text,
     headroom_ok,
     margin_guess,
-    objective_of,
     speed_of,
     stat,
 )
 
 
-def run_search(
-    *,
-    model_name: str,
-    group: dict,
-    config: dict,
-    fetch_record: dict,
-    manifest: dict,
-    provenance: dict,
-    out_dir: Path,
-    rivals: list[dict] = (),
-) -> dict:
-    """Run the search for one group; records of every probe go under ``out_dir/records``. ``rivals``: the summaries
-    of the searches a group with ``prune`` runs after (``best_rival``)."""
-    with progress.job(f"search {model_name} {group['id']}"):
-        search = _Search(model_name, group, config, fetch_record, manifest, provenance, out_dir, list(rivals))
-        summary = search.run()
+@dataclass(frozen=True)
+class SearchSpec:
+    """What a search reads: the group, and what each probe's server runs (``measurement``: the probes' job key does
+    not hold the objective, so a new objective reruns the search, which reuses its records)."""
+
+    model: str
+    group: SearchGroup
+    measurement: Measurement
+    job: ClassVar[str] = "search"
+    KEYS: ClassVar[tuple[str, ...]] = ("model", "group", "config")
+    draft_model: ClassVar[None] = None
+
+    @property
+    def id(self) -> str:
+        return self.group.id
+
+    def to_dict(self) -> dict:
+        return {"model": self.model, "group": self.group.as_dict(self.model), "config": self.measurement.as_dict()}
+
+    @classmethod
+    def from_dict(cls, raw: dict) -> SearchSpec:
+        return cls(raw["model"], SearchGroup.of(raw["group"]), Measurement.of(raw["config"]))
+
+    def run(self, inputs: JobInputs, outputs: dict) -> str:
+        """Search, under one lease for every probe; ``outputs``: summary."""
+        group = self.group
+        highest = settings_mod.resolve(
+            {**group.given, "n_cpu_moe": group.range[1]}
+        )  # the most the search asks of the host
+        with lease_for(f"search {self.model} {group.id}", highest, inputs.manifest.get("layers")):  # every probe's
+            summary = run_search(self, inputs, Path(outputs["summary"]).parent)
+        return (
+            f"{self.model} search {self.id}: boundary n_cpu_moe {summary['boundary']}, use "
+            f"{summary['recommended_n_cpu_moe']}, {summary['server_starts']} server starts"
+        )
+
+
+def run_search(spec: SearchSpec, inputs: JobInputs, out_dir: Path) -> dict:
+    """Run the search for one group; records of every probe go under ``out_dir/records``. ``inputs.rivals``: the
+    summaries of the searches a group with ``prune`` runs after (``best_rival``)."""
+    with progress.job(f"search {spec.model} {spec.group.id}"):
+        summary = _Search(spec, inputs, out_dir).run()
         lowest = summary["lowest_with_margin"]
         also = f" (the lowest with the margin: {lowest})" if lowest != summary["recommended_n_cpu_moe"] else ""
         progress.say(
@@ -114,25 +144,16 @@ def set_aside(out_dir: Path, listed: list[str]) -> list[str]:
 class _Search:
     """One search's state: every value measured, with the records of each of its server starts."""
 
-    def __init__(
-        self,
-        model_name: str,
-        group: dict,
-        config: dict,
-        fetch_record: dict,
-        manifest: dict,
-        provenance: dict,
-        out_dir: Path,
-        rivals: list[dict],
-    ):
+    def __init__(self, spec: SearchSpec, inputs: JobInputs, out_dir: Path):
         # a probe whose warm-up leaves less than the margin skips its timed repetitions (jobs/serving.py)
+        group, manifest, model_name = spec.group, inputs.manifest, spec.model
         self.model_name, self.group = model_name, group
-        self.config = {**config, "timed_with_margin_mib": group["margin_mib"]}
-        self.fetch_record, self.manifest, self.provenance, self.out_dir = fetch_record, manifest, provenance, out_dir
-        self.margin = group["margin_mib"]
-        self.rivals = rivals
-        self.climb, self.starts = group.get("climb", 0), group.get("starts", 1)
-        lo, hi = group["range"]
+        self.measurement = dataclasses.replace(spec.measurement, timed_with_margin_mib=group.margin_mib)
+        self.inputs, self.manifest, self.out_dir = inputs.records(), manifest, out_dir
+        self.margin = group.margin_mib
+        self.rivals = list(inputs.rivals)
+        self.climb, self.starts = group.climb or 0, group.starts or 1
+        lo, hi = group.range
         if lo > manifest["layers"]:
             raise ConfigError(
                 f"search n_cpu_moe [{lo}, {hi}] of {model_name}: the model has {manifest['layers']} layers, so every "
@@ -153,7 +174,7 @@ class _Search:
     # -- measuring ---------------------------------------------------------------------------------------------------
 
     def given(self, n: int) -> dict:
-        return {**self.group["given"], "n_cpu_moe": n}
+        return {**self.group.given, "n_cpu_moe": n}
 
     def probe(self, n: int, why: str) -> dict:
         """Measure n_cpu_moe ``n`` once (``why``: what the probe is for), saying how it went."""
@@ -230,32 +251,24 @@ class _Search:
         record_path = folder.measure
         earlier = records.load(record_path, "measure") if record_path.exists() else {}
         if (
-            earlier.get("job_key") == job_key(self.config, self.provenance, self.fetch_record)
+            earlier.get("job_key") == job_key(self.measurement, self.inputs.provenance, self.inputs.fetch_record)
             and bool(earlier.get("load_only")) == load_only
         ):
             progress.say(f"n_cpu_moe {n}: measured by this search before ({record_id}), record reused")
             return earlier
         given, began = self.given(n), time.monotonic()
-        rec = measure(
-            model_name=self.model_name,
-            item={"id": self.measured[n], "settings": settings_mod.resolve(given), "given": given},
-            config=self.config,
-            fetch_record=self.fetch_record,
-            manifest=self.manifest,
-            provenance=self.provenance,
-            record_path=record_path,
-            log_path=folder.server_log,
-            telemetry_path=folder.telemetry,
-            load_only=load_only,
+        probe = MeasureSpec(
+            self.model_name, Item(self.measured[n], settings_mod.resolve(given), given), self.measurement
         )
+        rec = measure(probe, self.inputs, MeasurePaths.of(folder), load_only=load_only)
         self.took.append(time.monotonic() - began)
         return rec
 
     # -- speeds ------------------------------------------------------------------------------------------------------
 
     @property
-    def objective(self) -> dict:  # read only when the climb runs: a bare config (no workloads) needs none
-        return objective_of(self.group, self.config)
+    def objective(self) -> Objective:  # read only when the climb runs (the group has one then)
+        return self.group.objective
 
     def speed(self, recs: list[dict]) -> planner.Speed | None:
         return speed_of(recs, self.objective, self.margin)
@@ -269,15 +282,15 @@ class _Search:
         return self.speed(self.starts_of[n])
 
     def words(self) -> str:
-        return f"{self.objective['metric'].removesuffix('_tps')} t/s at {self.objective['workload']}"
+        return f"{self.objective.metric.removesuffix('_tps')} t/s at {self.objective.workload}"
 
     # -- the search --------------------------------------------------------------------------------------------------
 
     def run(self) -> dict:
         lo, hi = self.range
-        budget = self.config["budget"].get("vram_budget_mib")
+        budget = self.measurement.budget.vram_budget_mib
         margin = self.margin
-        clipped = f" (the model has {self.manifest['layers']} layers)" if hi < self.group["range"][1] else ""
+        clipped = f" (the model has {self.manifest['layers']} layers)" if hi < self.group.range[1] else ""
         goal = "fastest n_cpu_moe that survives with the margin" if self.climb else "lowest n_cpu_moe that survives"
         progress.say(f"search for the {goal}, in {lo}..{hi}{clipped}")
         calib = self.calibrate(hi)
@@ -330,7 +343,7 @@ class _Search:
         all_ids = [r for ids in self.ids_of.values() for r in ids]
         summary = {
             "model": self.model_name,
-            "group": self.group["id"],
+            "group": self.group.id,
             "settings": {k: v for k, v in resolved.items() if k != "n_cpu_moe"},
             "range": [lo, hi],
             "limit_mib": limit,
@@ -343,7 +356,7 @@ class _Search:
             "probes": [{"n_cpu_moe": n, "survived": ok} for n, ok in probes],
             "boundary": boundary,
             "lowest_with_margin": lowest,
-            "objective": self.objective if self.climb else None,
+            "objective": self.objective.as_dict() if self.climb else None,
             "climb": self.climb,
             "climbed": fastest.get("climbed", []),
             "climb_stop": fastest.get("climb_stop"),

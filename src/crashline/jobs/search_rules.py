@@ -4,10 +4,10 @@ open, and a rival search's best winner (``prune``). ``jobs.search`` runs the pro
 
 from __future__ import annotations
 
-from ..config import plan
 from ..core.records import Outcome
 from ..engine import logparse, planner
 from ..engine.workloads import summarize
+from .contract import Objective
 
 
 def headroom_ok(rec: dict, margin_mib: int) -> bool:
@@ -27,17 +27,6 @@ def calibration(rec: dict, ubatch: int) -> tuple[planner.ComputeModel, float]:
     return planner.ComputeModel({ubatch: compute}), rest
 
 
-def objective_of(group: dict, config: dict) -> dict:
-    """What the climb and the finalists are ranked by: the group's objective (the job spec carries it, as
-    ``jobs.spec.search_objective`` makes it), else the config's objective block with its workload resolved (default:
-    end-to-end t/s per request at the workload with the longest prompt)."""
-    if group.get("objective"):
-        return group["objective"]
-    block = config.get("objective") or {}
-    workload = plan.objective_workload({"objective": block, "workloads": config["workloads"]})
-    return {**block, "metric": block.get("metric") or plan.DEFAULT_METRIC, "workload": workload}
-
-
 def _workload(rec: dict, name: str) -> dict | None:
     return next((w for w in rec.get("workloads") or [] if w["name"] == name), None)
 
@@ -49,21 +38,22 @@ LIMITS = {
 }
 
 
-def speed_of(recs: list[dict], objective: dict, margin_mib: int) -> planner.Speed | None:
+def speed_of(recs: list[dict], objective: Objective, margin_mib: int) -> planner.Speed | None:
     """The objective's speed over every request of every repetition of these starts of one configuration (pooled
     as ``aggregate`` pools them: ``workloads.summarize`` over every run of every start). None unless every start
     survived every workload with the margin and the pooled medians meet the objective's limits per request."""
     if not recs or not all(headroom_ok(r, margin_mib) for r in recs):
         return None
-    found = [_workload(r, objective["workload"]) for r in recs]
+    found = [_workload(r, objective.workload) for r in recs]
     if any(w is None or w["outcome"] != Outcome.OK for w in found):
         return None
     stats = found[0] if len(found) == 1 else summarize([run for w in found for run in w["runs"]])
     for key, (metric, meets) in LIMITS.items():
         median = (stats.get(metric) or {}).get("median")
-        if objective.get(key) is not None and (median is None or not meets(median, objective[key])):
+        limit = getattr(objective, key)
+        if limit is not None and (median is None or not meets(median, limit)):
             return None
-    return planner.Speed.of(stats.get(objective["metric"]))
+    return planner.Speed.of(stats.get(objective.metric))
 
 
 def margin_guess(at_boundary: dict, boundary: int, predictions: dict, limit, margin: int, hi: int) -> int:
@@ -86,13 +76,13 @@ def bound_text(results: dict[int, bool], lo: int, hi: int) -> str:
     return f"boundary at {high}" if low >= high else f"boundary in {low}..{high}"
 
 
-def best_rival(rivals: list[dict], objective: dict) -> tuple[str, int, planner.Speed] | None:
+def best_rival(rivals: list[dict], objective: Objective) -> tuple[str, int, planner.Speed] | None:
     """The fastest winner of the rival searches by ``objective`` (their search id, its n_cpu_moe, its speed over
     every request of every start): from each summary's finalist that won and survived every start. Rivals ranked
     by another objective, or without finalists (no climb), give none."""
     best = None
     for summary in rivals:
-        if summary.get("objective") != objective:
+        if summary.get("objective") != objective.as_dict():
             continue
         won = summary.get("recommended_n_cpu_moe")
         for final in summary.get("finalists") or []:

@@ -7,9 +7,11 @@ on a server that is ready."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import signal
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from ..core import host, progress
@@ -20,6 +22,68 @@ from ..engine import logparse
 from ..engine.ballast import Ballast, BudgetError
 from ..engine.server import ForeignSettings, ServerProcess
 from ..engine.telemetry import Sampler
+from .contract import Budget, Item, JobInputs, ServerLimits
+
+SERVER_FIELDS = ("binary", "obtained", "sha256", "version", "backend", "source", "build_flags")  # of provenance
+
+
+def model_summary(name: str, fetch_record: dict, manifest: dict) -> dict:
+    return {
+        "name": name,
+        "source": fetch_record["source"],
+        "path": fetch_record["files"][0]["path"],
+        "sha256": fetch_record["sha256"],
+        "files": [{k: f[k] for k in ("name", "bytes", "sha256")} for f in fetch_record["files"]],
+        "architecture": manifest.get("architecture"),
+        "quantisation": manifest.get("file_type"),
+        "total_bytes": manifest.get("total_bytes"),
+        "layers": manifest.get("layers"),
+        "n_expert": manifest.get("n_expert"),
+        "n_expert_used": manifest.get("n_expert_used"),
+    }
+
+
+@dataclass(frozen=True)
+class RecordHead:
+    """What a measure and a needle record both say of their job: the configuration's id, the model, the settings
+    run, the llama-server build, the host as the job began, and how the job ended (``ended``: its outcome, failure,
+    phase and message; None while it runs). Each part goes where the records have always had it: ``opening``
+    first, ``where`` after the kind's own keys, ``ending`` when the job is done."""
+
+    id: str
+    model: dict
+    settings: dict
+    server: dict
+    host: dict
+    outcome: str | None = None
+    failure: str | None = None
+    phase: str | None = None
+    message: str | None = None
+
+    @classmethod
+    def of(cls, model_name: str, item: Item, inputs: JobInputs) -> RecordHead:
+        model = model_summary(model_name, inputs.fetch_record, inputs.manifest or {})
+        server = {k: inputs.provenance.get(k) for k in SERVER_FIELDS}
+        return cls(item.id, model, item.settings, server, host.describe())
+
+    def ended(self, failure: dict) -> RecordHead:
+        """The head of a job that ended so (a failure dict, as ``logparse.classify`` gives it)."""
+        return dataclasses.replace(
+            self,
+            outcome=failure["outcome"],
+            failure=failure.get("failure"),
+            phase=failure.get("phase"),
+            message=failure.get("message"),
+        )
+
+    def opening(self) -> dict:
+        return {"config_id": self.id, "model": self.model, "settings": self.settings}
+
+    def where(self) -> dict:
+        return {"server": self.server, "host": self.host}
+
+    def ending(self) -> dict:
+        return {"outcome": self.outcome, "failure": self.failure, "phase": self.phase, "message": self.message}
 
 
 def outcome_text(failure: dict) -> str:
@@ -87,6 +151,8 @@ def server_failure(server: ServerProcess, phase: str, timed_out: bool = False) -
 class ServerJob:
     """One job's server from its lease to its stop (``run``); ``failure`` is what went wrong, None while nothing has.
 
+    ``limits``: how long its server may take to start and to stop; ``budget``: the card it emulates (a ballast takes
+    the rest of the GPU's memory).
     ``record`` gets the lease, the host, the ballast, the command and the load time; ``lap(name)`` is told each step
     (lock_wait, ballast, server_start, stop) for the job's time budget; ``telemetry`` (the interval, or None) samples
     the server from before its start into ``sampler``. ``what`` names the start in its progress line."""
@@ -96,13 +162,14 @@ class ServerJob:
         *,
         holder: str,
         server: ServerProcess,
-        config: dict,
+        limits: ServerLimits,
+        budget: Budget,
         record: dict,
         telemetry: float | None = None,
         what: str = "",
         lap: Callable[[str], None] = lambda _name: None,
     ):
-        self.holder, self.server, self.config, self.record = holder, server, config, record
+        self.holder, self.server, self.limits, self.budget, self.record = holder, server, limits, budget, record
         self.telemetry, self.what, self.lap = telemetry, what, lap
         self.failure: dict | None = None
         self.ended: dict | None = None  # the work's own account of the server's end (a claims row's workload)
@@ -152,9 +219,9 @@ class ServerJob:
             self.server.stop(5)
 
     def _serve(self, work: Callable[[ServerJob], None]) -> None:
-        server, record, server_cfg = self.server, self.record, self.config["server"]
+        server, record, limits = self.server, self.record, self.limits
         settings = record["settings"]
-        budget_mib = (self.config.get("budget") or {}).get("vram_budget_mib")
+        budget_mib = self.budget.vram_budget_mib
         with lease_for(self.holder, settings, record["model"].get("layers")) as held:
             self.lap("lock_wait")
             under_lease(held, record, server, settings)
@@ -167,7 +234,7 @@ class ServerJob:
                     self.phase = "load"
                     say_start(record["model"]["name"], server.base_command, budget_mib, self.what)
                     follow = (lambda srv: self.sampler.follow(srv.proc.pid)) if self.sampler else None
-                    state = server.start_ready(server_cfg["startup_timeout_s"], follow)
+                    state = server.start_ready(limits.startup_timeout_s, follow)
                     self.lap("server_start")
                     record["command"] = server.command
                     if state == "ready":
@@ -182,7 +249,7 @@ class ServerJob:
                         self.sampler.phase("stop")
                     if self.failure is None and self.ended is None and not server.alive():  # answered all, then quit
                         self.failure = server_failure(server, "stop")
-                    server.stop(server_cfg["stop_timeout_s"])
+                    server.stop(limits.stop_timeout_s)
                     self.lap("stop")
 
 

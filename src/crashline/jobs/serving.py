@@ -21,6 +21,7 @@ from ..engine.server import ServerProcess
 from ..engine.telemetry import Sampler
 from ..engine.workloads import Client, PromptSource, RequestFailed, check_run, concurrency, one_run, summarize, windows
 from .serve import Stopwatch, outcome_text, server_failure
+from .contract import Measurement, ServerLimits
 
 # a workload that failed
 # a workload that failed
@@ -66,7 +67,7 @@ def _ended(server: ServerProcess, within_s: float = ENDING_S) -> bool:
 def run_workloads(
     server: ServerProcess,
     sampler: Sampler,
-    config: dict,
+    measurement: Measurement,
     settings: dict,
     limit_mib: float | None = None,
     clock: Stopwatch | None = None,
@@ -79,7 +80,7 @@ def run_workloads(
     console; ``clock`` gets the untimed warm-up request apart, and the workloads (prompts sized on the way),
     conversations and soak as the rest."""
     clock = clock or Stopwatch()
-    workloads, request_timeout_s = config["workloads"], config["server"]["request_timeout_s"]
+    workloads, request_timeout_s = list(measurement.workloads), measurement.server.request_timeout_s
     claimed = claims_workloads(workloads)
     own = [w for w in workloads if w not in claimed]
     client = Client.of(server, request_timeout_s)
@@ -89,30 +90,30 @@ def run_workloads(
     # allocations, which would otherwise land in the first repetition of the first workload.
     client.complete(prompts.prompt(min(64, workloads[0]["prompt_tokens"]), 0), 4, timeout_s=client.setup_timeout_s)
     clock.lap("warmup_request")
-    runs = (config.get("warmup_requests", 0), config["repetitions"])
-    each = (request_timeout_s, settings, limit_mib, config.get("timed_with_margin_mib"))
+    runs = (measurement.warmup_requests, measurement.repetitions)
+    each = (request_timeout_s, settings, limit_mib, measurement.timed_with_margin_mib)
     try:
         results, failure = _run_each(server, sampler, client, prompts, own, runs, *each)
     finally:
         clock.lap("workloads")
     talks: list[dict] = []
     try:
-        for spec in config.get("conversations") or []:
+        for spec in measurement.conversations:
             if failure is not None:
                 break
-            result, failure = run_conversation(server, sampler, prompts, spec, settings, config["server"])
+            result, failure = run_conversation(server, sampler, prompts, spec, settings, measurement.server)
             talks.append(result)
     finally:
         clock.lap("conversations")
     soaked = None
     try:
-        if failure is None and (config.get("soak") or {}).get("requests"):
+        if failure is None and measurement.soak is not None:
             soaked, failure = soak_mod.run(
                 server,
                 sampler,
                 prompts,
-                config["soak"],
-                soak_mod.limits(config["budget"].get("host_ram_mib"), limit_mib, settings.get("cache_ram")),
+                measurement.soak,
+                soak_mod.limits(measurement.budget.host_ram_mib, limit_mib, settings.get("cache_ram")),
                 request_timeout_s,
                 lambda exc: request_failure(server, exc, soak_mod.PHASE, request_timeout_s),
             )
@@ -150,7 +151,7 @@ def request_failure(server: ServerProcess, exc: Exception, phase: str, request_t
 
 
 def run_conversation(
-    server: ServerProcess, sampler: Sampler, prompts: PromptSource, spec: dict, settings: dict, server_cfg: dict
+    server: ServerProcess, sampler: Sampler, prompts: PromptSource, spec: dict, settings: dict, limits: ServerLimits
 ) -> tuple[dict, dict | None]:
     """One conversation workload (crashline.jobs.conversations): its conversations' rounds of turns, the soak's sets
     while its time lasts, then the restart case. Returns its summary (per-turn memory is added from the record's
@@ -163,26 +164,24 @@ def run_conversation(
             break
         group = [conv.Conversation(spec, len(talks) + i, soak, depth, started) for i in range(n)]
         talks += group
-        failure = _rounds(
-            server, sampler, prompts, spec, group, range(1, conv.planned_turns(spec, depth) + 1), server_cfg
-        )
+        failure = _rounds(server, sampler, prompts, spec, group, range(1, conv.planned_turns(spec, depth) + 1), limits)
         if failure or any(c.outcome != Outcome.OK for c in group):
             return conv.summary(spec, talks), failure
     if spec["restart"]:
         longest = max(group, key=lambda c: len(c.history))
-        failure = _restart(server, sampler, server_cfg, conv.phase(spec, "restart-load"))
+        failure = _restart(server, sampler, limits, conv.phase(spec, "restart-load"))
         if failure:
             longest.fail(failure["phase"], "restart", longest.history, failure["outcome"], failure["message"])
             return conv.summary(spec, talks), failure
-        failure = _rounds(server, sampler, prompts, spec, [longest], ["restart"], server_cfg)
+        failure = _rounds(server, sampler, prompts, spec, [longest], ["restart"], limits)
         return conv.summary(spec, talks), failure
     return conv.summary(spec, talks), None
 
 
-def _rounds(server, sampler, prompts, spec: dict, group: list, turns, server_cfg: dict) -> dict | None:
+def _rounds(server, sampler, prompts, spec: dict, group: list, turns, limits: ServerLimits) -> dict | None:
     """The turns of a group of conversations, each round sent together; the server's failure, if any. A
     conversation that fails a turn (the server living on) takes no further turns."""
-    timeout_s = server_cfg["request_timeout_s"]
+    timeout_s = limits.request_timeout_s
     for turn in turns:
         live = [c for c in group if c.outcome == Outcome.OK]
         if not live:
@@ -218,12 +217,12 @@ def _turn_text(where: str, index: int, n: int, turn: dict, problem: str | None) 
     return f"{text}; {problem}" if problem else text
 
 
-def _restart(server: ServerProcess, sampler: Sampler, server_cfg: dict, where: str) -> dict | None:
+def _restart(server: ServerProcess, sampler: Sampler, limits: ServerLimits, where: str) -> dict | None:
     """crashline stops the server and starts it again on the same command (its log goes on in the same file);
     the failure of the new start, or None once it is ready."""
     sampler.phase(where)
-    server.stop(server_cfg["stop_timeout_s"])
-    state = server.start_ready(server_cfg["startup_timeout_s"], lambda srv: sampler.follow(srv.proc.pid), append=True)
+    server.stop(limits.stop_timeout_s)
+    state = server.start_ready(limits.startup_timeout_s, lambda srv: sampler.follow(srv.proc.pid), append=True)
     if state == "ready":
         progress.say(f"llama-server started again for the restart case, ready in {server.ready_after_s:.1f} s")
         return None

@@ -22,6 +22,7 @@ from ..core.records import Outcome
 from ..engine import logparse
 from ..engine.planner import DEFAULT_CACHE_RAM_MIB
 from ..engine.workloads import Client, PromptSource
+from .contract import Soak
 
 SEED = 100_000  # prompt offsets of the soak: index SEED + k for its k-th request, apart from workloads' and turns'
 PHASE = "soak"
@@ -202,7 +203,7 @@ def limits(host_ram_mib: int | None, vram_limit_mib: float | None, cache_ram: in
     }
 
 
-def run(server, sampler, prompts: PromptSource, spec: dict, limits: dict, timeout_s: float, on_failure) -> dict:
+def run(server, sampler, prompts: PromptSource, spec: Soak, limits: dict, timeout_s: float, on_failure) -> dict:
     """The soak against ``server``: rounds of ``at_once`` unique prompts until ``requests`` or ``duration_s``.
     ``on_failure(exc)`` says what a failed request means: (the server's failure or None, outcome, message).
     Returns (result, the server's failure or None)."""
@@ -211,14 +212,14 @@ def run(server, sampler, prompts: PromptSource, spec: dict, limits: dict, timeou
     started = time.monotonic()
     points: list[dict] = []
     sent = 0
-    while sent < spec["requests"] and (not spec["duration_s"] or time.monotonic() - started < spec["duration_s"]):
-        n = min(spec["at_once"], spec["requests"] - sent)
-        batch = [prompts.prompt(spec["prompt_tokens"], SEED + sent + i) for i in range(n)]
+    while sent < spec.requests and (not spec.duration_s or time.monotonic() - started < spec.duration_s):
+        n = min(spec.at_once, spec.requests - sent)
+        batch = [prompts.prompt(spec.prompt_tokens, SEED + sent + i) for i in range(n)]
         offset = server.log_size()
 
         def go(prompt):
             try:
-                return client.stream(prompt, spec["gen_tokens"], cache_prompt=True)
+                return client.stream(prompt, spec.gen_tokens, cache_prompt=True)
             except Exception as exc:  # noqa: BLE001 - classified against the server's state below
                 return exc
 
@@ -229,7 +230,7 @@ def run(server, sampler, prompts: PromptSource, spec: dict, limits: dict, timeou
         if failed is not None:
             failure, outcome, message = on_failure(failed)
             where = f"{PHASE}:request-{sent}"
-            return summary(spec, points, limits, outcome, message, where), failure
+            return summary(spec.as_dict(), points, limits, outcome, message, where), failure
         log = server.log_since(offset)[0]
         cache = logparse.prompt_cache_state(log)
         now = sampler.now()
@@ -245,4 +246,4 @@ def run(server, sampler, prompts: PromptSource, spec: dict, limits: dict, timeou
                 "decode_tps": _mean([a.get("decode_tps") for a in answers]),
             }
         )
-    return summary(spec, points, limits), None
+    return summary(spec.as_dict(), points, limits), None
