@@ -246,3 +246,19 @@ def test_a_pull_request_that_fails_after_the_push_is_recorded_not_lost(tmp_path,
     assert "no Hugging Face token" in done["pull_request"]["error"] and done["pull_request"]["repo"] == "owner/model"
     assert json.loads((out / "publish.json").read_text()) == done
     assert git(f"--git-dir={remote}", "rev-parse", "crashline/fix") == done["push"]["commit"]
+
+
+def test_a_dry_run_says_exactly_what_it_would_send_and_sends_nothing(tmp_path, bare):
+    """#42 item 5: with publish.push and open_pr set, --dry-run writes the files and names the remote, the branch,
+    the base, the pull request and the diff, and nothing leaves the machine."""
+    remote, seed = bare
+    claim = claim_for(tmp_path, git=str(remote), revision=seed, hf_repo="owner/model-GGUF")
+    options = {"push": True, "open_pr": True, "branch": "crashline/fix", "dry_run": True}
+    dry = P.publish(claim, section(), tmp_path / "dry", options, env={})
+    assert dry["dry_run"] and dry["push"] is None and dry["pull_request"] is None
+    assert git(f"--git-dir={remote}", "branch", "--list") == "* main"  # nothing left the machine
+    said = P.said(dry)
+    assert f"push README.md as branch crashline/fix to {remote} on top of {seed}" in said
+    assert "open a pull request on owner/model-GGUF changing README.md: 'Speed table: re-measured" in said
+    assert said.endswith(f"the change being {dry['files']['diff']})") and (tmp_path / "dry" / "README.md").exists()
+    assert json.loads((tmp_path / "dry" / "publish.json").read_text())["would"]["push"]["branch"] == "crashline/fix"

@@ -283,7 +283,7 @@ def publish(
     """Write the publication; push and open a pull request if ``options`` say so; write and
     return the record (``publish.json``) of what was done. A pull request that fails after the branch was
     pushed is recorded there (``complete`` False, the error), not raised: the push happened."""
-    options = {"push": False, "open_pr": False, "branch": "crashline/correction", **(options or {})}
+    options = {"push": False, "open_pr": False, "branch": "crashline/correction", "dry_run": False, **(options or {})}
     source = claim["source"]
     paths = write_publication(claim, section, out_dir)
     new_text = Path(paths["readme"]).read_text()
@@ -297,12 +297,22 @@ def publish(
     record = {
         "claim": claim["name"],
         "source": {"url": redact(source["url"]), "revision": source.get("revision"), "file": source["file"]},
-        "dry_run": not (options["push"] or options["open_pr"]),
+        "dry_run": options["dry_run"] or not (options["push"] or options["open_pr"]),
         "files": paths,
         "push": None,
         "pull_request": None,
         "complete": True,
     }
+    if options["dry_run"]:  # what would leave the machine, exactly, and nothing does
+        record["would"] = {
+            "push": {"remote": redact(source.get("git") or "(no source.git)"), "branch": options["branch"],
+                     "file": source["file"], "base": source.get("revision"), "message": message}
+            if options["push"] else None,
+            "pull_request": {"repo": source.get("hf_repo") or "(no source.hf_repo)", "file": source["file"],
+                             "title": title} if options["open_pr"] else None,
+        }  # fmt: skip
+        write_json(Path(out_dir) / "publish.json", record)
+        return record
     if options["push"]:
         if not source.get("git"):
             raise PublishError(f"publish.push is on, but claims file {claim['path']} gives no source.git to push to")
@@ -380,6 +390,17 @@ def said(record: dict) -> str:
     """What one claim's publish did, in one line: the files written, and what left the machine (the branch pushed,
     where and at which commit; the pull request), or that nothing did."""
     files = f"{record['files']['readme']} {record['files']['diff']}"
+    would = record.get("would") or {}
+    if would.get("push") or would.get("pull_request"):
+        p, pr = would.get("push"), would.get("pull_request")
+        sends = []
+        if p:
+            base = p["base"] or "its default branch"
+            sends.append(f"push {p['file']} as branch {p['branch']} to {p['remote']} on top of {base}")
+        if pr:
+            sends.append(f"open a pull request on {pr['repo']} changing {pr['file']}: {pr['title']!r}")
+        what = "; ".join(sends)
+        return f"{record['claim']}: {files} (dry run: it would {what}, the change being {record['files']['diff']})"
     if record["dry_run"]:
         return f"{record['claim']}: {files} (dry run: nothing pushed; publish.push or publish.open_pr sends it)"
     done = []

@@ -183,6 +183,9 @@ def parser() -> argparse.ArgumentParser:
     )
     s.add_argument("--claim", help="only this claims file (named by its file's stem)")
     s.add_argument("--out-dir", help="where to write (default RESULTS/publish/NAME)")
+    s.add_argument(
+        "--dry-run", action="store_true", help="write everything, say exactly what publish.* would send, send nothing"
+    )
     s.add_argument("--configs")
     s.add_argument("--measurements")
     s = sub.add_parser("claims", help="published speed tables: `claims import` reads one into a claims file")

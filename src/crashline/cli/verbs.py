@@ -277,6 +277,8 @@ def cmd_publish(args) -> int:
     from ..publish import PublishError, incomplete, run, said
 
     cfg, layout = _load(args)
+    if args.dry_run:
+        cfg = {**cfg, "publish": {**(cfg.get("publish") or {}), "dry_run": True}}
     records = run(
         cfg,
         Path(args.configs or layout.configs_table()),
