@@ -401,11 +401,12 @@ def test_changes_between_rows_and_untrustworthy_numbers(mixed, real_tables):
     assert by[("ub 512", "prefill_tps")]["warnings"] == {}
     pairs = {(p["a"], p["b"]): p for p in KC.pair_changes(table, KC.comparability(mixed["rows"]))}
     ub = {c["metric"]: c for c in pairs[("ub 512", "ub 128")]["changes"]}
-    # the table: ub 128 decodes 10% faster; measured under the same build: 17% faster, ranges apart
+    # the table: ub 128 decodes 10% faster; measured here while other processes used 1.2 cores: no change is drawn
+    # (#41; it said 17% faster, ranges apart)
     assert ub["decode_tps"]["claimed_pct"] == pytest.approx(10.0)
-    assert (
-        ub["decode_tps"]["measured_pct"] == pytest.approx(61 / 52 * 100 - 100) and ub["decode_tps"]["overlap"] is False
-    )
+    assert ub["decode_tps"]["inconclusive"] and ub["decode_tps"]["measured_pct"] is None
+    busy = by[("ub 128", "prefill_tps")]
+    assert busy["diff_pct"] is None and busy["diff_text"].startswith("inconclusive: other processes used 1.2 ")
     assert [c["metric"] for c in pairs[("ub 512", "np 4, 4 users")]["changes"]] == [
         "prefill_tps"
     ]  # shared metrics only
@@ -413,7 +414,8 @@ def test_changes_between_rows_and_untrustworthy_numbers(mixed, real_tables):
     assert (
         "- ub 512 vs ub 128: ubatch (-ub) 512 vs 128. From the first to the second, the table says prefill t/s "
         "per request -20.0%, decode t/s per request +10.0%; measured here, with one build on one machine: "
-        "-48.3%, +17.3%." in md
+        "prefill t/s per request inconclusive (other processes competed: rerun on a quiet machine), decode t/s per "
+        "request inconclusive (other processes competed: rerun on a quiet machine)." in md
     )
     assert (
         "⚠ Repeat these before trusting them: the range is wider than 10% of the median for ub 512, decode (13%); "

@@ -107,7 +107,9 @@ def _flag(f: dict) -> str:
         return text
     claimed = ", ".join(f"{c['title']} {_pct(c['claimed_pct'])}" for c in f["changes"])
     measured = ", ".join(
-        f"{c['title']} not measured"
+        f"{c['title']} inconclusive (other processes competed: rerun on a quiet machine)"
+        if c.get("inconclusive")
+        else f"{c['title']} not measured"
         if c["measured_pct"] is None
         else _pct(c["measured_pct"]) + (" (the ranges overlap: no real difference yet)" if c["overlap"] else "")
         for c in f["changes"]

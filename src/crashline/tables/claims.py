@@ -15,7 +15,7 @@ import pandas as pd
 
 from ..core import settings as settings_mod
 from ..config.claims import SPEED_SETTINGS, WORKLOAD_KEYS
-from ..core.thresholds import missing, shared, too_wide
+from ..core.thresholds import inconclusive, missing, shared, too_wide
 
 # What each claimed number is compared with: per request, or all requests together.
 METRICS = {
@@ -250,7 +250,9 @@ def _change(metric: str, title: str, a: dict, b: dict) -> dict:
         "measured_pct": None,
         "overlap": None,
     }
-    if a["median"] and b["median"]:
+    if "other_cores" in a["warnings"] or "other_cores" in b["warnings"]:
+        change["inconclusive"] = True  # other processes competed on a side: no change is drawn (#41)
+    elif a["median"] and b["median"]:
         change["measured_pct"] = (b["median"] / a["median"] - 1) * 100
         change["overlap"] = bool(a["min"] <= b["max"] and b["min"] <= a["max"])
     return change
@@ -315,16 +317,17 @@ def _measured(entry: dict, hit) -> None:
     pct = (med - claimed) / claimed * 100
     within = bool(lo <= claimed <= hi)
     warnings = _warnings(hit, float(med), float(lo), float(hi))
+    doubt = inconclusive([hit])  # other processes competed: no difference to send upstream (#41)
     entry.update(
         median=float(med),
         min=float(lo),
         max=float(hi),
         n=n,
-        diff_pct=pct,
+        diff_pct=None if doubt else pct,
         within_range=within,
         warnings=warnings,
         measured_text=f"{_fmt(med)} [{_fmt(lo)}–{_fmt(hi)}] n={n}" + (" ⚠" if warnings else ""),
-        diff_text=f"{pct:+.1f}%" + (" (within range)" if within else ""),
+        diff_text=doubt or f"{pct:+.1f}%" + (" (within range)" if within else ""),
     )
 
 
