@@ -129,7 +129,7 @@ def test_what_if_other_cards_from_the_h200_search_calibration():
     (search,) = report.searches(table, "moe-synthetic", pd.DataFrame(columns=["model", "config_id"]), manifest)
     md = markdown.block(model_sections.what_if(search["what_if"]))
     assert "a prediction from this search's calibration, not measured; -ub 2048, 1,024 MiB margin" in md
-    assert "| 12 GB (12,288 MiB) | 21 | 28 | does not fit |" in md
+    assert "| 12 GB (12,288 MiB) | 21 | 29 | does not fit |" in md  # 29: what the search measured (#40 item 4)
     assert "calibrated by search moe-synthetic/bench (ctx 32768)" in md
 
 
