@@ -102,7 +102,7 @@ if LAST_CONFIG != json.loads(json.dumps(CFG)):
         LAST_CONFIG is not None
     ):  # what the jobs Snakemake reruns read differently, in a line each (dry runs too)
         print(
-            "crashline: the config changed since the last run:\n  "
+            "crashline: what changed in the config since the last run\n  "
             + "\n  ".join(
                 what_changed(LAST_CONFIG, json.loads(json.dumps(CFG)), most=20)
             ),

@@ -241,12 +241,12 @@ def test_a_dry_run_says_what_changed_in_the_config_as_key_old_new(tmp_path):
     copy_workflow(tmp_path)
     (tmp_path / "mine.yaml").write_text(TINY)
     first = _snakemake(tmp_path, "-n")
-    assert "config changed" not in first
+    assert "changed in the config" not in first
     (tmp_path / "mine.yaml").write_text(
         TINY.replace("prompt_tokens: 32", "prompt_tokens: 24").replace("repetitions: 1", "repetitions: 2")
     )
     said = _snakemake(tmp_path, "-n")
     assert (
-        "crashline: the config changed since the last run:\n  repetitions 1 → 2\n"
+        "crashline: what changed in the config since the last run\n  repetitions 1 → 2\n"
         "  workloads.short.prompt_tokens 32 → 24\n" in said
     ), said[:3000]
