@@ -17,7 +17,7 @@ empty):
 4. ``per-request-vs-total-throughput-MODEL``: decode per request against the aggregate generated
    throughput of the workloads that send several requests at once (and of the runs of the same prompt
    and generation lengths at one at a time), each point named by its requests at once and ``-np``;
-   every point is named; a dashed line joins a series' best trade-offs (no other point is faster on both axes)
+   a dashed line joins a series' best trade-offs (no other point is faster on both axes)
    where it has two or more.
 5. ``memory-over-time-MODEL-ID`` (``memory_figures``, with the conversations' memory): VRAM and RSS
    of one configuration's run from its
@@ -355,7 +355,7 @@ def _concurrency(model: str, measurements: pd.DataFrame) -> list[Figure]:
     keys, several = with_environment(rows, [])
     title = (
         f"Decode speed per request against total generated throughput for {model}, as more requests run "
-        "at once: each point a configuration at a number of requests at once (medians), each named; where a "
+        "at once: each point a configuration at a number of requests at once (medians); where a "
         "series has two or more best trade-offs, a dashed line joins them (the legend says which)."
     )
     fig, (ax,) = new_figure(title, height=4.2)
@@ -372,7 +372,9 @@ def _concurrency(model: str, measurements: pd.DataFrame) -> list[Figure]:
             artist.set_gid(f"series-{len(series)}")
             series.append(label)
             front = _pareto(list(zip(xs, ys, strict=True)))
-            for (_, row), x, y in zip(data.iterrows(), xs, ys, strict=True):  # every point named (#41: 3 of 5 were not)
+            for (_, row), x, y in zip(data.iterrows(), xs, ys, strict=True):
+                if (x, y) not in front and int(row["concurrency"]) == 1:
+                    continue  # named where it matters (on the front, or several at once): long labels overlap
                 slots = setting_text("parallel", row[parallel]) if parallel in row else ""
                 text = ", ".join(t for t in (f"{int(row['concurrency'])} at once", slots) if t)
                 text += f", {settings_label(row, names)}" if names else ""
