@@ -187,19 +187,24 @@ def _status(n: int | None) -> str:
 # -- suggest ------------------------------------------------------------------------------------------------------
 
 
+def _given(ctx: int, ubatch: int, cache_k: str, cache_v: str, parallel: int, **placement) -> dict:
+    """The settings a prediction is of, as crashline would write them: ``-b`` at least the micro-batch, and the
+    placement (``n_cpu_moe`` or ``n_gpu_layers``) where one is given."""
+    return {
+        **placement,
+        "ctx": ctx,
+        "ubatch": ubatch,
+        "batch": max(ubatch, DEFAULT_BATCH),
+        "cache_type_k": cache_k,
+        "cache_type_v": cache_v,
+        "parallel": parallel,
+    }
+
+
 def _check(ctx: int, cache_k: str, cache_v: str, parallel: int, ubatches: tuple[int, ...]) -> None:
     """The settings as crashline would check them (SettingsError names the setting and the value)."""
     for u in ubatches:
-        settings_mod.resolve(
-            {
-                "ctx": ctx,
-                "ubatch": u,
-                "batch": max(u, DEFAULT_BATCH),
-                "cache_type_k": cache_k,
-                "cache_type_v": cache_v,
-                "parallel": parallel,
-            }
-        )
+        settings_mod.resolve(_given(ctx, u, cache_k, cache_v, parallel))
 
 
 def _assumptions(
@@ -306,15 +311,7 @@ def suggest(
         n = lowest_fitting(preds, vram_mib, margin)
         at = preds[layers if n is None else n]
 
-        given = {
-            "n_cpu_moe": n,
-            "ctx": ctx,
-            "ubatch": u,
-            "batch": max(u, DEFAULT_BATCH),
-            "cache_type_k": cache_type_k,
-            "cache_type_v": cache_type_v,
-            "parallel": parallel,
-        }
+        given = _given(ctx, u, cache_type_k, cache_type_v, parallel, n_cpu_moe=n)
         # a model without experts that does not fit whole: the most layers that do (-ngl N), the rest on the CPU
         ngl = None
         if n is None and not any(row["expert_bytes"] for row in manifest["per_layer"]):
@@ -322,7 +319,7 @@ def suggest(
             ngl = highest_offload(by_layers, vram_mib, margin)
             if ngl is not None:
                 at = by_layers[ngl]
-                given = {**{k: v for k, v in given.items() if k != "n_cpu_moe"}, "n_gpu_layers": ngl}
+                given = _given(ctx, u, cache_type_k, cache_type_v, parallel, n_gpu_layers=ngl)
         rows.append(
             {
                 "ubatch": u,
@@ -382,15 +379,7 @@ def on_cpu(
     cells = allocated_ctx(ctx, parallel)
     rows = []
     for u in sorted({min(u, cells) for u in ubs}):  # llama.cpp runs at most the context per micro-batch
-        given = {
-            "n_gpu_layers": 0,
-            "ctx": ctx,
-            "ubatch": u,
-            "batch": max(u, DEFAULT_BATCH),
-            "cache_type_k": cache_type_k,
-            "cache_type_v": cache_type_v,
-            "parallel": parallel,
-        }
+        given = _given(ctx, u, cache_type_k, cache_type_v, parallel, n_gpu_layers=0)
         settings = {**_settings(u, cells, cache_type_k, cache_type_v), **given}
         rows.append(
             {
