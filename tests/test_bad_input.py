@@ -223,6 +223,15 @@ BAD = {
         "once, but configurations.0 has parallel = 1 slot(s), so 3 would wait in the "
         "queue; write `concurrency: slots` (one request per slot) or raise parallel to 4",
     ),
+    "a re-sent decode of several requests at once": (
+        workload(concurrency="slots", decode_from="resent"),
+        "config key workloads.0.decode_from = 'resent': workload 'short' sends slots request(s) at once, and a "
+        "re-sent prompt is one request's; write `concurrency: 1` or `decode_from: fresh`",
+    ),
+    "an unknown decode source": (
+        workload(decode_from="cached"),
+        "config key workloads.0.decode_from = 'cached'",
+    ),
     "needle longer than every context": (
         lambda c: c.update(needle={"lengths": [8192, 0.5]}, defaults={"ctx": 4096}),
         "config key needle.lengths.0 = 8192: a prompt of 8192 tokens and the "

@@ -14,6 +14,7 @@ import pytest
 
 from crashline.config import plan as C
 from crashline.core import records
+from crashline.core.stats import end_to_end_tps
 from crashline.jobs import serving
 from helpers import run
 
@@ -167,6 +168,39 @@ def test_request_timeout(tmp_path, tiny_moe, server_provenance):
         request_timeout_s=0.05,
     )
     assert rec["outcome"] == "timeout" and rec["phase"] == "slow"
+
+
+def test_a_resent_workload_decodes_over_its_warm_up_s_prompt_from_the_cache(tmp_path, tiny_moe, server_provenance):
+    """decode_from: resent: one fresh prefill per start (the warm-up), then each timed repetition sends that prompt
+    again with the prompt cache on; its prefill and time to first token are the warm-up's, its end-to-end time
+    the warm-up's first token plus its own decode."""
+    rec = run(
+        tmp_path,
+        tiny_moe,
+        server_provenance,
+        {"ctx": 2048},
+        [
+            {"name": "fresh", "prompt_tokens": 1000, "gen_tokens": 64},
+            {"name": "resent", "prompt_tokens": 1000, "gen_tokens": 64, "decode_from": "resent"},
+        ],
+    )
+    assert rec["outcome"] == "ok", rec["message"]
+    fresh, resent = rec["workloads"]
+    warm = resent["warmup_runs"][0]["requests"][0]
+    assert warm["prompt_n"] == 1000 and not warm.get("cache_n")
+    timed = [r for run_ in resent["runs"] for r in run_["requests"]]
+    assert len(timed) == 2
+    for r in timed:
+        assert r["cache_n"] >= 900 and r["prompt_n"] + r["cache_n"] == 1000 and r["predicted_n"] == 64
+        assert r["first_s"] == warm["ttft_s"] and r["ttft_s"] < warm["ttft_s"]
+    # prefill and the time to first token: the warm-up's, once; decode: every timed repetition
+    assert resent["prefill_tps"]["n"] == 1 and resent["prefill_tps"]["median"] == pytest.approx(warm["prefill_tps"])
+    assert resent["ttft_s"]["n"] == 1 and resent["ttft_s"]["median"] == pytest.approx(warm["ttft_s"])
+    assert resent["decode_tps"]["n"] == 2
+    for r in timed:
+        assert end_to_end_tps(r) == pytest.approx(1064 / (warm["ttft_s"] + r["end_s"] - r["ttft_s"]))
+    assert resent["e2e_tps"]["n"] == 2 and resent["e2e_tps"]["median"] < 1064 / min(r["end_s"] for r in timed)
+    assert [r["prompt_n"] for run_ in fresh["runs"] for r in run_["requests"]] == [1000, 1000]
 
 
 def test_simultaneous_requests_on_parallel_slots(tmp_path, tiny_moe, server_provenance):

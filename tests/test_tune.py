@@ -136,6 +136,18 @@ def test_the_levers_tried_are_the_users_to_choose(tmp_path, tiny_moe):
             levers(*bad)
 
 
+def test_a_deep_prompt_is_timed_from_re_sends_of_its_warm_up(tmp_path):
+    """From RESENT_FROM tokens on, tune's workload re-sends each start's warm-up prompt for its timed repetitions
+    (one prefill at depth per start, #40 item 3); a shorter prompt keeps fresh ones."""
+    from crashline.cli.tune import RESENT_FROM
+
+    model = "synthetic:qwen3-30b-a3b"  # trained for 40,960 tokens
+    deep = config(model, 32768, RESENT_FROM, 12288, None, tmp_path)["workloads"]
+    short = config(model, 32768, RESENT_FROM - 1, 12288, None, tmp_path)["workloads"]
+    assert [w.get("decode_from") for w in deep + short] == ["resent", None]
+    assert C.validate(config(model, 32768, RESENT_FROM, 12288, None, tmp_path), C.load_schema())
+
+
 @pytest.mark.e2e
 def test_tune_runs_the_workflow_and_prints_the_answer(tmp_path, tiny_moe, server_provenance):
     def tune():

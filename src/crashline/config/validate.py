@@ -287,6 +287,11 @@ def _check_concurrency(workloads: list[dict], entries: list[tuple[int, dict]]) -
     """A workload sends no more requests at once than every configuration has slots."""
     for j, w in enumerate(workloads):
         n = w.get("concurrency", 1)
+        if w.get("decode_from") == "resent" and n != 1:
+            raise ConfigError(
+                f"config key workloads.{j}.decode_from = 'resent': workload {w['name']!r} sends {n} request(s) at "
+                "once, and a re-sent prompt is one request's; write `concurrency: 1` or `decode_from: fresh`"
+            )
         if n == "slots" or from_claims(w):
             continue
         for i, resolved in entries:

@@ -19,7 +19,17 @@ from ..core import progress
 from ..core.records import Outcome
 from ..engine.server import ServerProcess
 from ..engine.telemetry import Sampler
-from ..engine.workloads import Client, PromptSource, RequestFailed, check_run, concurrency, one_run, summarize, windows
+from ..engine.workloads import (
+    Client,
+    PromptSource,
+    RequestFailed,
+    check_run,
+    concurrency,
+    one_run,
+    resent_run,
+    summarize,
+    windows,
+)
 from .serve import Stopwatch, outcome_text, server_failure
 from .contract import Measurement, ServerLimits
 
@@ -44,10 +54,12 @@ def say_run(workload: dict, index: int, repetitions: int, run: dict, peak_gpu_mi
     with a GPU, peak VRAM so far in the workload and the headroom to the limit. A negative ``index`` is a warm-up."""
     reqs = run["requests"]
     which = "warm-up (not counted)" if index < 0 else f"{index + 1}/{repetitions}"
-    text = (
-        f"{workload['name']} {which}: prefill {_rate([r.get('prefill_tps') for r in reqs])}, "
-        f"decode {_rate([r.get('decode_tps') for r in reqs])}"
+    prefill = (
+        f"prompt re-sent ({reqs[0].get('cache_n') or 0:,} tokens from the cache)"
+        if run.get("fresh")
+        else f"prefill {_rate([r.get('prefill_tps') for r in reqs])}"
     )
+    text = f"{workload['name']} {which}: {prefill}, decode {_rate([r.get('decode_tps') for r in reqs])}"
     if len(reqs) > 1 and run.get("aggregate_tps"):
         text += f" per request ({len(reqs)} at once, {run['aggregate_tps']:,.1f} t/s generated in all)"
     if peak_gpu_mib is not None:
@@ -242,7 +254,9 @@ def _under_margin(sampler, workload: dict, limit_mib: float | None, margin_mib: 
 
 def _run_each(server, sampler, client, prompts, workloads, runs, request_timeout_s, settings, limit_mib, margin_mib):
     """The workloads of ``run_workloads``: ``runs`` is (W, R), each workload W times untimed at its own depth, then R
-    times timed. A warm-up that fails is the workload's failure (the server met that depth then).
+    times timed. A warm-up that fails is the workload's failure (the server met that depth then). A workload with
+    ``decode_from: resent`` sends its warm-up's prompt again for each timed repetition (``workloads.resent_run``;
+    without a warm-up, repetition 1 is fresh and the rest re-send it): one prefill at depth per server start.
 
     With ``margin_mib`` (a search's probes) and a VRAM limit, a workload whose warm-up already left less headroom
     than the margin skips its timed repetitions: the configuration met that depth (its peak is recorded) but cannot
@@ -251,6 +265,7 @@ def _run_each(server, sampler, client, prompts, workloads, runs, request_timeout
     warmups, repetitions = runs
     results = []
     for workload in workloads:
+        fresh = None  # (prompt, request) of the last fresh request, which a re-sent repetition sends again
         sampler.phase(workload["name"])
         n_requests = concurrency(workload, settings)
         result = {
@@ -272,7 +287,13 @@ def _run_each(server, sampler, client, prompts, workloads, runs, request_timeout
                 progress.say(f"{workload['name']}: {short}")
                 break
             try:
-                run = one_run(client, prompts, workload, repetitions - 1 - i if warmup else i, n_requests)
+                if fresh and not warmup:
+                    run = resent_run(client, fresh[0], workload, fresh[1])
+                else:
+                    index = repetitions - 1 - i if warmup else i
+                    run = one_run(client, prompts, workload, index, n_requests)
+                    if workload.get("decode_from") == "resent":
+                        fresh = (prompts.prompt(workload["prompt_tokens"], index), run["requests"][0])
             except (requests.Timeout, RequestFailed, requests.ConnectionError) as exc:
                 failure, outcome, message = request_failure(server, exc, workload["name"], request_timeout_s)
                 result.update(outcome=outcome, message=message)
