@@ -160,6 +160,13 @@ def test_climb_is_bounded_by_climb_by_the_range_and_by_a_failure():
     assert planner.climb(speed, 29, 48, 0) == ([], "no climb asked for") and asked == [29]
 
 
+def test_the_time_limit_stops_the_climb_before_the_value_it_leaves_out():
+    speed, asked = fake(H200)
+    cut = "the climb from n_cpu_moe 31 on left out: the time limit"
+    steps, stop = planner.climb(speed, 29, 48, 6, left_out=lambda n: cut if n >= 31 else None)
+    assert [s.n_cpu_moe for s in steps] == [30] and asked == [29, 30] and stop == cut
+
+
 def test_finalists_are_the_best_and_those_within_noise_else_the_runner_up_at_most_three():
     assert planner.finalists({n: H200[n] for n in (29, 30, 31, 32)}) == [31, 32, 30]  # 29 is apart from 31
     assert planner.finalists({n: H200[n] for n in (29, 31)}) == [31, 29]  # apart: the runner-up all the same
@@ -216,6 +223,26 @@ def test_settle_interleaves_the_finalists_and_the_winner_is_the_fastest_pooled_m
     assert two["winner"] == 31 and two["lead_held"].endswith(
         "in 2 of 2 interleaved start pairs; in 1 of 1 after the first, which chose the finalists"
     )
+
+
+def test_the_time_limit_stops_the_finalists_rounds_whole_and_lets_no_challenger_join():
+    """Round 3 is left out: every finalist keeps 2 starts (never A B A), the winner is ranked on them, and 40 (faster
+    in its one start than the winner pooled) does not join, since joining needs starts the limit left out."""
+    first = {29: S(55.0, 54, 56), 30: S(60.0, 59, 61), 31: S(59.5, 58.5, 60.5), 40: S(58.0, 57.5, 58.4)}
+    table = {
+        29: [first[29]],
+        30: [first[30], S(50.0, 49, 51), S(61.0, 60, 62)],
+        31: [first[31], S(51.0, 50, 52), S(61.0, 60, 62)],
+        40: [first[40], S(57.0, 56, 58)],
+    }
+    start, pooled, asked = starts_from(table)
+    said = "the finalists' start 3 of 3 and any later one left out: the time limit"
+    result = planner.settle(start, pooled, first, starts=3, left_out=lambda k: said if k >= 3 else None)
+    assert asked == result["order"] == [(30, 2), (31, 2)] and result["finalists"] == [30, 31]
+    assert result["cut"] == said and result["winner"] == max((30, 31), key=lambda n: result["pooled"][n].median)
+    assert all(result["pooled"][n].n == 2 for n in (30, 31))
+    start, pooled, asked = starts_from(table)  # the same two starts without a limit: 40 joins
+    assert planner.settle(start, pooled, first, starts=2)["cut"] is None and (40, 2) in asked
 
 
 def test_a_value_faster_in_one_start_than_the_winner_pooled_joins_the_finalists():

@@ -216,6 +216,41 @@ def test_search_climbs_then_starts_the_finalists_again_interleaved(tmp_path, tin
     assert read_json(out / "search.json")["recommended_n_cpu_moe"] == winner
 
 
+def test_the_time_limit_leaves_out_the_climb_and_the_finalists_further_starts(
+    tmp_path, tiny_moe, server_provenance, monkeypatch
+):
+    """tune --time (#40 item 3): a run whose time is spent measures the boundary and the margin all the same, then
+    leaves out the climb and the finalists' further starts, saying so in the summary; without the key a search's
+    spec is as before (its params unchanged, so nothing reruns)."""
+    from crashline.engine import eta
+
+    raw = {
+        "models": {"tiny": {"source": f"file:{tiny_moe}"}},
+        "defaults": {"threads": 2, "ctx": 2048},
+        "configurations": [{"search": {"n_cpu_moe": [0, 4], "climb": 2, "starts": 2}}],
+        "workloads": [{"name": "short", "prompt_tokens": 64, "gen_tokens": 16}],
+        "repetitions": 2,
+    }
+    cfg = C.validate({**raw, "time_limit_s": 60}, SCHEMA)
+    (group,) = C.expand_searches(cfg)
+    spec = jobs.spec("search", cfg, "tiny", group["id"])
+    unlimited = jobs.spec("search", C.validate(copy.deepcopy(raw), SCHEMA), "tiny", group["id"])
+    assert spec.group.time_limit_s == 60 and "time_limit_s" not in unlimited.to_dict()["group"]
+    plan_file = tmp_path / "plan.json"
+    write_json(plan_file, {"jobs": [], "started": __import__("time").time() - 60})  # the run's minute is spent
+    monkeypatch.setenv(eta.PLAN_ENV, str(plan_file))
+    inputs = jobs.JobInputs(fetch_record(tiny_moe), inspect_gguf(tiny_moe), server_provenance)
+    summary = run_search(spec, inputs, tmp_path / "search")
+    assert summary["boundary"] == summary["lowest_with_margin"] == summary["recommended_n_cpu_moe"] == 0
+    assert summary["server_starts"] == 2  # the calibration and the boundary's probe: never left out
+    climb_cut, finals_cut = summary["time_cut"]
+    assert climb_cut.startswith("the climb from n_cpu_moe 1 on left out: the time limit (60 s) leaves 0 s")
+    assert summary["climbed"] == [] and summary["climb_stop"] == climb_cut
+    assert finals_cut.startswith("the finalists' start 2 of 2 and any later one left out: the time limit")
+    assert [(f["n_cpu_moe"], f["starts"]) for f in summary["finalists"]] == [(0, 1)]
+    assert summary["lead_held"].endswith(finals_cut) and summary["time_limit_s"] == 60
+
+
 def test_starts_of_one_configuration_pool_into_one_row(tmp_path):
     """Two starts of the H200's n_cpu_moe 29 (the second slower, with less headroom): one row, every request of
     both in its statistics, each start's median, the least headroom; a start that crashed makes the row crashed."""

@@ -148,6 +148,15 @@ def test_a_deep_prompt_is_timed_from_re_sends_of_its_warm_up(tmp_path):
     assert C.validate(config(model, 32768, RESENT_FROM, 12288, None, tmp_path), C.load_schema())
 
 
+def test_tune_time_is_a_duration_of_at_least_a_minute():
+    from crashline.cli.tune import time_limit_s
+
+    assert [time_limit_s(t) for t in ("15m", "900", "1.5h")] == [900, 900, 5400]
+    for bad, said in (("5s", "--time 5s: give at least 60 s"), ("soon", "--time 'soon': not a duration")):
+        with pytest.raises(ConfigError, match=re.escape(said)):
+            time_limit_s(bad)
+
+
 @pytest.mark.e2e
 def test_tune_runs_the_workflow_and_prints_the_answer(tmp_path, tiny_moe, server_provenance):
     def tune():

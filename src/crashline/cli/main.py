@@ -154,6 +154,11 @@ def parser() -> argparse.ArgumentParser:
         "changes the answers, so only where you allow it)",
     )
     s.add_argument("--threads", help="the thread counts (-t) to try, e.g. 8,16 (default llama.cpp's own)")
+    s.add_argument(
+        "--time",
+        help="the time the run may take, e.g. 15m: the searches then climb and start their finalists again only "
+        "while a server start still ends within it, and say what they left out (default: no limit)",
+    )
     s = verb(
         "recheck",
         verbs.cmd_recheck,

@@ -25,6 +25,7 @@ from ..core.owned import own_folder, own_results
 from ..config.file import ConfigError
 from ..config.source import model_name
 from ..core import settings as settings_mod
+from ..core.units import seconds_of
 from ..engine.planner import DEFAULT_CACHE_RAM_MIB
 from ..engine.suggest import DEFAULT_UBATCHES as UBATCHES
 from ..engine.suggest_inputs import default_margin_mib, parse_size_mib
@@ -400,6 +401,7 @@ def answer(cfg: dict) -> list[str]:
             *(f"  {fit_line(f, a['metric_label'])}" for f in a.get("fit_on") or [] if f.get("ratio") is not None),
             f"  {a['command']}",
         ]
+    lines += time_cut_lines(cfg, layout)
     said = next((cost_text(a["cost"]) for a in found if a.get("cost")), None)
     table = layout.summary_md().read_text().rstrip("\n").splitlines() if layout.summary_md().exists() else []
     lines = [
@@ -409,6 +411,30 @@ def answer(cfg: dict) -> list[str]:
         f"report: {layout.report_md()} and {layout.report_html()}",
     ]
     return Said(lines, of_answers(found))  # its status NOTHING_SURVIVED where a model has no recommendation
+
+
+def time_limit_s(typed: str) -> int:
+    """``--time`` in seconds: at least a minute (the schema's ``time_limit_s``), else ConfigError with the fix."""
+    try:
+        seconds = seconds_of(typed, "--time")
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    least = plan.load_schema()["properties"]["time_limit_s"]["minimum"]
+    if seconds < least:
+        raise ConfigError(f"--time {typed}: give at least {least} s (a server start alone can take that long)")
+    return seconds
+
+
+def time_cut_lines(cfg: dict, layout) -> list[str]:
+    """What the run's time limit (``--time``) left out of each search, as its summary says it."""
+    from ..core import records
+
+    lines = []
+    for group in plan.expand_searches(cfg):
+        path = layout.search(group["model"], group["id"])
+        cut = records.load(path, "search").get("time_cut") if path.exists() else None
+        lines += [f"time limit, search {group['id']}: {text}" for text in cut or []]
+    return lines
 
 
 def fit_line(fit: dict, metric_label: str) -> str:
@@ -477,14 +503,17 @@ def tune(
     cache_type: str | None = None,
     threads: str | None = None,
     gen: int | None = None,
+    time_limit: str | None = None,
 ) -> list[str]:
     """Write the config, run the workflow (``run_folder``), return the answer's lines. ``gen``: the reply's length
-    in tokens (default GEN_TOKENS)."""
+    in tokens (default GEN_TOKENS); ``time_limit``: the run's time as typed (``--time 15m``)."""
     out = own_folder(out, "--out", create=False)  # refused before anything runs; its real path
     vram_mib = parse_size_mib(vram, "--vram") if vram else None
     margin_mib = parse_size_mib(margin, "--margin", minimum=0) if margin else None
     tried = levers(ubatch, cache_type, threads)
     on_gpu = _check_gpu(vram, gpu)
     raw = config(model, ctx, prompt, vram_mib, margin_mib, out, on_gpu, tried, GEN_TOKENS if gen is None else gen)
+    if time_limit is not None:
+        raw["time_limit_s"] = time_limit_s(time_limit)
     path = run_folder(raw, out, "tune", gpu)
     return answer(plan.validate(raw, plan.load_schema())).after(f"config: {path}")  # with its status

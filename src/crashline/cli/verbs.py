@@ -239,6 +239,7 @@ def cmd_tune(args) -> int:
             args.cache_type,
             args.threads,
             args.gen,
+            args.time,
         )
     except TuneStopped as exc:
         print(exc, file=sys.stderr)

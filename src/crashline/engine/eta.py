@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from pathlib import Path
 
 from ..config.plan import expand, expand_searches, needle_twin
@@ -53,8 +54,17 @@ def plan(config: dict) -> list[dict]:
 
 def write_plan(config: dict, path: Path) -> list[dict]:
     jobs = plan(config)
-    write_json(path, {"jobs": jobs})
+    write_json(path, {"jobs": jobs, "started": time.time()})
     return jobs
+
+
+def run_started() -> float | None:
+    """When this run of the workflow started (``time.time()``, from its plan), None outside one."""
+    path = os.environ.get(PLAN_ENV)
+    try:
+        return float(json.loads(Path(path).read_text())["started"]) if path else None
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
 
 
 def _records(job: dict) -> list[Path]:
@@ -88,6 +98,19 @@ def text(starts: int, seconds: float | None) -> str:
         return ""
     took = f", {progress.duration(seconds)} left" if seconds is not None else ""
     return f"run: about {starts} more server start(s){took}"
+
+
+def limit_text(config: dict) -> str:
+    """The run's time limit (config key ``time_limit_s``, ``tune --time``) and what it may leave out, or ""."""
+    limit = config.get("time_limit_s")
+    if not limit:
+        return ""
+    if not expand_searches(config):
+        return f"time limit {progress.duration(limit)}: this run has no search, so it leaves nothing out"
+    return (
+        f"time limit {progress.duration(limit)}: each search measures its boundary and margin, then climbs and starts "
+        "its finalists again only while a start of its typical length still ends within it, and says what it left out"
+    )
 
 
 def say_left() -> None:

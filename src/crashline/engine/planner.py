@@ -342,12 +342,14 @@ def climb(
     hi: int,
     most: int,
     on_step: Callable[[Step, int], None] | None = None,
+    left_out: Callable[[int], str | None] = lambda n: None,
 ) -> tuple[list[Step], str]:
     """Above ``lowest`` (the lowest n_cpu_moe that survives with the margin: measured), measure lowest + 1, + 2, ...
     while each is faster than the best value so far or within noise of it (``within_noise``), since speed is not
     monotonic in n_cpu_moe near the boundary. Stops at the first value clearly slower than the best (its whole range
     below the best's), at the first that does not survive with the margin (``speed`` gives None), after ``most``
-    values, or at ``hi``. ``on_step(step, index)`` is called after each value. Returns the steps and why it stopped.
+    values, at ``hi``, or where ``left_out(n)`` says why n is not measured (the run's time limit). ``on_step(step,
+    index)`` is called after each value. Returns the steps and why it stopped.
     """
     best_n, best = lowest, speed(lowest)
     steps: list[Step] = []
@@ -355,6 +357,8 @@ def climb(
         return steps, f"n_cpu_moe {lowest} has no speed at the objective workload to compare with"
     top = min(hi, lowest + most)
     for n in range(lowest + 1, top + 1):
+        if why := left_out(n):
+            return steps, why
         s = speed(n)
         if s is None:
             verdict = "failed"
@@ -424,6 +428,7 @@ def settle(
     speeds: dict[int, Speed],
     starts: int,
     most: int = MAX_FINALISTS,
+    left_out: Callable[[int], str | None] = lambda k: None,
 ) -> dict:
     """Measure the finalists again and pick the winner.
 
@@ -436,15 +441,19 @@ def settle(
     median is above the winner's pooled median (or any, when no finalist survived every start) would make the answer
     depend on one start: the fastest such challenger joins the finalists and gets its starts, until there is none.
     Returns ``rank``'s result with ``finalists`` (in order), ``per_start``, ``pooled`` and ``order`` ((n, k) of every
-    start run here, in order).
+    start run here, in order). Where ``left_out(k)`` says why round k is not run (the run's time limit), the rounds
+    stop there, whole, and no challenger joins: the finalists are ranked on the starts they have (``cut``: why).
     """
     chosen = finalists(speeds, most)
     final = [n for n in speeds if n in chosen]
     per_start = {n: [speeds[n]] for n in speeds}
     order: list[tuple[int, int]] = []
     pending = final
+    cut = None
     while True:
         for k in range(2, starts + 1):
+            if cut := left_out(k):
+                break
             for n in pending:
                 per_start[n].append(start(n, k))
                 order.append((n, k))
@@ -455,7 +464,7 @@ def settle(
         if winner is not None:
             bar = _key(winner, speeds_pooled[winner])
             rest = [n for n in rest if _key(n, speeds[n]) > bar]
-        if not rest:
+        if not rest or cut:
             break
         challenger = max(rest, key=lambda n: _key(n, speeds[n]))
         final.append(challenger)
@@ -466,4 +475,5 @@ def settle(
         "per_start": {n: per_start[n] for n in final},
         "pooled": speeds_pooled,
         "order": order,
+        "cut": cut,
     }

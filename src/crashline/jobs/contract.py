@@ -227,13 +227,14 @@ class SearchGroup:
     starts: int | None = None
     rivals: tuple[str, ...] | None = None
     objective: Objective | None = None
+    time_limit_s: int | None = None  # the run's time for the optional starts (config key time_limit_s)
 
     def __post_init__(self):
         if self.climb and self.objective is None:
             raise ValueError(f"search {self.id} climbs {self.climb} value(s): it needs the objective it ranks by")
 
     def as_dict(self, model: str) -> dict:
-        written = {k: getattr(self, k) for k in ("climb", "starts") if getattr(self, k) is not None}
+        written = {k: getattr(self, k) for k in ("climb", "starts", "time_limit_s") if getattr(self, k) is not None}
         return {
             "model": model,
             "id": self.id,
@@ -256,6 +257,7 @@ class SearchGroup:
             raw.get("starts"),
             tuple(raw["rivals"]) if "rivals" in raw else None,
             Objective(**raw["objective"]) if "objective" in raw else None,
+            raw.get("time_limit_s"),
         )
 
 

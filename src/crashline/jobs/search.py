@@ -46,7 +46,7 @@ from pathlib import Path
 from typing import ClassVar
 
 from ..config.file import ConfigError
-from ..engine import planner
+from ..engine import eta, planner
 from ..core import progress, records
 from ..core import settings as settings_mod
 from .measure import MeasurePaths, MeasureSpec, job_key, measure
@@ -170,6 +170,10 @@ class _Search:
         self.stage, self.climbed, self.finalist_starts = "boundary", 0, 0  # where the search is, for the time left
         self.boundary = lo  # the lowest value that survived, once found
         self.limit: float | None = None  # the VRAM limit the search fits, once calibrated
+        # the run's time limit (--time) for the optional starts: from when the workflow started, else from now
+        limit_s = group.time_limit_s
+        self.deadline = (eta.run_started() or time.time()) + limit_s if limit_s else None
+        self.time_cut: list[str] = []  # what the time limit left out, in words
 
     # -- measuring ---------------------------------------------------------------------------------------------------
 
@@ -243,6 +247,23 @@ class _Search:
             return ""
         each = sum(self.took) / len(self.took)
         return f"; about {left} more server start(s), {progress.duration(left * each)} left"
+
+    def out_of_time(self, what: str) -> str | None:
+        """Why ``what`` (an optional server start) is left out, or None: a typical start of this search would end
+        past the run's time limit (as polyserve's --budget: the first start always runs)."""
+        if self.deadline is None or not self.took:
+            return None
+        typical, left = sum(self.took) / len(self.took), self.deadline - time.time()
+        if typical <= left:
+            return None
+        text = (
+            f"{what} left out: the time limit ({progress.duration(self.group.time_limit_s)}) leaves "
+            f"{progress.duration(max(0.0, left))}, and a server start of this search takes about "
+            f"{progress.duration(typical)}"
+        )
+        self.time_cut.append(text)
+        progress.say(text)
+        return text
 
     def _measure(self, n: int, record_id: str, load_only: bool = False) -> dict:
         """One server start of n_cpu_moe ``n``, recorded under ``records/RECORD_ID/`` (reused when this search
@@ -376,6 +397,7 @@ class _Search:
             # its clock, for the cost: a calibration that was also n's probe is in the configs table already
             "calibration_time_budget_s": None if self.calibration_record in all_ids else calib.get("time_budget_s"),
             "values": values,
+            **({"time_limit_s": self.group.time_limit_s, "time_cut": self.time_cut} if self.deadline else {}),
         }
         set_aside(self.out_dir, [*summary["records"], summary["calibration"]])
         return records.write(SearchFolder(self.out_dir).summary(), "search", summary)
@@ -410,7 +432,14 @@ class _Search:
             self.climbed = i
             progress.say(f"climb {i}/{most}: n_cpu_moe {step.n_cpu_moe} {text}{self.left()}")
 
-        steps, stop = planner.climb(self.first, lowest, hi, most, said)
+        steps, stop = planner.climb(
+            self.first,
+            lowest,
+            hi,
+            most,
+            said,
+            lambda n: None if n in self.starts_of else self.out_of_time(f"the climb from n_cpu_moe {n} on"),
+        )
         progress.say(f"climb done: {stop}")
         safe = {n: s for n in self.starts_of if (s := self.speed(self.starts_of[n][:1]))}  # in the order measured
         chosen = planner.finalists(safe)
@@ -424,7 +453,13 @@ class _Search:
         round_ = " ".join(str(n) for n in safe if n in chosen)
         self.stage, self.finalist_starts = "finalists", len(chosen) * (starts - 1)
         progress.say(f"finalists: {who}; {starts} server starts each, interleaved: {', '.join([round_] * starts)}")
-        result = planner.settle(self.again, self.pooled, safe, starts)
+        result = planner.settle(
+            self.again,
+            self.pooled,
+            safe,
+            starts,
+            left_out=lambda k: self.out_of_time(f"the finalists' start {k} of {starts} and any later one"),
+        )
         joined = [n for n in result["finalists"] if n not in chosen]
         if joined:
             progress.say(f"joined the finalists: {', '.join(map(str, joined))} (faster in one start than the winner)")
@@ -432,11 +467,14 @@ class _Search:
         if winner is not None:
             pooled = result["pooled"][winner]
             progress.say(
-                f"winner: n_cpu_moe {winner}, {self.words()} {pooled.text()} over {starts} starts "
+                f"winner: n_cpu_moe {winner}, {self.words()} {pooled.text()} over {len(result['per_start'][winner])} "
+                "start(s) "
                 f"({pooled.n} requests); {result['lead_held']}"
             )
         else:
             progress.say(f"no winner: {result['lead_held']}")
+        if result["cut"]:  # ranked on the starts they have
+            result["lead_held"] = f"{result['lead_held']}; {result['cut']}"
         return {
             **raced,
             **{k: result[k] for k in ("winner", "runner_up", "won", "pairs", "lead_held")},

@@ -110,6 +110,8 @@ def search_spec(config: dict, model: str, gid: str) -> SearchSpec:
     group = {**group, "margin_mib": config["budget"]["margin_mib"]}
     if group.get("climb"):
         group["objective"] = search_objective(config).as_dict()
+    if config.get("time_limit_s"):
+        group["time_limit_s"] = config["time_limit_s"]
     return SearchSpec(model, SearchGroup.of(group), measurement_of(config))
 
 
