@@ -75,9 +75,11 @@ def run(
     fetch=None,
     budget=None,
     starts=1,
+    time_limit_s=None,
 ):
     cfg = C.validate(
         {
+            **({"time_limit_s": time_limit_s} if time_limit_s else {}),
             "models": {"tiny": {"source": f"file:{model_path}"}},
             "defaults": {"threads": 2},
             "configurations": [{"settings": settings, **({"starts": starts} if starts > 1 else {})}],

@@ -81,6 +81,23 @@ def test_an_entry_with_starts_is_started_again_and_its_starts_are_one_row(tmp_pa
     assert list(row["decode_tps_start_medians"]) == pytest.approx(medians)
 
 
+def test_the_time_limit_leaves_out_an_entry_s_later_starts(tmp_path, tiny_moe, server_provenance, monkeypatch):
+    """tune --time: once a start would end past the run's limit, an entry asked for 3 starts starts no more, and its
+    record says so (the first start always runs)."""
+    from crashline.core.atomic import write_json
+    from crashline.core.paths import RecordFolder
+    from crashline.engine import eta
+
+    write_json(tmp_path / "plan.json", {"jobs": [], "started": time.time() - 60})  # the run's minute is spent
+    monkeypatch.setenv(eta.PLAN_ENV, str(tmp_path / "plan.json"))
+    short = [{"name": "short", "prompt_tokens": 32, "gen_tokens": 4}]
+    rec = run(tmp_path, tiny_moe, server_provenance, {"ctx": 2048}, short, starts=3, time_limit_s=60)
+    assert rec["outcome"] == "ok" and not rec.get("start_records")
+    assert rec["time_cut"].startswith("start 2 of 3 and any later one left out: the time limit (60 s) leaves 0 s")
+    assert not RecordFolder(tmp_path).later_start(2).folder.exists()
+    assert records.load(RecordFolder(tmp_path).measure, "measure")["time_cut"] == rec["time_cut"]
+
+
 def test_prompt_beyond_context_is_a_failure_of_the_configuration(tmp_path, tiny_moe, server_provenance):
     rec = run(
         tmp_path,

@@ -426,7 +426,8 @@ def time_limit_s(typed: str) -> int:
 
 
 def time_cut_lines(cfg: dict, layout) -> list[str]:
-    """What the run's time limit (``--time``) left out of each search, as its summary says it."""
+    """What the run's time limit (``--time``) left out of each search and each configuration started several times,
+    as their records say it."""
     from ..core import records
 
     lines = []
@@ -434,6 +435,10 @@ def time_cut_lines(cfg: dict, layout) -> list[str]:
         path = layout.search(group["model"], group["id"])
         cut = records.load(path, "search").get("time_cut") if path.exists() else None
         lines += [f"time limit, search {group['id']}: {text}" for text in cut or []]
+    for item in plan.expand(cfg):
+        path = layout.record(item["model"], item["id"])
+        cut = records.load(path, "measure").get("time_cut") if path.exists() else None
+        lines += [f"time limit, configuration {item['id']}: {cut}"] if cut else []
     return lines
 
 

@@ -100,16 +100,34 @@ def text(starts: int, seconds: float | None) -> str:
     return f"run: about {starts} more server start(s){took}"
 
 
+def over_time(what: str, limit_s: int | None, took: list[float], since: float) -> str | None:
+    """Why ``what``, an optional server start, is left out, or None: a typical start (the mean of ``took``, the
+    seconds of the job's starts so far) would end past the run's time limit ``limit_s`` (config key
+    ``time_limit_s``), counted from the run's start (its plan), else from ``since``. As polyserve's --budget: the
+    first start always runs."""
+    if not limit_s or not took:
+        return None
+    typical = sum(took) / len(took)
+    left = (run_started() or since) + limit_s - time.time()
+    if typical <= left:
+        return None
+    return (
+        f"{what} left out: the time limit ({progress.duration(limit_s)}) leaves {progress.duration(max(0.0, left))}, "
+        f"and a server start takes about {progress.duration(typical)}"
+    )
+
+
 def limit_text(config: dict) -> str:
     """The run's time limit (config key ``time_limit_s``, ``tune --time``) and what it may leave out, or ""."""
     limit = config.get("time_limit_s")
     if not limit:
         return ""
-    if not expand_searches(config):
-        return f"time limit {progress.duration(limit)}: this run has no search, so it leaves nothing out"
+    if not expand_searches(config) and all(item.get("starts", 1) == 1 for item in expand(config)):
+        return f"time limit {progress.duration(limit)}: this run has no search and no later start to leave out"
     return (
         f"time limit {progress.duration(limit)}: each search measures its boundary and margin, then climbs and starts "
-        "its finalists again only while a start of its typical length still ends within it, and says what it left out"
+        "its finalists again (and a configuration asked for several starts starts again) only while a start of its "
+        "typical length still ends within it, and says what it left out"
     )
 
 

@@ -196,21 +196,23 @@ class Objective:
 
 @dataclass(frozen=True)
 class Item:
-    """One configuration: its id, its resolved settings, what the config wrote (``given``), and how many server
-    starts its entry asks for."""
+    """One configuration: its id, its resolved settings, what the config wrote (``given``), how many server starts
+    its entry asks for, and the run's time limit where it asks for more than one."""
 
     id: str
     settings: dict
     given: dict
     starts: int = 1
+    time_limit_s: int | None = None  # the run's time for its starts after the first (config key time_limit_s)
 
     def as_dict(self, model: str) -> dict:
         starts = {"starts": self.starts} if self.starts != 1 else {}
-        return {"model": model, "id": self.id, "settings": self.settings, "given": self.given, **starts}
+        limit = {"time_limit_s": self.time_limit_s} if self.time_limit_s else {}
+        return {"model": model, "id": self.id, "settings": self.settings, "given": self.given, **starts, **limit}
 
     @classmethod
     def of(cls, raw: dict) -> Item:
-        return cls(raw["id"], raw["settings"], raw["given"], raw.get("starts", 1))
+        return cls(raw["id"], raw["settings"], raw["given"], raw.get("starts", 1), raw.get("time_limit_s"))
 
 
 @dataclass(frozen=True)

@@ -8,13 +8,14 @@ import itertools
 import json
 import math
 import shutil
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
 
 import pandas as pd
 
-from ..engine import bottleneck, logparse
+from ..engine import bottleneck, eta, logparse
 from . import conversations as conv
 from ..core import host, progress, records
 from ..models import pagecache
@@ -305,26 +306,37 @@ def later_starts(record: dict, spec: MeasureSpec, inputs: JobInputs, paths: Meas
     each a whole measurement at the settings the first ran (an aimed --fit on at the target it settled on), recorded
     in ``start-K/`` beside the record, which lists them (``start_records``, relative to its folder); the tables pool
     them as a search's finalist's starts, so that the spread between starts decides a tie (tables.ties). None after
-    a start that failed, or a --fit on whose last aim still left less than the margin: it cannot be the answer."""
+    a start that failed, or a --fit on whose last aim still left less than the margin: it cannot be the answer; none
+    once a start would end past the run's time limit (``eta.over_time``; the record says so: ``time_cut``)."""
     record_path, starts = paths.record, spec.item.starts
     as_first = dataclasses.replace(spec, item=dataclasses.replace(spec.item, settings=record["settings"]))
-    later, last = [], record
+    later, last, took, began, cut = [], record, [_seconds(record)], time.time(), None
     for k in range(2, starts + 1):
         if why := _no_more_starts(last, k - 1, record):
             progress.say(f"no start {k}/{starts}: {why}")
+            break
+        if cut := eta.over_time(f"start {k} of {starts} and any later one", spec.item.time_limit_s, took, began):
+            progress.say(f"no start {k}/{starts}: {cut}")
+            record = {**record, "time_cut": cut}
             break
         progress.say(f"start {k}/{starts} of {spec.item.id}, as the first ran")
         folder = RecordFolder.of(record_path).later_start(k)
         folder.folder.mkdir(parents=True, exist_ok=True)
         start_paths = MeasurePaths.of(folder)
         last = _measure(as_first, inputs, start_paths)
+        took.append(_seconds(last))
         later.append(str(start_paths.record.relative_to(record_path.parent)))
     for k in itertools.count(len(later) + 2):  # what an earlier run of this job left past its starts now: stale
         stale = RecordFolder.of(record_path).later_start(k).folder
         if not stale.is_dir():
             break
         shutil.rmtree(stale)
-    return records.write(record_path, "measure", {**record, "start_records": later}) if later else record
+    return records.write(record_path, "measure", {**record, "start_records": later}) if later or cut else record
+
+
+def _seconds(record: dict) -> float:
+    """A start's seconds, as its record's clock says (``time_budget_s``), for the time a start takes."""
+    return float((record.get("time_budget_s") or {}).get("total") or 0.0)
 
 
 def _no_more_starts(last: dict, k: int, first: dict) -> str | None:

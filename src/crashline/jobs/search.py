@@ -170,10 +170,8 @@ class _Search:
         self.stage, self.climbed, self.finalist_starts = "boundary", 0, 0  # where the search is, for the time left
         self.boundary = lo  # the lowest value that survived, once found
         self.limit: float | None = None  # the VRAM limit the search fits, once calibrated
-        # the run's time limit (--time) for the optional starts: from when the workflow started, else from now
-        limit_s = group.time_limit_s
-        self.deadline = (eta.run_started() or time.time()) + limit_s if limit_s else None
-        self.time_cut: list[str] = []  # what the time limit left out, in words
+        self.began = time.time()  # the run's time limit counts from here outside a workflow (eta.over_time)
+        self.time_cut: list[str] = []  # what the run's time limit (--time) left out, in words
 
     # -- measuring ---------------------------------------------------------------------------------------------------
 
@@ -249,20 +247,11 @@ class _Search:
         return f"; about {left} more server start(s), {progress.duration(left * each)} left"
 
     def out_of_time(self, what: str) -> str | None:
-        """Why ``what`` (an optional server start) is left out, or None: a typical start of this search would end
-        past the run's time limit (as polyserve's --budget: the first start always runs)."""
-        if self.deadline is None or not self.took:
-            return None
-        typical, left = sum(self.took) / len(self.took), self.deadline - time.time()
-        if typical <= left:
-            return None
-        text = (
-            f"{what} left out: the time limit ({progress.duration(self.group.time_limit_s)}) leaves "
-            f"{progress.duration(max(0.0, left))}, and a server start of this search takes about "
-            f"{progress.duration(typical)}"
-        )
-        self.time_cut.append(text)
-        progress.say(text)
+        """Why ``what`` (an optional server start) is left out by the run's time limit, said and kept, or None."""
+        text = eta.over_time(what, self.group.time_limit_s, self.took, self.began)
+        if text:
+            self.time_cut.append(text)
+            progress.say(text)
         return text
 
     def _measure(self, n: int, record_id: str, load_only: bool = False) -> dict:
@@ -397,7 +386,7 @@ class _Search:
             # its clock, for the cost: a calibration that was also n's probe is in the configs table already
             "calibration_time_budget_s": None if self.calibration_record in all_ids else calib.get("time_budget_s"),
             "values": values,
-            **({"time_limit_s": self.group.time_limit_s, "time_cut": self.time_cut} if self.deadline else {}),
+            **({"time_limit_s": self.group.time_limit_s, "time_cut": self.time_cut} if self.group.time_limit_s else {}),
         }
         set_aside(self.out_dir, [*summary["records"], summary["calibration"]])
         return records.write(SearchFolder(self.out_dir).summary(), "search", summary)

@@ -100,7 +100,10 @@ def _recall(config: dict, model: str) -> Recall:
 
 def measure_spec(config: dict, model: str, cid: str) -> MeasureSpec:
     """What a measurement reads: the configuration, the workloads and how they are run."""
-    return MeasureSpec(model, Item.of(plan.find(config, model, cid)), measurement_of(config, cid))
+    item = plan.find(config, model, cid)
+    if config.get("time_limit_s") and item.get("starts", 1) > 1:  # its later starts are optional
+        item = {**item, "time_limit_s": config["time_limit_s"]}
+    return MeasureSpec(model, Item.of(item), measurement_of(config, cid))
 
 
 def search_spec(config: dict, model: str, gid: str) -> SearchSpec:
