@@ -8,6 +8,7 @@
 #                                                            # 16000) into /tmp/res/NAME (default SHAPE), its wall
 #                                                            # time in tune-wall.jsonl; stopped after TUNE_LIMIT_S
 #                                                            # (560) and resumed by the same step
+#   bash bench/device-session.sh check NAME                  # bench/resent_check.py run + analyse on that tune
 #   bash bench/device-session.sh grid NAME                   # bench/answer_grid.py run on that tune's results
 #   bash bench/device-session.sh resume DIR                  # copy an earlier lease's NAME folder (DIR, from the
 #                                                            # repository) to /tmp/res/NAME, for its grid
@@ -91,12 +92,20 @@ tune)
   mkdir -p /tmp/res/$name
   begun=$(date +%s.%N)
   # SIGTERM short of the call's limit: tune stops its jobs at a safe point, and the same step again resumes
-  timeout -k 20 "${TUNE_LIMIT_S:-560}" python -m crashline tune /tmp/clc/models/$shape.gguf --ctx 32768 --prompt 16000 $vram \
+  # TUNE_ARGS: the question (default --ctx 32768 --prompt 16000), e.g. '--ctx 131072 --prompt 100000 --time 15m'
+  timeout -k 20 "${TUNE_LIMIT_S:-560}" python -m crashline tune /tmp/clc/models/$shape.gguf ${TUNE_ARGS:---ctx 32768 --prompt 16000} $vram \
     --out /tmp/res/$name/tune >> /tmp/res/$name/tune-console.txt 2>&1 && rc=0 || rc=$?
   python -c "import json, sys; print(json.dumps({'begun': float(sys.argv[1]), 'ended': float(sys.argv[2]), 'rc': int(sys.argv[3])}))" \
     "$begun" "$(date +%s.%N)" "$rc" >> /tmp/res/$name/tune-wall.jsonl
   tail -25 /tmp/res/$name/tune-console.txt
   step_rc=$rc
+  ;;
+check)
+  name=$1 pack=$1
+  timeout 900 python bench/resent_check.py run /tmp/res/$name/tune/tune.yaml --out /tmp/res/$name/check \
+    >> /tmp/res/$name/check-console.txt 2>&1 && step_rc=0 || step_rc=$?
+  python bench/resent_check.py analyse /tmp/res/$name/tune/tune.yaml /tmp/res/$name/check > /dev/null 2>&1 || true
+  tail -5 /tmp/res/$name/check-console.txt
   ;;
 grid)
   name=$1 pack=$1
