@@ -41,7 +41,10 @@ onstart:
     # the server jobs find the plan here and say what is left of the run as each begins
     os.environ[crashline_eta.PLAN_ENV] = str(LAYOUT.run_plan())
     planned = crashline_eta.write_plan(CFG, LAYOUT.run_plan())
-    for said in (crashline_eta.text(*crashline_eta.left(planned)), crashline_eta.limit_text(CFG)):
+    for said in (
+        crashline_eta.text(*crashline_eta.left(planned)),
+        crashline_eta.limit_text(CFG),
+    ):
         if said:
             print(said, file=sys.stderr)
 

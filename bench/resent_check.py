@@ -131,7 +131,9 @@ def analyse(args) -> None:
                     "config_id": cid,
                     "tune_resent": _stat(resent),
                     "check_fresh": _stat(full),
-                    "decode_resent_over_fresh": decode_resent / decode_fresh if decode_resent and decode_fresh else None,
+                    "decode_resent_over_fresh": decode_resent / decode_fresh
+                    if decode_resent and decode_fresh
+                    else None,
                     "check_record": str(path) if checked else None,
                 }
             )
@@ -139,8 +141,9 @@ def analyse(args) -> None:
         if len(rows) == 2 and all(r["check_fresh"] for r in rows):
             win, run_up = rows[0]["check_fresh"], rows[1]["check_fresh"]
             agrees = win["median"] >= run_up["median"] or not (win["max"] < run_up["min"])
-        found.append({"model": model, "search": group["id"], "objective": summary["objective"], "rows": rows,
-                      "agrees": agrees})
+        found.append(
+            {"model": model, "search": group["id"], "objective": summary["objective"], "rows": rows, "agrees": agrees}
+        )
     (out / "check.json").write_text(json.dumps(found, indent=2) + "\n")
     print(json.dumps(found, indent=2))
 

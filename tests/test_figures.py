@@ -366,3 +366,23 @@ def test_two_workloads_of_one_shape_are_one_point_with_one_label(sweep):
     shown = texts(pareto.svg)
     assert shown.count("1 at once, -np 1") == 2  # once per shape, as without the second workload
     assert [len(markers(pareto.svg, f"series-{i}")) for i in (0, 1)] == [3, 3]
+
+
+def test_labels_of_points_on_one_spot_are_drawn_apart():
+    """Two configurations on one spot of the trade-off figure (-ub 128 and -ub 512 of the default run, both on the
+    front) had their long labels on each other in Chromium (test_workflow_e2e): the second moves a line away."""
+    from matplotlib.backends.backend_agg import RendererAgg
+
+    from crashline.report.drawing import finish_figure, new_figure
+
+    fig, (ax,) = new_figure("two labels on one spot")
+    ax.scatter([10.0, 10.05, 30.0], [5.0, 5.02, 9.0])
+    for x, y, ub in ((10.0, 5.0, 128), (10.05, 5.02, 512), (30.0, 9.0, 2048)):
+        text = f"1 at once, -np 1, -c 4096, -ub {ub}, warm page cache"
+        ax.annotate(text, (x, y), xytext=(4, 4), textcoords="offset points", fontsize=7)
+    finish_figure(fig, [ax], "apart", "two labels on one spot", [], "concurrency")
+    renderer = RendererAgg(*fig.bbox.size, fig.dpi)
+    fig.draw(renderer)
+    boxes = [t.get_window_extent(renderer) for t in ax.texts]
+    assert len(boxes) == 3
+    assert not any(a.overlaps(b) for i, a in enumerate(boxes) for b in boxes[i + 1 :])

@@ -12,8 +12,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import pandas as pd
+from matplotlib.backends.backend_agg import RendererAgg
 from matplotlib.backends.backend_svg import FigureCanvasSVG
 from matplotlib.figure import Figure as MplFigure
+from matplotlib.text import Annotation
 from matplotlib.ticker import FuncFormatter
 
 from ..core import columns as cols
@@ -236,9 +238,48 @@ def _svg(fig: MplFigure, name: str, title: str) -> str:
     return f"{text[:head]}\n <title>{caption}</title>{text[head:]}".rstrip() + "\n"
 
 
+def _apart(fig: MplFigure, axes: list) -> None:
+    """No two labels of points (annotations) on each other: each in turn, from the highest point down, keeps its
+    place if it is free, else moves one line up or down, then two, ... to the first free place (a thin line joins
+    a moved label to its point). Two configurations on the front of a trade-off figure can sit on one spot."""
+    labels = sorted(
+        (t for ax in axes for t in ax.texts if isinstance(t, Annotation)),
+        key=lambda t: -t.axes.transData.transform(t.xy)[1],
+    )
+    if len(labels) < 2:
+        return
+    renderer = RendererAgg(*fig.bbox.size, fig.dpi)
+    fig.draw(renderer)  # the layout, as the SVG will have it
+    placed = []
+    for label in labels:
+        x, y = label.xyann
+        box = label.get_window_extent(renderer)
+        line = (box.height + 2) * 72 / fig.dpi  # one label's height, in the offset's points
+        for step in (0, 1, -1, 2, -2, 3, -3, 4, -4, 5, -5, 6, -6):
+            label.xyann = (x, y + step * line)
+            box = label.get_window_extent(renderer)
+            if not any(box.overlaps(other) for other in placed):
+                break
+        if step:  # drawn again with a line to its point (an annotation takes its line when it is made)
+            ax = label.axes
+            label.remove()
+            label = ax.annotate(
+                label.get_text(),
+                label.xy,
+                xytext=label.xyann,
+                textcoords=label.anncoords,
+                fontsize=label.get_fontsize(),
+                color=label.get_color(),
+                arrowprops={"arrowstyle": "-", "color": "#999999", "linewidth": 0.5, "shrinkA": 0, "shrinkB": 3},
+            )
+            box = label.get_window_extent(renderer)
+        placed.append(box.padded(1))
+
+
 def finish_figure(fig: MplFigure, axes: list, name: str, title: str, series: list[str], kind: str) -> Figure:
-    """The report's ``Figure`` of a drawn figure: its legend added, rendered to SVG."""
+    """The report's ``Figure`` of a drawn figure: its legend added, its point labels apart, rendered to SVG."""
     _legend(fig, axes)
+    _apart(fig, axes)
     return Figure(name=name, title=title, svg=_svg(fig, name, title), series=series, kind=kind)
 
 
