@@ -6,10 +6,10 @@ the full protocol gives (#40 item 3)?
 
 TUNE_YAML is the config a finished ``crashline tune`` wrote. ``run`` takes each search's winner and runner-up
 (``recommended_n_cpu_moe``, ``runner_up`` of its summary; a search without a runner-up gives its winner only) and
-measures each again, once, interleaved (winner, runner-up, next search's winner, ...), through the same measure job
-the search runs, with the same settings, budget, build and workload, but the full protocol: every timed repetition
-a fresh prompt at the asked depth (``decode_from`` unset), after the same untimed warm-up. Records go to
-DIR/records/MODEL/ID/.
+measures each again, once, interleaved (winner, runner-up, next search's winner, ...; the answer's search first),
+through the same measure job the search runs, with the same settings, budget, build and workload, but the full
+protocol: every timed repetition a fresh prompt at the asked depth (``decode_from`` unset), after the same untimed
+warm-up. Records go to DIR/records/MODEL/ID/.
 
 The statistic, fixed before the run: per search, the objective (end-to-end t/s per request at the tune's workload)
 of the winner and of the runner-up under each protocol, as the median over every request with its min and max
@@ -49,7 +49,13 @@ def _pairs(cfg: dict) -> list[dict]:
         values = [n for n in (summary.get("recommended_n_cpu_moe"), summary.get("runner_up")) if n is not None]
         if values and summary.get("finalists"):
             out.append({"model": group["model"], "group": group, "summary": summary, "values": values})
-    return out
+    # the search of the answer first: where the check runs out of time, it has checked the answer
+    answer = {a.get("winner") for a in json.loads(layout.recommendation().read_text())}
+    return sorted(out, key=lambda p: _cid(p["model"], p["group"], p["values"][0]) not in answer)
+
+
+def _cid(model: str, group: dict, n: int) -> str:
+    return S.config_id(model, S.resolve({**group["given"], "n_cpu_moe": n}))
 
 
 def _fresh(cfg: dict) -> dict:
@@ -114,8 +120,7 @@ def analyse(args) -> None:
         folder = Layout(cfg["results_dir"]).search_folder(model, group["id"])
         rows = []
         for n in pair["values"]:
-            given = {**group["given"], "n_cpu_moe": n}
-            cid = S.config_id(model, S.resolve(given))
+            cid = _cid(model, group, n)
             tuned = [
                 records.load(folder.probe(rel).measure, "measure")
                 for rel in summary["records"]

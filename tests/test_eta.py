@@ -72,3 +72,25 @@ def test_a_server_job_says_the_run_left_from_the_plan_the_workflow_wrote(tmp_pat
     monkeypatch.delenv(eta.PLAN_ENV)
     eta.say_left()  # outside a workflow: nothing
     assert capsys.readouterr().err == ""
+
+
+def test_a_stopped_run_resumed_goes_on_counting_its_time_limit(tmp_path, monkeypatch):
+    """tune --time 14m stopped by SIGTERM after 5 minutes and run again (a lease's call ends; a user's Ctrl-C): the
+    time limit goes on from 5 minutes, not from zero; a run of other jobs in the folder starts from zero."""
+    cfg = _config(tmp_path)
+    path = Layout(cfg["results_dir"]).run_plan()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    monkeypatch.setenv(eta.PLAN_ENV, str(path))
+    clock = [1000.0]
+    monkeypatch.setattr(eta.time, "time", lambda: clock[0])
+    eta.write_plan(cfg, path)
+    clock[0] += 300.0
+    eta.stop_plan(path)
+    clock[0] += 3600.0  # an hour between the two
+    eta.write_plan(cfg, path)
+    assert eta.run_started() == clock[0] - 300.0
+    other = {**cfg, "configurations": cfg["configurations"][:1]}
+    eta.write_plan(other, path)
+    assert eta.run_started() == clock[0]
+    eta.write_plan(cfg, path)  # a run that was not stopped (it ended, or was killed): from zero
+    assert eta.run_started() == clock[0]

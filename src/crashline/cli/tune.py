@@ -427,9 +427,12 @@ def time_limit_s(typed: str) -> int:
 
 def time_cut_lines(cfg: dict, layout) -> list[str]:
     """What the run's time limit (``--time``) left out of each search and each configuration started several times,
-    as their records say it."""
+    as their records say it; none where the run had no time limit (or the config is not at hand: a run rendered again
+    from its records)."""
     from ..core import records
 
+    if not cfg.get("time_limit_s"):
+        return []
     lines = []
     for group in plan.expand_searches(cfg):
         path = layout.search(group["model"], group["id"])
@@ -462,7 +465,9 @@ def run_folder(raw: dict, out: Path, verb: str, gpu: str | None = None) -> Path:
     at a time in a folder: a second is refused before it writes anything. SIGTERM stops the jobs at their next safe
     point (TuneStopped); the same command again resumes, as it does after ``kill -9``. Returns the config's path."""
     from ..core.locks import Busy, exclusive
+    from ..core.paths import Layout
     from ..core.supervision import WORKFLOW_PID
+    from ..engine import eta
 
     root = workflow_dir()
     own_folder(out, "--out")  # the user's own, and its results folder: nothing of ours lands elsewhere
@@ -485,9 +490,11 @@ def run_folder(raw: dict, out: Path, verb: str, gpu: str | None = None) -> Path:
                     run_workflow(path, out, root)
                 except (Exception, SystemExit):
                     if stopped:
+                        eta.stop_plan(Layout(raw["results_dir"]).run_plan())  # --time goes on counting on resume
                         raise TuneStopped(stopped_text) from None
                     raise
             if stopped:
+                eta.stop_plan(Layout(raw["results_dir"]).run_plan())
                 raise TuneStopped(stopped_text)
     except Busy as exc:
         raise ConfigError(

@@ -53,9 +53,25 @@ def plan(config: dict) -> list[dict]:
 
 
 def write_plan(config: dict, path: Path) -> list[dict]:
+    """The run's plan, and when it started: a run of the same jobs that was stopped (``stop_plan``: SIGTERM to
+    ``tune``) and is resumed now goes on counting its time limit from the time it had spent."""
     jobs = plan(config)
-    write_json(path, {"jobs": jobs, "started": time.time()})
+    try:
+        old = json.loads(path.read_text())
+        spent = float(old["spent_s"]) if old.get("jobs") == jobs else 0.0
+    except (OSError, ValueError, KeyError, TypeError):
+        spent = 0.0
+    write_json(path, {"jobs": jobs, "started": time.time() - spent})
     return jobs
+
+
+def stop_plan(path: Path) -> None:
+    """A run stopped: its plan keeps the time spent so far, for the same run resumed (``write_plan``)."""
+    try:
+        held = json.loads(path.read_text())
+        write_json(path, {**held, "spent_s": time.time() - float(held["started"])})
+    except (OSError, ValueError, KeyError, TypeError):
+        return
 
 
 def run_started() -> float | None:
