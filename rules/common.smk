@@ -205,7 +205,14 @@ def search_inputs(wildcards):
         "rivals": [
             LAYOUT.search(wildcards.model, gid) for gid in group.get("rivals", [])
         ],
+        **draft_input(group),
     }
+
+
+def draft_input(group):
+    """The draft model's fetch record, for a search whose probes load one beside the model."""
+    draft = group["given"].get("draft_model")
+    return {"draft": LAYOUT.fetch(draft)} if draft else {}
 
 
 def gpus_of(job):

@@ -27,6 +27,7 @@ rule needle:
 # next fastest of the search, checked in the same job.
 rule search_needle:
     input:
+        unpack(lambda w: draft_input(SEARCH_BY_KEY[(w.model, w.gid)])),
         fetch=LAYOUT.fetch("{model}"),
         manifest=LAYOUT.manifest("{model}"),
         warmup=LAYOUT.warmup("{model}"),

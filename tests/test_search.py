@@ -216,6 +216,36 @@ def test_search_climbs_then_starts_the_finalists_again_interleaved(tmp_path, tin
     assert read_json(out / "search.json")["recommended_n_cpu_moe"] == winner
 
 
+def test_a_search_with_a_draft_model_loads_it_in_every_probe(tmp_path, tiny_moe, server_provenance):
+    """tune --draft on a GPU (#43 item 2) is a search whose settings hold a draft model: its calibration and probes
+    start llama-server with the draft (the probes' inputs once left the draft's file out: every search failed)."""
+    draft = tmp_path / "tiny-draft.gguf"
+    draft.write_bytes(tiny_moe.read_bytes())
+    cfg = C.validate(
+        {
+            "models": {"tiny": {"source": f"file:{tiny_moe}"}, "tiny-draft": {"source": f"file:{draft}"}},
+            "defaults": {"threads": 2, "ctx": 2048},
+            "configurations": [
+                {"models": ["tiny"], "settings": {"draft_model": "tiny-draft"}, "search": {"n_cpu_moe": [0, 4]}}
+            ],
+            "workloads": [{"name": "short", "prompt_tokens": 64, "gen_tokens": 16}],
+            "repetitions": 1,
+        },
+        SCHEMA,
+    )
+    (group,) = C.expand_searches(cfg)
+    spec = jobs.spec("search", cfg, "tiny", group["id"])
+    assert spec.draft_model == "tiny-draft"
+    inputs = jobs.JobInputs(fetch_record(tiny_moe), inspect_gguf(tiny_moe), server_provenance, str(draft))
+    summary = run_search(spec, inputs, tmp_path / "search")
+    assert summary["recommended_n_cpu_moe"] == 0
+    starts = sorted((tmp_path / "search" / "records").glob("**/measure.json"))
+    assert len(starts) == summary["server_starts"] >= 2
+    for path in starts:
+        command = records.load(path, "measure")["command"]
+        assert command[command.index("-md") + 1] == str(draft) and records.load(path, "measure")["outcome"] == "ok"
+
+
 def test_the_time_limit_leaves_out_the_climb_and_the_finalists_further_starts(
     tmp_path, tiny_moe, server_provenance, monkeypatch
 ):

@@ -157,6 +157,44 @@ def test_tune_time_is_a_duration_of_at_least_a_minute():
             time_limit_s(bad)
 
 
+def test_a_draft_and_n_gram_lookups_are_variants_of_every_configuration_tried(tmp_path, tiny_moe):
+    """tune --draft MODEL --spec ngram-simple (#43 item 2): on a GPU each variant is a search of its own (the draft's
+    memory moves the boundary) and a --fit on without the prompt cache; without one, the levers' grid per variant.
+    The draft is a model of the config that no configuration tunes; n-gram lookups keep fresh decode."""
+    from crashline.cli.tune import RESENT_FROM, speculation
+
+    draft = tmp_path / "tiny-draft.gguf"
+    draft.write_bytes(tiny_moe.read_bytes())
+    cfg = C.validate(
+        config(str(tiny_moe), 32768, 1024, 12288, None, tmp_path, True, None, 64, str(draft), "ngram-simple"),
+        C.load_schema(),
+    )
+    assert set(cfg["models"]) == {"tiny-moe", "tiny-draft"}
+    assert all(entry["models"] == ["tiny-moe"] for entry in cfg["configurations"])
+    spec = {(g["given"].get("draft_model"), g["given"].get("spec_type")) for g in C.expand_searches(cfg)}
+    assert spec == {(None, None), ("tiny-draft", None), (None, "ngram-simple")}  # as written: draft-simple implied
+    fits = [i["settings"] for i in C.expand(cfg) if i["settings"].get("fit") == "on"]
+    assert sorted((f["draft_model"] or "", f["spec_type"] or "", f["cache_ram"]) for f in fits) == [
+        ("", "", 0),
+        ("", "", 8192),
+        ("", "ngram-simple", 0),
+        ("tiny-draft", "draft-simple", 0),
+    ]
+    cpu = config(str(tiny_moe), 32768, 1024, None, None, tmp_path, False, None, 64, str(draft), None)
+    assert [e["settings"].get("draft_model") for e in cpu["configurations"]] == [None, "tiny-draft"]
+    big = "synthetic:qwen3-30b-a3b"  # trained for a deep prompt
+    assert config(big, 32768, RESENT_FROM, None, None, tmp_path, False)["workloads"][0]["decode_from"] == "resent"
+    with_ngram = config(big, 32768, RESENT_FROM, None, None, tmp_path, False, None, 64, None, "ngram-simple")
+    assert "decode_from" not in with_ngram["workloads"][0]
+    for bad, said in (
+        ((None, "ngram-simple,lookahead"), "--spec 'ngram-simple,lookahead': lookahead is not an n-gram"),
+        ((str(tiny_moe), None), "that is the model itself"),
+    ):
+        with pytest.raises(ConfigError, match=re.escape(said)):
+            config(str(tiny_moe), 4096, 1024, None, None, tmp_path, False, None, 64, *bad)
+    assert speculation(None, None) == [{}]
+
+
 @pytest.mark.e2e
 def test_tune_runs_the_workflow_and_prints_the_answer(tmp_path, tiny_moe, server_provenance):
     def tune():
@@ -210,6 +248,39 @@ def test_tune_runs_the_workflow_and_prints_the_answer(tmp_path, tiny_moe, server
     assert second.returncode == 0 and "Nothing to be done" in second.stderr
     assert {p: p.stat().st_mtime_ns for p in results.rglob("measure.json")} == records
     assert second.stdout.splitlines()[1] == lines[1]
+
+
+@pytest.mark.e2e
+def test_tune_tries_a_draft_model_and_n_gram_lookup_and_records_the_acceptance(tmp_path, tiny_moe, server_provenance):
+    """tune --draft MODEL --spec ngram-simple on this machine (#43 item 2): each configuration is measured with the
+    draft, with the n-gram lookup and with neither; the draft's rows carry how many tokens it drafted and the share
+    the model accepted (a copy of the model: all of them), and the answer is whichever finishes the request first."""
+    draft = tmp_path / "tiny-draft.gguf"
+    draft.write_bytes(tiny_moe.read_bytes())
+    proc = subprocess.run(
+        [sys.executable, "-m", "crashline", "tune", str(tiny_moe), "--ctx", "4096", "--prompt", "1024", "--gen", "64"]
+        + ["--ubatch", "512", "--draft", str(draft), "--spec", "ngram-simple", "--out", str(tmp_path / "t")],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    results = tmp_path / "t" / "results"
+    configs = pd.read_parquet(results / "tables" / "configs.parquet").set_index("config_id")
+    measurements = pd.read_parquet(results / "tables" / "measurements.parquet").set_index("config_id")
+    kinds = {
+        cid: tuple("" if pd.isna(v) else v for v in row[["s_draft_model", "s_spec_type"]])
+        for cid, row in configs.iterrows()
+    }
+    assert sorted(kinds.values()) == [("", ""), ("", "ngram-simple"), ("tiny-draft", "draft-simple")]
+    (with_draft,) = [cid for cid, kind in kinds.items() if kind[0]]
+    assert measurements.loc[with_draft, "draft_drafted"] > 0 and measurements.loc[with_draft, "draft_acceptance"] == 1
+    md = (results / "report.md").read_text()
+    assert "draft tokens accepted" in md and any(with_draft in line and "100% of" in line for line in md.splitlines())
+    (answer,) = json.loads((results / "recommendation.json").read_text())
+    best = measurements["e2e_tps_median"].max()
+    assert answer["winner"] in kinds and (answer["tie"] or measurements.loc[answer["winner"], "e2e_tps_median"] == best)
 
 
 @pytest.mark.e2e

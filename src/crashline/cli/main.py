@@ -155,6 +155,16 @@ def parser() -> argparse.ArgumentParser:
     )
     s.add_argument("--threads", help="the thread counts (-t) to try, e.g. 8,16 (default llama.cpp's own)")
     s.add_argument(
+        "--draft",
+        help="a draft model for speculative decoding (a GGUF path or source of a small model with the same "
+        "vocabulary): tried beside no draft, each its own search, recommended only where it wins",
+    )
+    s.add_argument(
+        "--spec",
+        help="llama.cpp's n-gram speculative decoding to try beside none, e.g. ngram-simple or ngram-mod,ngram-cache "
+        "(no second model)",
+    )
+    s.add_argument(
         "--time",
         help="the time the run may take, e.g. 15m: the searches then climb and start their finalists again only "
         "while a server start still ends within it, and say what they left out (default: no limit)",

@@ -124,6 +124,28 @@ def levers(ubatch: str | None, cache_type: str | None, threads: str | None) -> d
     return {"ubatch": list(ubatches), "cache_type": list(types), "threads": sorted(set(counts))}
 
 
+# llama.cpp's speculative decoding without a draft model (--spec-type, this build's --help): n-gram lookup in the
+# prompt and the reply so far
+NGRAM_SPEC_TYPES = ("ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache")
+
+
+def speculation(draft: str | None, spec: str | None) -> list[dict]:
+    """The speculative decoding ``tune`` tries beside none: ``--draft MODEL`` (a draft model, llama.cpp's
+    draft-simple) and ``--spec TYPE[,TYPE]`` (its n-gram lookups, no second model); each a variant of the settings
+    every configuration is tried with. ConfigError names the option and the value."""
+    variants: list[dict] = [{}]
+    if draft:
+        variants.append({"draft_model": model_source(draft)[0]})
+    for kind in dict.fromkeys(t.strip() for t in (spec or "").split(",") if t.strip()):
+        if kind not in NGRAM_SPEC_TYPES:
+            raise ConfigError(
+                f"--spec {spec!r}: {kind} is not an n-gram speculative decoding of llama.cpp; give some of "
+                f"{', '.join(NGRAM_SPEC_TYPES)} (a draft model goes to --draft)"
+            )
+        variants.append({"spec_type": kind})
+    return variants
+
+
 def config(
     model: str,
     ctx: int,
@@ -134,13 +156,18 @@ def config(
     on_gpu: bool = True,
     tried: dict | None = None,
     gen: int = GEN_TOKENS,
+    draft: str | None = None,
+    spec: str | None = None,
 ) -> dict:
     """The config ``tune`` runs: a search of n_cpu_moe per combination of the levers tried (``levers``: ubatch,
     KV cache type, threads) and --fit on per KV cache type, at ``ctx``, each without the host prompt cache
     (``NO_PROMPT_CACHE``), and --fit on with llama-server's default prompt cache beside them; the one workload asked
     about, ``prompt`` tokens (the objective); the budget. Without a GPU (``on_gpu`` False) every weight is in host
-    memory whatever n_cpu_moe and --fit say: only the levers' combinations are measured."""
+    memory whatever n_cpu_moe and --fit say: only the levers' combinations are measured. ``draft`` and ``spec``
+    (``speculation``) add variants with speculative decoding: each its own search (the draft's memory moves the
+    boundary) and its own --fit on without the prompt cache, recommended only where it wins the objective."""
     tried = tried or levers(None, None, None)
+    variants = speculation(draft, spec)
     if gen < 1:
         raise ConfigError(f"--gen {gen}: the reply must be at least 1 token")
     if prompt + gen > ctx:
@@ -160,11 +187,13 @@ def config(
         "name": f"prompt-{prompt}",
         "prompt_tokens": prompt,
         "gen_tokens": gen,
-        **({"decode_from": "resent"} if prompt >= RESENT_FROM else {}),
+        # not with n-gram lookups, some of which keep what earlier replies held: a re-sent prompt's reply is one
+        # they have seen, so they would draft it whole
+        **({"decode_from": "resent"} if prompt >= RESENT_FROM and not spec else {}),
     }
     configurations = []
-    for kv in tried["cache_type"]:
-        kv_settings = {} if kv == "f16" else {"cache_type_k": kv, "cache_type_v": kv}
+    for kv, variant in ((kv, v) for v in variants for kv in tried["cache_type"]):
+        kv_settings = {**({} if kv == "f16" else {"cache_type_k": kv, "cache_type_v": kv}), **variant}
         # the largest ubatch first: the fastest prefill, the likely winner of a long prompt, which the searches of
         # the smaller ones then race (prune: each stops once clearly slower than the best before it)
         ubatches = sorted(tried["ubatch"], reverse=True)
@@ -178,15 +207,20 @@ def config(
             configurations += [
                 {"settings": {**kv_settings, **NO_PROMPT_CACHE}, "grid": grid, "search": search},
                 {"settings": {**fit_on, **NO_PROMPT_CACHE}, **starts},  # the bar: llama.cpp's placement, the rest ours
-                # and llama-server --fit on with its own prompt cache (8192 MiB unless set), named in the command so
-                # that the two fit runs differ in what they say: what the cache costs
-                {"settings": {**fit_on, "cache_ram": DEFAULT_CACHE_RAM_MIB}, **starts},
             ]
+            if not variant:  # and llama-server --fit on with its own prompt cache (8192 MiB unless set), named in
+                # the command so that the two fit runs differ in what they say: what the cache costs
+                configurations.append({"settings": {**fit_on, "cache_ram": DEFAULT_CACHE_RAM_MIB}, **starts})
         else:
             configurations.append({"settings": {**kv_settings, **NO_PROMPT_CACHE}, "grid": grid})
+    drafts = {model_source(draft)[0]: {"source": model_source(draft)[1]}} if draft else {}
+    if name in drafts:
+        raise ConfigError(f"--draft {draft}: that is the model itself; give a smaller model of the same vocabulary")
+    if drafts:  # the draft is loaded beside the model, never tuned itself
+        configurations = [{"models": [name], **entry} for entry in configurations]
     raw = {
         "results_dir": str(out / "results"),
-        "models": {name: {"source": source}},
+        "models": {name: {"source": source}, **drafts},
         # llama.cpp clamps -ub to -b: a micro-batch above the default logical batch gets a batch as large
         "defaults": {"ctx": ctx, **({"batch": largest} if (largest := max(tried["ubatch"])) > DEFAULT_BATCH else {})},
         "configurations": configurations,
@@ -516,6 +550,8 @@ def tune(
     threads: str | None = None,
     gen: int | None = None,
     time_limit: str | None = None,
+    draft: str | None = None,
+    spec: str | None = None,
 ) -> list[str]:
     """Write the config, run the workflow (``run_folder``), return the answer's lines. ``gen``: the reply's length
     in tokens (default GEN_TOKENS); ``time_limit``: the run's time as typed (``--time 15m``)."""
@@ -524,7 +560,8 @@ def tune(
     margin_mib = parse_size_mib(margin, "--margin", minimum=0) if margin else None
     tried = levers(ubatch, cache_type, threads)
     on_gpu = _check_gpu(vram, gpu)
-    raw = config(model, ctx, prompt, vram_mib, margin_mib, out, on_gpu, tried, GEN_TOKENS if gen is None else gen)
+    gen = GEN_TOKENS if gen is None else gen
+    raw = config(model, ctx, prompt, vram_mib, margin_mib, out, on_gpu, tried, gen, draft, spec)
     if time_limit is not None:
         raw["time_limit_s"] = time_limit_s(time_limit)
     path = run_folder(raw, out, "tune", gpu)

@@ -240,6 +240,8 @@ def cmd_tune(args) -> int:
             args.threads,
             args.gen,
             args.time,
+            args.draft,
+            args.spec,
         )
     except TuneStopped as exc:
         print(exc, file=sys.stderr)

@@ -278,5 +278,6 @@ class JobInputs:
     rivals: tuple[dict, ...] = ()
 
     def records(self) -> JobInputs:
-        """The model's and the server's records alone: what a search's probes and recall checks read."""
-        return JobInputs(self.fetch_record, self.manifest, self.provenance)
+        """The model's and the server's records and the draft model's file alone: what a search's probes and recall
+        checks read."""
+        return JobInputs(self.fetch_record, self.manifest, self.provenance, self.draft_path)

@@ -100,9 +100,9 @@ class SearchNeedleSpec:
     objective: Objective
     margin_mib: int
     recall: Recall
+    draft_model: str | None = None  # the draft the search's candidates load beside the model, if any
     job: ClassVar[str] = "search_needle"
     KEYS: ClassVar[tuple[str, ...]] = ("model", "group", "objective", "margin_mib", "config")
-    draft_model: ClassVar[None] = None
 
     @property
     def id(self) -> str:
@@ -111,7 +111,7 @@ class SearchNeedleSpec:
     def to_dict(self) -> dict:
         return {
             "model": self.model,
-            "group": {"id": self.group_id},
+            "group": {"id": self.group_id, **({"draft_model": self.draft_model} if self.draft_model else {})},
             "objective": self.objective.as_dict(),
             "margin_mib": self.margin_mib,
             "config": self.recall.as_dict(self.model),
@@ -119,8 +119,15 @@ class SearchNeedleSpec:
 
     @classmethod
     def from_dict(cls, raw: dict) -> SearchNeedleSpec:
-        ((_, gid),) = raw["group"].items()
-        return cls(raw["model"], gid, Objective(**raw["objective"]), raw["margin_mib"], Recall.of(raw["config"]))
+        group = raw["group"]
+        return cls(
+            raw["model"],
+            group["id"],
+            Objective(**raw["objective"]),
+            raw["margin_mib"],
+            Recall.of(raw["config"]),
+            group.get("draft_model"),
+        )
 
     def run(self, inputs: JobInputs, outputs: dict) -> str:
         """Check recall of the search's candidates in order; ``outputs``: summary (the recall's), search (its

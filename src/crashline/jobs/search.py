@@ -77,11 +77,15 @@ class SearchSpec:
     measurement: Measurement
     job: ClassVar[str] = "search"
     KEYS: ClassVar[tuple[str, ...]] = ("model", "group", "config")
-    draft_model: ClassVar[None] = None
 
     @property
     def id(self) -> str:
         return self.group.id
+
+    @property
+    def draft_model(self) -> str | None:
+        """The draft model every probe loads beside the model, where the group holds one."""
+        return self.group.given.get("draft_model")
 
     def to_dict(self) -> dict:
         return {"model": self.model, "group": self.group.as_dict(self.model), "config": self.measurement.as_dict()}

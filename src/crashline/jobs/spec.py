@@ -137,8 +137,9 @@ def needle_spec(config: dict, model: str, cid: str) -> NeedleSpec:
 def search_needle_spec(config: dict, model: str, gid: str) -> SearchNeedleSpec:
     """What a search's recall check reads: the group's id, the objective its candidates are ordered by, the margin,
     and what a recall check reads of the config."""
+    draft = plan.find_search(config, model, gid)["given"].get("draft_model")
     return SearchNeedleSpec(
-        model, gid, search_objective(config), config["budget"]["margin_mib"], _recall(config, model)
+        model, gid, search_objective(config), config["budget"]["margin_mib"], _recall(config, model), draft
     )
 
 
