@@ -493,3 +493,18 @@ def test_a_users_template_runs_in_a_sandbox(tmp_path, real_tables, text, expecte
     configs, measurements = tables_for(claim, real_tables, STATS)
     with pytest.raises(TemplateError, match=re.escape(expected)):
         KP.section(claim, configs, measurements)
+
+
+def test_a_long_inconclusive_difference_wraps_under_its_number_in_the_html_table(mixed, real_tables):
+    """The default run's report on a busy machine: "inconclusive: other processes used 0.9 of 2 cores …" beside a
+    measured number in a right-aligned cell that never wraps made the correction table 2,313 px wide in Chromium
+    (test_workflow_e2e); the difference goes under the number, small, where it wraps between words."""
+    configs, measurements = tables_for(mixed, real_tables, STATS)
+    measurements.loc[measurements["config_id"] == mixed["rows"][1]["id"], "cpu_other_cores"] = 1.2
+    html = KP.section(mixed, configs, measurements, fmt="html")
+    cells = [c for c in re.findall(r"<td class=\"num\">(.*?)</td>", html) if "<span>inconclusive:</span>" in c]
+    assert cells
+    for cell in cells:
+        assert re.fullmatch(r"[^<]+,<br><small>(<span>[^<]+</span> )+<span>[^<]+</span></small>", cell), cell
+    md = KP.section(mixed, configs, measurements)
+    assert "n=3 ⚠, inconclusive: other processes used 1.2 of " in md  # upstream's Markdown: one line, as before

@@ -15,7 +15,7 @@ from ..tables.claims import METRICS, comparability, correction_table, pair_chang
 from ..config.claims import load_claims
 from ..core.thresholds import CONTENTION_CORES, HIGH_SPREAD_PCT
 from . import html, markdown, templates
-from .doc import Bullets, Cell, Code, Details, Link, Para, Section, Strong, Table
+from .doc import Bullets, Cell, Code, Details, Link, Para, Section, Strong, Stat, Table
 
 START_MARKER, END_MARKER = markdown.CORRECTION_START, markdown.CORRECTION_END
 TEMPLATE = "correction.md.j2"  # data/templates/: the section sent upstream, unless a claims file names its own
@@ -157,6 +157,14 @@ def _measured_cell(entry: dict) -> str:
     return f"{entry['measured_text']}, {entry['diff_text']}"
 
 
+def _measured_stat(entry: dict):
+    """The measured cell of the report's table: the difference (a long "inconclusive: …" where others competed) under
+    the number, where a table of them can wrap it (``_measured_cell`` on one line, as the template has it)."""
+    if entry["median"] is None:
+        return entry["measured_text"]
+    return Stat(f"{entry['measured_text']},", entry["diff_text"])
+
+
 def _template_row(row: dict, entries: dict) -> dict:
     """One published row as the template sees it: its cells by metric (claimed with its ±, measured with the
     difference) and the settings of its measurement."""
@@ -210,7 +218,9 @@ def _rows_table(rows: list[dict], metrics: list[dict]) -> Table:
         for m in metrics:
             cell, entry = r["cells"].get(m["key"]), r["entries"].get(m["key"])
             line += (
-                [cell["claimed"], Cell(cell["measured"], "fail" if entry["problem"] else None)] if cell else ["–", "–"]
+                [cell["claimed"], Cell(_measured_stat(entry), "fail" if entry["problem"] else None)]
+                if cell
+                else ["–", "–"]
             )
         cells.append(line + ([r["note"]] if notes else []))
     numeric = frozenset(range(2, 2 + 2 * len(metrics)))
