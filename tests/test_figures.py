@@ -386,3 +386,21 @@ def test_labels_of_points_on_one_spot_are_drawn_apart():
     boxes = [t.get_window_extent(renderer) for t in ax.texts]
     assert len(boxes) == 3
     assert not any(a.overlaps(b) for i, a in enumerate(boxes) for b in boxes[i + 1 :])
+
+
+def test_every_point_of_the_trade_off_figure_is_named(sweep):
+    """#41: a configuration one request at a time that another beats on both axes was drawn without a name (three of
+    five points in the default run's report); every point is named now, its label apart from the others'."""
+    configs, measurements = sweep
+    one = measurements[measurements["concurrency"] == 1]
+    slower = one.assign(
+        config_id=one["config_id"] + "-slow",
+        s_ubatch=64,
+        decode_tps_median=one["decode_tps_median"] / 2,
+        aggregate_tps_median=one["aggregate_tps_median"] / 2,
+    )
+    figs = F.figures(configs, pd.concat([measurements, slower]), None, BUDGET, OBJECTIVE)["moe-synthetic"]
+    pareto = by_kind(figs)["concurrency"]
+    shown = texts(pareto.svg)
+    assert [len(markers(pareto.svg, f"series-{i}")) for i in (0, 1)] == [4, 4]
+    assert sum(" at once, -np " in t for t in shown) == 8

@@ -372,9 +372,7 @@ def _concurrency(model: str, measurements: pd.DataFrame) -> list[Figure]:
             artist.set_gid(f"series-{len(series)}")
             series.append(label)
             front = _pareto(list(zip(xs, ys, strict=True)))
-            for (_, row), x, y in zip(data.iterrows(), xs, ys, strict=True):
-                if (x, y) not in front and int(row["concurrency"]) == 1:
-                    continue  # named where it matters (on the front, or several at once): long labels overlap
+            for (_, row), x, y in zip(data.iterrows(), xs, ys, strict=True):  # every point named (drawing._apart)
                 slots = setting_text("parallel", row[parallel]) if parallel in row else ""
                 text = ", ".join(t for t in (f"{int(row['concurrency'])} at once", slots) if t)
                 text += f", {settings_label(row, names)}" if names else ""
