@@ -11,7 +11,15 @@ from pathlib import Path
 import pandas as pd
 
 from .. import __version__
-from ..tables.claims import METRICS, comparability, correction_table, pair_changes, unverifiable, warning_notes
+from ..tables.claims import (
+    METRICS,
+    comparability,
+    correction_table,
+    mixed_settings,
+    pair_changes,
+    unverifiable,
+    warning_notes,
+)
 from ..config.claims import load_claims
 from ..core.thresholds import CONTENTION_CORES, HIGH_SPREAD_PCT
 from . import html, markdown, templates
@@ -157,9 +165,9 @@ def _measured_cell(entry: dict) -> str:
     return f"{entry['measured_text']}, {entry['diff_text']}"
 
 
-def _template_row(row: dict, entries: dict) -> dict:
+def _template_row(row: dict, entries: dict, mixed: dict) -> dict:
     """One published row as the template sees it: its cells by metric (claimed with its ±, measured with the
-    difference) and the settings of its measurement."""
+    difference), the settings of its measurement and what it mixes with the other rows (``mixed_settings``)."""
     first = next(iter(entries.values()))
     stated = ", ".join(f"{k}={v}" for k, v in first["stated"].items())
     return {
@@ -175,16 +183,17 @@ def _template_row(row: dict, entries: dict) -> dict:
         "build": first["build"],
         "host": first["host"],
         "not_comparable_with": first["not_comparable_with"],
+        "mixed": mixed["text"],
     }
 
 
 def _rows(claim: dict, table: list[dict]) -> list[dict]:
     """The published rows that have claimed numbers, each as ``_template_row`` makes it."""
-    rows = []
+    rows, mixed = [], {m["label"]: m for m in mixed_settings(claim["rows"])}
     for r in claim["rows"]:
         entries = {t["metric"]: t for t in table if t["row"] == r["index"]}
         if entries:
-            rows.append(_template_row(r, entries))
+            rows.append(_template_row(r, entries, mixed[r["label"]]))
     return rows
 
 
@@ -228,7 +237,7 @@ def _settings_lines(rows: list[dict]) -> list:
                 Code(r["settings"]),
                 " (config ",
                 Code(r["config_id"]),
-                f"){others}.",
+                f"){others}; mixed with the other rows: {r['mixed']}.",
             ]
         )
     lead = (

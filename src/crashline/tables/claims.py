@@ -130,6 +130,80 @@ def unverifiable(rows: list[dict]) -> list[dict]:
     return out
 
 
+# The settings a published table mixes most often (#42): each row names those it states differently from another row
+# and those it never states, so no two rows are set side by side over a setting the table left out without saying so.
+MIXED_SETTINGS = (
+    "ubatch",
+    "parallel",
+    "build",
+    "threads",
+    "depth",
+    "cache_type_k",
+    "cache_type_v",
+    "n_cpu_moe",
+    "n_gpu_layers",
+    "fit",
+    "load_mode",
+)
+_MIXED_TITLES = {"build": "build", "depth": "depth (tokens before decoding)", "parallel": "slots (-np)"}
+
+
+def mixed_title(name: str) -> str:
+    return _MIXED_TITLES.get(name) or setting_title(name)
+
+
+def _stated(row: dict, name: str) -> tuple[bool, Any]:
+    """Whether the table states ``name`` for the row, and the value it states. Depth is the context a decode speed
+    was measured after (the prompt; 0 after a one-token prompt), stated by the row's test; a row that claims no
+    decode speed has none (prefill starts from an empty context)."""
+    if name == "build":
+        return row.get("build") is not None, row.get("build")
+    if name == "depth":
+        decodes = any(m in row.get("claimed", {}) for m in ("decode_tps", "aggregate_tps"))
+        prompt = row["workload"]["prompt_tokens"]
+        return decodes, (prompt if prompt > 1 else 0) if decodes else None
+    return name in row["stated"], row["resolved"][name]
+
+
+def mixed_settings(rows: list[dict]) -> list[dict]:
+    """Per published row, what it mixes with the table's other rows: {"label", "differs": [{"setting", "title",
+    "value", "others": {label: value}}] (stated here and stated otherwise by another row), "unstated": [setting
+    names] (never stated for this row: the other rows may differ in it unseen), "text"}, over ``MIXED_SETTINGS``."""
+    rows = [_as_row(r) for r in rows]
+    known = {r["label"]: {n: _stated(r, n) for n in MIXED_SETTINGS if n != "depth" or _stated(r, n)[0]} for r in rows}
+    out = []
+    for r in rows:
+        mine, differs, unstated = known[r["label"]], [], []
+        for name, (said, value) in mine.items():
+            if not said:
+                unstated.append(name)
+                continue
+            others = {
+                o["label"]: show(name, known[o["label"]][name][1])
+                for o in rows
+                if name in known[o["label"]] and known[o["label"]][name][0] and known[o["label"]][name][1] != value
+            }
+            if others:
+                differs.append(
+                    {"setting": name, "title": mixed_title(name), "value": show(name, value), "others": others}
+                )
+        out.append(
+            {"label": r["label"], "differs": differs, "unstated": unstated, "text": _mixed_text(differs, unstated)}
+        )
+    return out
+
+
+def _mixed_text(differs: list[dict], unstated: list[str]) -> str:
+    parts = []
+    for d in differs:
+        values = list(dict.fromkeys(d["others"].values()))
+        where = next(iter(d["others"])) if len(d["others"]) == 1 else f"{len(d['others'])} other rows"
+        parts.append(f"{d['title']} {d['value']} here, {' / '.join(values)} in {where}")
+    if unstated:
+        parts.append("not stated: " + ", ".join(map(mixed_title, unstated)))
+    return "; ".join(parts) or "states every one of the settings tables mix, as the other rows do"
+
+
 def _as_row(item: dict) -> dict:
     """A claim row, from either a loaded claim's row or a ``claim_configurations`` item."""
     if "stated" in item:
