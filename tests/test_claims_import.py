@@ -245,7 +245,13 @@ def test_an_imported_table_publishes_a_diff_that_git_applies_and_a_second_run_re
     name = "llama-cpp-pr15952-build-line.md"
     imported(tmp_path, name)
     claims = tmp_path / f"{Path(name).stem}.yaml"
-    cfg = {"models": {"m": {}}, "defaults": {"threads": 2}, "claims": [str(claims)], "publish": {}}
+    cfg = {
+        "models": {"m": {}},
+        "defaults": {"threads": 2},
+        "claims": [str(claims)],
+        "publish": {},
+        "budget": {"margin_mib": 1024},
+    }
     pd.DataFrame(columns=["model", "config_id", "outcome"]).to_parquet(tmp_path / "configs.parquet")
     pd.DataFrame(columns=["model", "config_id"]).to_parquet(tmp_path / "measurements.parquet")
 

@@ -17,6 +17,7 @@ from ..tables.claims import (
     correction_table,
     mixed_settings,
     pair_changes,
+    survival,
     unverifiable,
     warning_notes,
 )
@@ -154,6 +155,19 @@ def _unverifiable(claim: dict) -> Para | None:
     return Para([Strong("Not stated, so not checkable:"), text])
 
 
+def _survival(claim: dict, configs: pd.DataFrame, measurements: pd.DataFrame) -> list:
+    """The rows whose notes say they crawled or crashed: did each survive at its settings with the margin?"""
+    checked = survival(claim, configs, measurements)
+    if not checked:
+        return []
+    lead = (
+        f" Their configurations ran every workload of this run and the row's own, and were checked as a "
+        f"recommendation is: every workload survived, with at least the {claim['margin_mib']:,} MiB margin left."
+    )
+    items = [f"{s['label']} (the table notes: {s['note']}): {s['text']}." for s in checked]
+    return [Para([Strong("Rows the table says crawled or crashed, re-measured for survival."), lead]), Bullets(items)]
+
+
 def _claimed_cell(entry: dict, row: dict) -> str:
     spread = row.get("claimed_spread", {}).get(entry["metric"])
     return entry["claimed_text"] + (f" ± {spread:,.1f}" if spread is not None else "")
@@ -256,6 +270,7 @@ def build(claim: dict, configs: pd.DataFrame, measurements: pd.DataFrame, level:
         _rows_table(rows, _metrics(table)),
         _warning(table),
         *_settings_lines(rows),
+        *_survival(claim, configs, measurements),
         *_comparability(claim, table),
         _unverifiable(claim),
     ]
@@ -265,11 +280,11 @@ def build(claim: dict, configs: pd.DataFrame, measurements: pd.DataFrame, level:
 
 def template_context(claim: dict, configs: pd.DataFrame, measurements: pd.DataFrame, level: int) -> dict:
     """What a correction template is given: the table's title and source, the metrics the rows claim, each row
-    (``_template_row``), and the paragraphs the package writes (``how``, ``warning``, ``comparability``,
+    (``_template_row``), and the paragraphs the package writes (``how``, ``warning``, ``survival``, ``comparability``,
     ``unstated``: Markdown already)."""
     table = correction_table([claim], configs, measurements)
     rows = _rows(claim, table)
-    warning, unstated = _warning(table), _unverifiable(claim)
+    warning, unstated, survived = _warning(table), _unverifiable(claim), _survival(claim, configs, measurements)
     source = {k: v for k, v in claim["source"].items() if k != "local_copy_path"}
     return {
         "heading": "#" * min(6, level),
@@ -280,6 +295,7 @@ def template_context(claim: dict, configs: pd.DataFrame, measurements: pd.DataFr
         "any_note": any(r["note"] for r in rows),
         "how": markdown.block(_how(claim, _facts(claim, table, configs))),
         "warning": markdown.block(warning) if warning else "",
+        "survival": markdown.block(survived),
         "comparability": markdown.block(_comparability(claim, table)),
         "unstated": markdown.block(unstated) if unstated else "",
     }

@@ -16,6 +16,7 @@ import pandas as pd
 from ..core import settings as settings_mod
 from ..config.claims import SPEED_SETTINGS, WORKLOAD_KEYS
 from ..core.thresholds import inconclusive, missing, shared, too_wide
+from .recommend import TIGHT, below_margin, failure_reason
 
 # What each claimed number is compared with: per request, or all requests together.
 METRICS = {
@@ -403,6 +404,47 @@ def _measured(entry: dict, hit) -> None:
         measured_text=f"{_fmt(med)} [{_fmt(lo)}–{_fmt(hi)}] n={n}" + (" ⚠" if warnings else ""),
         diff_text=doubt or f"{pct:+.1f}%" + (" (within range)" if within else ""),
     )
+
+
+def _headroom(cfg) -> list[str]:
+    """The headroom a configuration left to each budget it measured: "N MiB VRAM headroom"."""
+    return [
+        f"{cfg[column]:,.0f} MiB {what} headroom"
+        for column, what in TIGHT
+        if cfg.get(column) is not None and not pd.isna(cfg[column])
+    ]
+
+
+def survival(claim: dict, configs: pd.DataFrame, measurements: pd.DataFrame) -> list[dict]:
+    """The rows whose own notes say they crawled, crashed or failed (``config.claims.says_failed``), re-measured for
+    survival with the run's margin as the recommendation checks it (``tables.recommend.below_margin``): their
+    configuration ran every workload of the config and the row's own. Each: {"label", "note", "survived" (True,
+    False, None when not measured yet), "text"}."""
+    out = []
+    margin = claim["margin_mib"]
+    for row in (r for r in claim["rows"] if r["says_failed"]):
+        cfg = _config_row(configs, claim["model"], row["id"])
+        hit, problem = _measured_row(row, claim["model"], configs, measurements)
+        if cfg is None:
+            survived, text = None, f"not measured yet: no record of configuration {row['id']} (run the workflow)"
+        elif cfg["outcome"] != "ok":
+            survived = False
+            text = "did not survive at the claimed settings: " + failure_reason(
+                cfg["outcome"], cfg["phase"], cfg["message"]
+            )
+        elif hit is not None and hit["workload_outcome"] != "ok":
+            survived, text = False, f"survived the config's workloads, but not its own: {problem}"
+        elif below_margin(cfg, margin):
+            survived = False
+            text = f"survived, but with {' and '.join(below_margin(cfg, margin))}, less than the {margin:,} MiB margin"
+        elif not _headroom(cfg):
+            survived = None  # no budget to leave a margin to: this run cannot say
+            text = f"survived at the claimed settings; no memory budget was measured against the {margin:,} MiB margin"
+        else:
+            survived = True
+            text = f"survived at the claimed settings with the {margin:,} MiB margin ({' and '.join(_headroom(cfg))})"
+        out.append({"label": row["label"], "note": row["note"], "survived": survived, "text": text})
+    return out
 
 
 def correction_table(claims: list[dict], configs: pd.DataFrame, measurements: pd.DataFrame) -> list[dict]:
