@@ -508,3 +508,63 @@ def test_a_long_inconclusive_difference_wraps_under_its_number_in_the_html_table
         assert re.fullmatch(r"[^<]+,<br><small>(<span>[^<]+</span> )+<span>[^<]+</span></small>", cell), cell
     md = KP.section(mixed, configs, measurements)
     assert "n=3 ⚠, inconclusive: other processes used 1.2 of " in md  # upstream's Markdown: one line, as before
+
+
+def test_rows_whose_notes_say_they_failed_are_checked_for_survival_with_the_margin(tmp_path, real_tables):
+    # the notes column of a hand-made table, as import reads it: "crawled, then OOM" asks for a survival check
+    from crashline.config import claims_import as CI
+
+    (tmp_path / "README.md").write_text(
+        "## Speed\n\n| -ub | PP512 (t/s) | TG128 (t/s) | Notes |\n|---|---|---|---|\n"
+        "| 512 | 100.5 | 10.2 | picked |\n| 2048 | 150.0 | 3.1 | crawled, then OOM |\n"
+    )
+    CI.import_claims(str(tmp_path / "README.md"), tmp_path / "theirs.yaml", model="m")
+    imported = K.load_claims([tmp_path / "theirs.yaml"], run_config())[0]
+    assert [(r["label"], r["says_failed"]) for r in imported["rows"] if r["says_failed"]] == [
+        ("-ub 2048, pp512", True),
+        ("-ub 2048, tg128", True),
+    ]
+
+    def noted(raw):
+        raw["rows"][0]["note"] = "crawled at 2 t/s"
+        raw["rows"][1]["note"] = "crashed (out of memory) with 2 slots"
+        raw["rows"][2]["note"] = "the one we picked"
+
+    claim = K.load_claims([write_claims(tmp_path, noted)], run_config())[0]
+    assert claim["margin_mib"] == 1024 and [r["says_failed"] for r in claim["rows"]] == [True, True, False]
+
+    def checked(headroom: float, host: float | None = None) -> dict:
+        configs, measurements = tables_for(claim, real_tables, STATS, failed={1: ("oom", "load")})
+        configs["headroom_mib"], configs["host_headroom_mib"] = headroom, host
+        return {s["label"]: s for s in KC.survival(claim, configs, measurements)}, configs, measurements
+
+    roomy, configs, measurements = checked(1524.0)
+    assert set(roomy) == {"ub 512", "ub 128"}  # "the one we picked" asks for nothing
+    assert roomy["ub 512"]["survived"] is True
+    assert (
+        roomy["ub 512"]["text"]
+        == "survived at the claimed settings with the 1,024 MiB margin (1,524 MiB VRAM headroom)"
+    )
+    assert roomy["ub 128"]["survived"] is False
+    assert roomy["ub 128"]["text"] == "did not survive at the claimed settings: oom at load: out of memory"
+    tight = checked(100.0)[0]["ub 512"]
+    assert tight["survived"] is False and "100 MiB VRAM headroom, less than the 1,024 MiB margin" in tight["text"]
+    host = checked(float("nan"), 300.0)[0]["ub 512"]  # no GPU: the host budget's headroom, checked the same way
+    assert host["survived"] is False and "300 MiB host memory headroom" in host["text"]
+    unmeasured = checked(float("nan"), float("nan"))[0]["ub 512"]
+    assert unmeasured["survived"] is None and "no memory budget was measured" in unmeasured["text"]
+    measurements.loc[measurements["config_id"] == claim["rows"][0]["id"], "workload_outcome"] = "server_crashed"
+    own = {s["label"]: s for s in KC.survival(claim, configs, measurements)}["ub 512"]
+    assert own["survived"] is False and own["text"].startswith("survived the config's workloads, but not its own")
+    # in the section sent upstream and in the report's part
+    md = " ".join(KP.section(claim, configs, measurements).split())
+    assert "**Rows the table says crawled or crashed, re-measured for survival.**" in md
+    assert (
+        "- ub 128 (the table notes: crashed (out of memory) with 2 slots): did not survive at the claimed settings: "
+        "oom at load: out of memory." in md
+    )
+    assert "the one we picked):" not in md
+    from crashline.report import html
+
+    report = html.block(KP.build(claim, configs, measurements))
+    assert "did not survive at the claimed settings: oom at load: out of memory." in report

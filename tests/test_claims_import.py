@@ -245,7 +245,13 @@ def test_an_imported_table_publishes_a_diff_that_git_applies_and_a_second_run_re
     name = "llama-cpp-pr15952-build-line.md"
     imported(tmp_path, name)
     claims = tmp_path / f"{Path(name).stem}.yaml"
-    cfg = {"models": {"m": {}}, "defaults": {"threads": 2}, "claims": [str(claims)], "publish": {}}
+    cfg = {
+        "models": {"m": {}},
+        "defaults": {"threads": 2},
+        "claims": [str(claims)],
+        "publish": {},
+        "budget": {"margin_mib": 1024},
+    }
     pd.DataFrame(columns=["model", "config_id", "outcome"]).to_parquet(tmp_path / "configs.parquet")
     pd.DataFrame(columns=["model", "config_id"]).to_parquet(tmp_path / "measurements.parquet")
 
@@ -288,3 +294,73 @@ def test_a_llama_bench_command_above_gives_the_lengths_its_columns_do_not():
         "n_cpu_moe": 8,  # the row's column; the command's 8,16 states nothing alone
     }
     assert any("-ncmoe 8,16: several values" in line for line in result.lines)
+
+
+def _known(row: dict, name: str):
+    """What the imported claims row itself says of ``name`` (None: not stated), read from the file, not the loader."""
+    if name == "build":
+        return row.get("build")
+    if name == "depth":  # the context a decode speed was measured after; prefill starts from none
+        decodes = "decode_tps" in row["claimed"] or "aggregate_tps" in row["claimed"]
+        return (row["workload"]["prompt_tokens"] if row["workload"]["prompt_tokens"] > 1 else 0) if decodes else None
+    return row["stated"].get(name)
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in REAL.glob("*.md")))
+def test_every_mixed_or_unstated_setting_is_named_per_row(tmp_path, name):
+    # Each committed real table: every row names the settings it states differently from another row and those it
+    # never states, in the analysis, in the Markdown sent upstream and in the report's part.
+    import pandas as pd
+
+    from html import escape
+
+    from crashline.report import correction, html, templates
+    from crashline.tables import claims as KC
+
+    try:
+        _, content = imported(tmp_path, name)
+    except CI.ImportRefused:
+        return  # no row to claim (each such table has its own test above): nothing set side by side
+    claim = K.load_claims([tmp_path / f"{Path(name).stem}.yaml"], run_config())[0]
+    analysis = {m["label"]: m for m in KC.mixed_settings(claim["rows"])}
+    none = pd.DataFrame()
+    md = correction.section(claim, none, none)
+    report = html.block(correction.build(claim, none, none))  # the report's part, without the Markdown it folds away
+    for row in content["rows"]:
+        mine = analysis[row["label"]]
+        depth = _known(row, "depth") is not None
+        names = [n for n in KC.MIXED_SETTINGS if n != "depth" or depth]
+        unstated = {n for n in names if _known(row, n) is None}
+        differs = {
+            n
+            for n in names
+            if _known(row, n) is not None
+            and any(_known(o, n) not in (None, _known(row, n)) for o in content["rows"] if o is not row)
+        }
+        assert set(mine["unstated"]) == unstated, row["label"]
+        assert {d["setting"] for d in mine["differs"]} == differs, row["label"]
+        for n in unstated | differs:
+            assert KC.mixed_title(n) in mine["text"], (row["label"], n)
+        line = next(x for x in md.splitlines() if x.startswith(f"- {templates.md(row['label'])}: stated"))
+        assert f"mixed with the other rows: {templates.md(mine['text'])}." in line
+        assert f"mixed with the other rows: {escape(mine['text'], quote=False)}." in report
+
+
+def test_what_each_real_table_mixes(tmp_path):
+    # what a reader of each table sees at once: threads per row, three builds, a depth, a build line for both rows
+    def analysis(name: str) -> dict:
+        return {m["label"]: m for m in KC.mixed_settings(loaded(tmp_path, name)["rows"])}
+
+    from crashline.tables import claims as KC
+
+    threads = analysis("llama-bench-threads.md")
+    assert all([d["setting"] for d in m["differs"]] == ["threads"] for m in threads.values())
+    assert threads["threads 8, pp64"]["text"].startswith("threads (-t) 8 here, 1 / 2 / 4 / 16 / 32 in 10 other rows")
+    builds = analysis("ik-llama-issue2199-builds.md")
+    assert all([d["setting"] for d in m["differs"]] == ["build"] for m in builds.values())
+    assert all({"ubatch", "threads", "n_cpu_moe", "fit", "load_mode"} <= set(m["unstated"]) for m in builds.values())
+    depth = analysis("llama-bench-depth.md")
+    assert depth["tg128 @ d512"]["differs"][0]["others"] == {"tg128": "0"}
+    assert depth["pp512"]["differs"] == [] and "build" in depth["pp512"]["unstated"]
+    line = analysis("llama-cpp-pr15952-build-line.md")
+    assert all(m["differs"] == [] and not {"build", "n_gpu_layers"} & set(m["unstated"]) for m in line.values())

@@ -223,7 +223,13 @@ def test_token_is_never_written(tmp_path):
 def test_run_writes_every_claim_from_the_tables(tmp_path):
     """The publish verb's function, on empty tables: the section says what is not measured yet."""
     claim = claim_for(tmp_path)
-    cfg = {"models": {"m": {}}, "defaults": {"threads": 2}, "claims": [claim["path"]], "publish": {}}
+    cfg = {
+        "models": {"m": {}},
+        "defaults": {"threads": 2},
+        "claims": [claim["path"]],
+        "publish": {},
+        "budget": {"margin_mib": 1024},
+    }
     empty = pd.DataFrame(columns=["model", "config_id", "outcome"])
     empty.to_parquet(tmp_path / "configs.parquet")
     pd.DataFrame(columns=["model", "config_id"]).to_parquet(tmp_path / "measurements.parquet")

@@ -327,7 +327,7 @@ def test_local_copy_outside_the_claims_folder_is_refused(tmp_path):
     raw = yaml.safe_load((FIXTURES / "claims" / "mixed.yaml").read_text())
     raw["source"].update(local_copy="../secret.md", anchor=None)
     (folder / "c.yaml").write_text(yaml.safe_dump(raw))
-    cfg = {"models": {"m": {"source": "file:/x.gguf"}}, "defaults": {}}
+    cfg = {"models": {"m": {"source": "file:/x.gguf"}}, "defaults": {}, "budget": {"margin_mib": 1024}}
     claim = K.load_claims([folder / "c.yaml"], cfg)[0]
     with pytest.raises(P.PublishError, match="source.local_copy = '../secret.md' resolves to .*, outside"):
         P.write_publication(claim, section(), tmp_path / "out")

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import copy
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +51,9 @@ SPEED_SETTINGS = (
     "fit",  # llama.cpp's own placement (-fit on) moves layers and context
     "load_mode",  # mmap or not (--no-mmap, -lm): the weights read from the page cache or held in memory
 )
+# A row whose own notes say it did not run well at its settings (it crawled, crashed, ran out of memory, failed) is
+# re-measured for survival with the margin, not only for speed (tables.claims.survival).
+FAILURE_WORDS = re.compile(r"\b(crawl|crash|oom|out of memory|fail|segfault|killed|abort|hang|hung|froze|freez)", re.I)
 SOURCE_DEFAULTS = {
     "revision": None,
     "file": "README.md",
@@ -149,6 +153,7 @@ def _row(j: int, row: dict, claim: dict, path: Path, run_defaults: dict, models)
         "claimed": dict(row["claimed"]),
         "claimed_spread": dict(row.get("claimed_spread") or {}),
         "note": row.get("note"),
+        "says_failed": says_failed(row.get("note")),
         "stated": stated,
         "unknown": unknown,
         "build": build,
@@ -158,6 +163,11 @@ def _row(j: int, row: dict, claim: dict, path: Path, run_defaults: dict, models)
         "id": settings_mod.config_id(claim["model"], resolved),
         "assumed": assumed,
     }
+
+
+def says_failed(note: str | None) -> bool:
+    """Whether a row's note says it crawled, crashed, ran out of memory or failed at its settings."""
+    return bool(note and FAILURE_WORDS.search(note))
 
 
 def _check_label(labels: list[str], j: int, path: Path) -> None:
@@ -200,6 +210,8 @@ def _load_one(path: Path, config: dict, schema: dict) -> dict:
         "model": claim["model"],
         "build": claim.get("build"),
         "defaults": claim_defaults,
+        # the run's margin: a row whose notes say it failed is checked for survival with it (tables.claims.survival)
+        "margin_mib": config["budget"]["margin_mib"],
         "rows": _rows(claim, path, config.get("defaults") or {}, models),
     }
 

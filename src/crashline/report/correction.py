@@ -11,7 +11,16 @@ from pathlib import Path
 import pandas as pd
 
 from .. import __version__
-from ..tables.claims import METRICS, comparability, correction_table, pair_changes, unverifiable, warning_notes
+from ..tables.claims import (
+    METRICS,
+    comparability,
+    correction_table,
+    mixed_settings,
+    pair_changes,
+    survival,
+    unverifiable,
+    warning_notes,
+)
 from ..config.claims import load_claims
 from ..core.thresholds import CONTENTION_CORES, HIGH_SPREAD_PCT
 from . import html, markdown, templates
@@ -146,6 +155,19 @@ def _unverifiable(claim: dict) -> Para | None:
     return Para([Strong("Not stated, so not checkable:"), text])
 
 
+def _survival(claim: dict, configs: pd.DataFrame, measurements: pd.DataFrame) -> list:
+    """The rows whose notes say they crawled or crashed: did each survive at its settings with the margin?"""
+    checked = survival(claim, configs, measurements)
+    if not checked:
+        return []
+    lead = (
+        f" Their configurations ran every workload of this run and the row's own, and were checked as a "
+        f"recommendation is: every workload survived, with at least the {claim['margin_mib']:,} MiB margin left."
+    )
+    items = [f"{s['label']} (the table notes: {s['note']}): {s['text']}." for s in checked]
+    return [Para([Strong("Rows the table says crawled or crashed, re-measured for survival."), lead]), Bullets(items)]
+
+
 def _claimed_cell(entry: dict, row: dict) -> str:
     spread = row.get("claimed_spread", {}).get(entry["metric"])
     return entry["claimed_text"] + (f" ± {spread:,.1f}" if spread is not None else "")
@@ -165,9 +187,9 @@ def _measured_stat(entry: dict):
     return Stat(f"{entry['measured_text']},", entry["diff_text"])
 
 
-def _template_row(row: dict, entries: dict) -> dict:
+def _template_row(row: dict, entries: dict, mixed: dict) -> dict:
     """One published row as the template sees it: its cells by metric (claimed with its ±, measured with the
-    difference) and the settings of its measurement."""
+    difference), the settings of its measurement and what it mixes with the other rows (``mixed_settings``)."""
     first = next(iter(entries.values()))
     stated = ", ".join(f"{k}={v}" for k, v in first["stated"].items())
     return {
@@ -183,16 +205,17 @@ def _template_row(row: dict, entries: dict) -> dict:
         "build": first["build"],
         "host": first["host"],
         "not_comparable_with": first["not_comparable_with"],
+        "mixed": mixed["text"],
     }
 
 
 def _rows(claim: dict, table: list[dict]) -> list[dict]:
     """The published rows that have claimed numbers, each as ``_template_row`` makes it."""
-    rows = []
+    rows, mixed = [], {m["label"]: m for m in mixed_settings(claim["rows"])}
     for r in claim["rows"]:
         entries = {t["metric"]: t for t in table if t["row"] == r["index"]}
         if entries:
-            rows.append(_template_row(r, entries))
+            rows.append(_template_row(r, entries, mixed[r["label"]]))
     return rows
 
 
@@ -238,7 +261,7 @@ def _settings_lines(rows: list[dict]) -> list:
                 Code(r["settings"]),
                 " (config ",
                 Code(r["config_id"]),
-                f"){others}.",
+                f"){others}; mixed with the other rows: {r['mixed']}.",
             ]
         )
     lead = (
@@ -257,6 +280,7 @@ def build(claim: dict, configs: pd.DataFrame, measurements: pd.DataFrame, level:
         _rows_table(rows, _metrics(table)),
         _warning(table),
         *_settings_lines(rows),
+        *_survival(claim, configs, measurements),
         *_comparability(claim, table),
         _unverifiable(claim),
     ]
@@ -266,11 +290,11 @@ def build(claim: dict, configs: pd.DataFrame, measurements: pd.DataFrame, level:
 
 def template_context(claim: dict, configs: pd.DataFrame, measurements: pd.DataFrame, level: int) -> dict:
     """What a correction template is given: the table's title and source, the metrics the rows claim, each row
-    (``_template_row``), and the paragraphs the package writes (``how``, ``warning``, ``comparability``,
+    (``_template_row``), and the paragraphs the package writes (``how``, ``warning``, ``survival``, ``comparability``,
     ``unstated``: Markdown already)."""
     table = correction_table([claim], configs, measurements)
     rows = _rows(claim, table)
-    warning, unstated = _warning(table), _unverifiable(claim)
+    warning, unstated, survived = _warning(table), _unverifiable(claim), _survival(claim, configs, measurements)
     source = {k: v for k, v in claim["source"].items() if k != "local_copy_path"}
     return {
         "heading": "#" * min(6, level),
@@ -281,6 +305,7 @@ def template_context(claim: dict, configs: pd.DataFrame, measurements: pd.DataFr
         "any_note": any(r["note"] for r in rows),
         "how": markdown.block(_how(claim, _facts(claim, table, configs))),
         "warning": markdown.block(warning) if warning else "",
+        "survival": markdown.block(survived),
         "comparability": markdown.block(_comparability(claim, table)),
         "unstated": markdown.block(unstated) if unstated else "",
     }

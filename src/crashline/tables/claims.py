@@ -16,6 +16,7 @@ import pandas as pd
 from ..core import settings as settings_mod
 from ..config.claims import SPEED_SETTINGS, WORKLOAD_KEYS
 from ..core.thresholds import inconclusive, missing, shared, too_wide
+from .recommend import TIGHT, below_margin, failure_reason
 
 # What each claimed number is compared with: per request, or all requests together.
 METRICS = {
@@ -128,6 +129,80 @@ def unverifiable(rows: list[dict]) -> list[dict]:
             }
         )
     return out
+
+
+# The settings a published table mixes most often (#42): each row names those it states differently from another row
+# and those it never states, so no two rows are set side by side over a setting the table left out without saying so.
+MIXED_SETTINGS = (
+    "ubatch",
+    "parallel",
+    "build",
+    "threads",
+    "depth",
+    "cache_type_k",
+    "cache_type_v",
+    "n_cpu_moe",
+    "n_gpu_layers",
+    "fit",
+    "load_mode",
+)
+_MIXED_TITLES = {"build": "build", "depth": "depth (tokens before decoding)", "parallel": "slots (-np)"}
+
+
+def mixed_title(name: str) -> str:
+    return _MIXED_TITLES.get(name) or setting_title(name)
+
+
+def _stated(row: dict, name: str) -> tuple[bool, Any]:
+    """Whether the table states ``name`` for the row, and the value it states. Depth is the context a decode speed
+    was measured after (the prompt; 0 after a one-token prompt), stated by the row's test; a row that claims no
+    decode speed has none (prefill starts from an empty context)."""
+    if name == "build":
+        return row.get("build") is not None, row.get("build")
+    if name == "depth":
+        decodes = any(m in row.get("claimed", {}) for m in ("decode_tps", "aggregate_tps"))
+        prompt = row["workload"]["prompt_tokens"]
+        return decodes, (prompt if prompt > 1 else 0) if decodes else None
+    return name in row["stated"], row["resolved"][name]
+
+
+def mixed_settings(rows: list[dict]) -> list[dict]:
+    """Per published row, what it mixes with the table's other rows: {"label", "differs": [{"setting", "title",
+    "value", "others": {label: value}}] (stated here and stated otherwise by another row), "unstated": [setting
+    names] (never stated for this row: the other rows may differ in it unseen), "text"}, over ``MIXED_SETTINGS``."""
+    rows = [_as_row(r) for r in rows]
+    known = {r["label"]: {n: _stated(r, n) for n in MIXED_SETTINGS if n != "depth" or _stated(r, n)[0]} for r in rows}
+    out = []
+    for r in rows:
+        mine, differs, unstated = known[r["label"]], [], []
+        for name, (said, value) in mine.items():
+            if not said:
+                unstated.append(name)
+                continue
+            others = {
+                o["label"]: show(name, known[o["label"]][name][1])
+                for o in rows
+                if name in known[o["label"]] and known[o["label"]][name][0] and known[o["label"]][name][1] != value
+            }
+            if others:
+                differs.append(
+                    {"setting": name, "title": mixed_title(name), "value": show(name, value), "others": others}
+                )
+        out.append(
+            {"label": r["label"], "differs": differs, "unstated": unstated, "text": _mixed_text(differs, unstated)}
+        )
+    return out
+
+
+def _mixed_text(differs: list[dict], unstated: list[str]) -> str:
+    parts = []
+    for d in differs:
+        values = list(dict.fromkeys(d["others"].values()))
+        where = next(iter(d["others"])) if len(d["others"]) == 1 else f"{len(d['others'])} other rows"
+        parts.append(f"{d['title']} {d['value']} here, {' / '.join(values)} in {where}")
+    if unstated:
+        parts.append("not stated: " + ", ".join(map(mixed_title, unstated)))
+    return "; ".join(parts) or "states every one of the settings tables mix, as the other rows do"
 
 
 def _as_row(item: dict) -> dict:
@@ -329,6 +404,47 @@ def _measured(entry: dict, hit) -> None:
         measured_text=f"{_fmt(med)} [{_fmt(lo)}–{_fmt(hi)}] n={n}" + (" ⚠" if warnings else ""),
         diff_text=doubt or f"{pct:+.1f}%" + (" (within range)" if within else ""),
     )
+
+
+def _headroom(cfg) -> list[str]:
+    """The headroom a configuration left to each budget it measured: "N MiB VRAM headroom"."""
+    return [
+        f"{cfg[column]:,.0f} MiB {what} headroom"
+        for column, what in TIGHT
+        if cfg.get(column) is not None and not pd.isna(cfg[column])
+    ]
+
+
+def survival(claim: dict, configs: pd.DataFrame, measurements: pd.DataFrame) -> list[dict]:
+    """The rows whose own notes say they crawled, crashed or failed (``config.claims.says_failed``), re-measured for
+    survival with the run's margin as the recommendation checks it (``tables.recommend.below_margin``): their
+    configuration ran every workload of the config and the row's own. Each: {"label", "note", "survived" (True,
+    False, None when not measured yet), "text"}."""
+    out = []
+    margin = claim["margin_mib"]
+    for row in (r for r in claim["rows"] if r["says_failed"]):
+        cfg = _config_row(configs, claim["model"], row["id"])
+        hit, problem = _measured_row(row, claim["model"], configs, measurements)
+        if cfg is None:
+            survived, text = None, f"not measured yet: no record of configuration {row['id']} (run the workflow)"
+        elif cfg["outcome"] != "ok":
+            survived = False
+            text = "did not survive at the claimed settings: " + failure_reason(
+                cfg["outcome"], cfg["phase"], cfg["message"]
+            )
+        elif hit is not None and hit["workload_outcome"] != "ok":
+            survived, text = False, f"survived the config's workloads, but not its own: {problem}"
+        elif below_margin(cfg, margin):
+            survived = False
+            text = f"survived, but with {' and '.join(below_margin(cfg, margin))}, less than the {margin:,} MiB margin"
+        elif not _headroom(cfg):
+            survived = None  # no budget to leave a margin to: this run cannot say
+            text = f"survived at the claimed settings; no memory budget was measured against the {margin:,} MiB margin"
+        else:
+            survived = True
+            text = f"survived at the claimed settings with the {margin:,} MiB margin ({' and '.join(_headroom(cfg))})"
+        out.append({"label": row["label"], "note": row["note"], "survived": survived, "text": text})
+    return out
 
 
 def correction_table(claims: list[dict], configs: pd.DataFrame, measurements: pd.DataFrame) -> list[dict]:

@@ -34,7 +34,7 @@ def _natural(text: str) -> list:
 TIGHT = (("headroom_mib", "VRAM"), ("host_headroom_mib", "host memory"))  # each budget's headroom column
 
 
-def _tight(row, margin_mib: int) -> list[str]:
+def below_margin(row, margin_mib: int) -> list[str]:
     """The budgets (VRAM, host memory) a survivor's headroom to is below the margin, as "N MiB VRAM headroom"."""
     out = []
     for column, what in TIGHT:
@@ -73,7 +73,7 @@ def _short_lived(row, must_survive_h: float | None, margin_mib: int = 0) -> str 
 
 
 def _too_tight(row, margin_mib: int) -> bool:
-    return bool(_tight(row, margin_mib))
+    return bool(below_margin(row, margin_mib))
 
 
 def _cold(row) -> bool:
@@ -257,7 +257,7 @@ def recommend(
                         "label": label,
                         "failed": True,
                         "risky": True,  # not eligible, yet it survived: no failure colour
-                        "reason": f"risky: survived with {' and '.join(_tight(row, margin_mib))}, "
+                        "reason": f"risky: survived with {' and '.join(below_margin(row, margin_mib))}, "
                         f"less than the {margin_mib} MiB margin",
                     }
                 )
