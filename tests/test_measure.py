@@ -557,6 +557,9 @@ class _Peaks:
     def phase(self, name: str) -> None:
         self.peaks[name] = {"gpu_mib": self.gpu_mib}
 
+    def quiet(self, wait_s: float) -> None:
+        return None  # the CPU cannot be read: no wait
+
 
 def test_a_search_probe_under_the_margin_after_its_warm_up_skips_its_timed_repetitions(
     tiny_moe, server_provenance, tmp_path

@@ -11,6 +11,10 @@ HIGH_SPREAD_PCT = 10.0  # (max - min) / median above this, in %: the median alon
 # 2-core machine quiet runs read 0.03-0.13 cores (bench/results/contention-threshold/), runs beside a build or a
 # browser 0.9-1.4 (issue #41): 0.3 is over twice the quiet maximum and a third of the lowest contended reading.
 CONTENTION_CORES = 0.3
+# How long a server start waits, at most, for other processes to fall under CONTENTION_CORES before its timed requests
+# (telemetry.Sampler.quiet): a burst (a browser tab, an editor's indexer, a test beside it) passes in seconds, a build
+# does not; after one wait that found no quiet stretch, the start measures at once and its rows say contended.
+QUIET_WAIT_S = 30.0
 
 
 def missing(value) -> bool:

@@ -26,6 +26,7 @@ from pathlib import Path
 
 import pandas as pd
 import psutil
+from ..core.thresholds import CONTENTION_CORES
 from ..core.units import MIB
 
 
@@ -339,6 +340,32 @@ class Sampler:
         machine = psutil.cpu_times()
         own = t.user + t.system + t.children_user + t.children_system
         return time.monotonic(), busy_seconds(machine), own, getattr(machine, "steal", 0.0)
+
+    def quiet(self, wait_s: float, step_s: float = 1.0) -> dict | None:
+        """Wait, ``wait_s`` at most, for a stretch of ``step_s`` in which other processes (the machine less the server
+        and its threads) use at most CONTENTION_CORES cores: a measurement then starts on a quiet machine where the
+        load was a burst. The phase's CPU figures then count from the end of the wait. Returns what it found
+        ({"waited_s", "other_cores" of the last stretch, "quiet"}), or None where the CPU cannot be read. The first
+        stretch is the phase so far (the warm-up): a quiet one costs no wait."""
+        waited, start, first = 0.0, self._cpu_start, True
+        while True:
+            end = self._cpu_mark()
+            if start is None or end is None:
+                return None
+            wall = end[0] - start[0]
+            others = max(0.0, ((end[1] - start[1]) - (end[2] - start[2])) / wall) if wall > 0.2 else None
+            waited += 0.0 if first else wall
+            first = False
+            if others is not None and (others <= CONTENTION_CORES or waited >= wait_s):
+                with self._lock:  # the phase's CPU figures count from here: the timed requests, not the wait
+                    self._cpu_start = self._cpu_mark()
+                return {
+                    "waited_s": round(waited, 1),
+                    "other_cores": round(others, 2),
+                    "quiet": others <= CONTENTION_CORES,
+                }
+            start = end
+            time.sleep(step_s)
 
     def _run(self) -> None:
         while True:

@@ -17,6 +17,7 @@ from . import conversations as conv
 from . import soak as soak_mod
 from ..core import progress
 from ..core.records import Outcome
+from ..core.thresholds import QUIET_WAIT_S
 from ..engine.server import ServerProcess
 from ..engine.telemetry import Sampler
 from ..engine.workloads import (
@@ -252,6 +253,16 @@ def _under_margin(sampler, workload: dict, limit_mib: float | None, margin_mib: 
     )
 
 
+def quiet_text(found: dict) -> str:
+    """What a wait for a quiet machine found (``telemetry.Sampler.quiet``), as the console says it."""
+    if found["quiet"]:
+        return f"waited {found['waited_s']:.0f} s for other processes to quieten ({found['other_cores']:.1f} cores now)"
+    return (
+        f"other processes still used {found['other_cores']:.1f} cores after {found['waited_s']:.0f} s: measuring now, "
+        "marked contended"
+    )
+
+
 def _run_each(server, sampler, client, prompts, workloads, runs, request_timeout_s, settings, limit_mib, margin_mib):
     """The workloads of ``run_workloads``: ``runs`` is (W, R), each workload W times untimed at its own depth, then R
     times timed. A warm-up that fails is the workload's failure (the server met that depth then). A workload with
@@ -264,6 +275,7 @@ def _run_each(server, sampler, client, prompts, workloads, runs, request_timeout
     depth is still tested."""
     warmups, repetitions = runs
     results = []
+    quiet_left = QUIET_WAIT_S  # this start's wait for a quiet machine, spent before the timed requests
     for workload in workloads:
         fresh = None  # (prompt, request) of the last fresh request, which a re-sent repetition sends again
         sampler.phase(workload["name"])
@@ -286,6 +298,11 @@ def _run_each(server, sampler, client, prompts, workloads, runs, request_timeout
                 result.update(timed_skipped=short, message=short)  # the tables carry the message
                 progress.say(f"{workload['name']}: {short}")
                 break
+            if i == 0 and quiet_left > 0 and (found := sampler.quiet(quiet_left)):
+                result["quiet_wait"] = found
+                quiet_left = quiet_left - found["waited_s"] if found["quiet"] else 0.0
+                if found["waited_s"]:
+                    progress.say(f"{workload['name']}: {quiet_text(found)}")
             try:
                 if fresh and not warmup:
                     run = resent_run(client, fresh[0], workload, fresh[1])
