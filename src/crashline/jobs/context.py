@@ -134,6 +134,8 @@ def line(found: dict) -> str:
     elif found["longest_ctx"] == found["top_ctx"]:
         said.append(f"the model's trained context, {found['top_ctx']:,}")
     where = f"{found['model']} {found['config_id']}"
+    if found.get("speed") is not None:
+        where += f" ({found['speed_label']} {found['speed']:,.1f} t/s at {found['workload']})"
     if found["longest_ctx"] is None:
         return f"{where}: holds no context of {found['step']:,} tokens or more ({'; '.join(said)})"
     return (
@@ -217,8 +219,10 @@ def answer_context(
     step: int,
     host_ram_mib: int | None = None,
     margin_mib: int | None = None,
+    speed: dict | None = None,
 ) -> dict:
-    """The longest context of configuration ``cid`` of ``model`` (a finished run's ``layout``). The first start is
+    """The longest context of configuration ``cid`` of ``model`` (a finished run's ``layout``), ``speed`` its speed
+    as the run's answer gives it (``answer_speed``), said beside it. The first start is
     the answer at its own context, filled (``calibration``): it calibrates the planner under the same budget and
     workload as the starts after it (the run's record measured other workloads, and outside any memory cgroup); then
     the prediction, the starts from it, and the longest that survived."""
@@ -242,6 +246,7 @@ def answer_context(
     found = {
         "model": model,
         "config_id": cid,
+        **(speed or {}),
         "answer_ctx": rec["settings"]["ctx"],
         "on": room.on,
         "limit_mib": room.limit_mib,
@@ -256,6 +261,11 @@ def answer_context(
         "headroom_mib": at_best["headroom_mib"] if at_best else None,
     }
     return {**found, "line": line(found)}
+
+
+def answer_speed(answer: dict) -> dict:
+    """An answer's speed from recommendation.json: its objective's label, median and workload."""
+    return {"speed": answer.get("speed"), "speed_label": answer.get("metric_label"), "workload": answer.get("workload")}
 
 
 def context(
@@ -275,11 +285,13 @@ def context(
     if step < 1:
         raise ConfigError(f"--step {step}: give a positive number of tokens (default {DEFAULT_STEP})")
     cfg = plan.validate(read_json(saved), plan.load_schema())
-    winners = list(
-        dict.fromkeys((a["model"], a["winner"]) for a in read_json(layout.recommendation()) if a.get("winner"))
-    )
+    answers = [a for a in read_json(layout.recommendation()) if a.get("winner")]
+    winners = {(a["model"], a["winner"]): answer_speed(a) for a in answers}
     if not winners:
         raise ConfigError(f"{results}: the run recommended no configuration, so there is no answer to hold a context")
-    found = [answer_context(cfg, layout, model, cid, out, step, host_ram_mib, margin_mib) for model, cid in winners]
+    found = [
+        answer_context(cfg, layout, model, cid, out, step, host_ram_mib, margin_mib, speed)
+        for (model, cid), speed in winners.items()
+    ]
     write_json(out / "context.json", found)
     return found
