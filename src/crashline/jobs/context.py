@@ -1,14 +1,15 @@
 """The longest context a finished run's answer survives (#43 item 3): the planner's prediction, then real server
 starts that each send one prompt filling the context, bisected on a grid of ``step`` tokens.
 
-The prediction: the answer's own record calibrates the planner, which adds the KV cache of every more token (from
-the model's manifest). On a GPU its peak is ``planner.predict`` with the compute buffer and the rest the record
-measured at load (``search_rules.calibration``), against the card (or its VRAM budget); without one, the host peak
-the record measured plus the KV cache the planner counts in host memory (``planner.host_mib``) beyond the record's
-context, against the host-memory budget (the one given, else the run's, else the machine's RAM), which each start
-runs under (a memory cgroup: ``engine/hostmem.py``). The longest context predicted to keep the margin, rounded down
-to the step, is the first start; from there ``planner.search_lowest``, mirrored, gallops and bisects. A start
-survives when it served its prompt (outcome ok) and its peak left at least the margin."""
+The prediction: the first start, the answer at its own context filled under the same budget, calibrates the
+planner, which adds what every more token takes: its KV cache (from the model's manifest) and its share of the
+attention mask (``planner.mask_mib``). On a GPU the peak is ``planner.predict`` with the compute buffer and the rest
+that start measured at load (``search_rules.calibration``), against the card (or its VRAM budget); without one, the
+host peak of that start's memory cgroup plus the KV cache the planner counts in host memory (``planner.host_mib``),
+against the host-memory budget (the one given, else the run's, else the machine's RAM), which each start runs under
+(``engine/hostmem.py``). The longest context predicted to keep the margin, rounded down to the step, is the next
+start; from there ``planner.search_lowest``, counted down from the top, gallops and bisects. A start survives when
+it served its prompt (outcome ok) and its peak left at least the margin."""
 
 from __future__ import annotations
 
