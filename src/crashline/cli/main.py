@@ -180,6 +180,24 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--binary", required=True, help="the other llama-server build to run them on")
     s.add_argument("--out", default="recheck", help="folder for this run's config and results (default ./recheck)")
     s = verb(
+        "context",
+        verbs.cmd_context,
+        "the longest context an earlier run's answer survives: the planner's prediction, then real server starts "
+        "that each fill the context with one prompt, bisected, each peak held to the margin",
+        config=False,
+    )
+    s.add_argument("results", help="the earlier run's results folder (its results_dir)")
+    s.add_argument(
+        "--out", default="context", help="folder for context.json and each start's records (default ./context)"
+    )
+    s.add_argument("--step", type=int, help="the contexts tried are multiples of this (default 4096)")
+    s.add_argument(
+        "--host-ram",
+        help="without a GPU: the host memory to fit into (e.g. 2GiB; default the run's budget.host_ram_mib, else this "
+        "machine's RAM), each start under a memory cgroup of that size",
+    )
+    s.add_argument("--margin", help="the memory each start's peak must leave (e.g. 256MiB; default the run's margin)")
+    s = verb(
         "compare",
         verbs.cmd_compare,
         "set finished runs side by side: each one's answer, its speed against the first run's (tied within the "

@@ -263,6 +263,14 @@ def cmd_recheck(args) -> int:
     return lines.status  # REGRESSED where a configuration fails now or is slower (exits)
 
 
+def cmd_context(args) -> int:
+    from .context import context_of
+
+    lines = context_of(args.results, args.out, args.step, args.host_ram, args.margin)
+    print("\n".join(lines))
+    return lines.status
+
+
 def cmd_compare(args) -> int:
     from ..report.compare import compare, short
     from .exits import of_compare

@@ -89,6 +89,14 @@ def kv_mib(manifest: dict, settings: dict, read: bool = False) -> float:
     return cells * per_cell / MIB
 
 
+def mask_mib(settings: dict) -> float:
+    """The attention mask each micro-batch builds in the compute buffer, the part of it that grows with the context:
+    ubatch × ctx cells in F16, as llama.cpp builds it with flash attention (gemma-3-270m on the CPU at -ub 512: its
+    compute buffer 23.28 MiB at -c 4,096, 39.28 at -c 20,480, as its logs say: bench/results/context-cpu-gemma/).
+    Without flash attention the attention scores grow with the context too, and this counts less than is used."""
+    return min(settings["ubatch"], settings["ctx"]) * settings["ctx"] * 2 / MIB
+
+
 class ComputeModel:
     """Compute-buffer MiB per ubatch from measurements: exact where measured, linear between two
     or more, proportional from one."""
