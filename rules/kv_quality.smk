@@ -25,10 +25,8 @@ rule kv_quality:
     resources:
         gpu=1,
     params:
-        # what the job reads of the config: the model's KV types and the context of its passes
-        job=lambda w: json.dumps(
-            crashline_plan.kv_quality_job(CFG, w.model), sort_keys=True
-        ),
+        # what the job reads of the config besides the wildcards: the context of its passes
+        job=json.dumps(crashline_plan.kv_quality_job(CFG), sort_keys=True),
     script:
         "../scripts/job.py"
 

@@ -219,10 +219,10 @@ def cmd_kv_quality(args) -> int:
     from ..jobs import kvquality
 
     cfg, layout = _load(args)
-    job = plan.kv_quality_job(cfg, args.model)
-    if args.kv not in job["kvs"]:
+    kvs, job = plan.kv_labels(cfg).get(args.model, []), plan.kv_quality_job(cfg)
+    if args.kv not in kvs:
         raise plan.ConfigError(
-            f"kv-quality --kv {args.kv}: no configuration of model {args.model} uses it; give one of {job['kvs']}"
+            f"kv-quality --kv {args.kv}: no configuration of model {args.model} uses it; give one of {kvs}"
         )
     fetched = read_json(Path(args.fetch or layout.fetch(args.model)))
     server = read_json(Path(args.server or layout.provenance()))

@@ -314,12 +314,8 @@ def kv_labels(config: dict) -> dict[str, list[str]]:
     return {model: labels for model, labels in out.items() if labels}
 
 
-def kv_quality_job(config: dict, model: str) -> dict:
-    """What a model's kv_quality job reads of the config: its KV types, and the context of both passes (the
+def kv_quality_job(config: dict) -> dict:
+    """What a kv_quality job reads of the config besides its model and KV type: the context of both passes (the
     objective workload's prompt, at most kv_quality.max_ctx)."""
     prompt = next(w for w in config["workloads"] if w["name"] == objective_workload(config))["prompt_tokens"]
-    return {
-        "kvs": kv_labels(config).get(model, []),
-        "prompt_tokens": prompt,
-        "max_ctx": config["kv_quality"]["max_ctx"],
-    }
+    return {"prompt_tokens": prompt, "max_ctx": config["kv_quality"]["max_ctx"]}
