@@ -15,9 +15,11 @@ import pytest
 from crashline.config import plan
 from crashline.core import records
 from crashline.jobs import kvquality
+from conftest import REPO
 from helpers import copy_workflow, dry_run
 
 LOGS = Path(__file__).parent / "fixtures" / "perplexity-logs"
+TRIGGERS = ("--rerun-triggers", "mtime", "params", "input", "software-env")  # profiles/default, as tune runs it
 
 
 def test_the_kl_divergence_is_read_from_llama_perplexitys_own_output():
@@ -196,3 +198,12 @@ def test_tune_sets_kl_divergence_and_recall_beside_speed_per_kv_type(tmp_path, g
     assert any(line.startswith(said) for line in again.stdout.splitlines()[2:6]), again.stdout
     report = (results / "report.md").read_text()
     assert "| **f16** | not tried |" in report[report.index("## KV cache quality") :]
+    # the threshold is the report's alone; the context is what the passes read
+    for edit, reruns in (
+        ("max_kld: 0.05", {"report"}),
+        ("max_ctx: 2048", {"kv_quality", "kv_quality_table", "report"}),
+    ):
+        (out / "edit.yaml").write_text((out / "tune.yaml").read_text() + f"kv_quality: {{{edit}}}\n")
+        plan = dry_run(out, "-s", str(REPO / "Snakefile"), "--configfile", "edit.yaml", *TRIGGERS)
+        stats = plan.split("Job stats:", 1)[1]
+        assert {m[1] for m in re.finditer(r"^(\w+)\s+\d+$", stats, re.M)} - {"total"} == reruns, plan
