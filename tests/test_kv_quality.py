@@ -128,6 +128,17 @@ def test_a_random_weight_model_gets_no_pass_and_says_the_figure_is_not_informati
     kvquality.run("/nonexistent/llama-perplexity", model, "q4_0", 512, "the prompt asked", out)
     rec = records.load(out, "kv_quality")
     assert rec["informative"] is False and "not informative" in rec["message"] and "kld_median" not in rec
+    # the report says so, as the needle section says recall is not applicable, and shows no figure
+    from crashline.report import kvquality as section_of, markdown
+    from crashline.tables.kvquality import side_by_side, write_table
+
+    write_table([out], tmp_path / "kv.parquet")
+    configs = pd.DataFrame([{"model": "tiny", "config_id": "c1", "s_cache_type_k": "q4_0", "s_cache_type_v": "q4_0"}])
+    measured = pd.DataFrame(columns=["model", "config_id", "workload", "workload_outcome", "e2e_tps_median"])
+    rows = side_by_side("tiny", pd.read_parquet(tmp_path / "kv.parquet"), configs, measured, None, "e2e_tps", "w", 0.01)
+    text = markdown.block(section_of.section({"tiny": rows}, 0.01, "end to end", "w"))
+    assert f"No KL divergence: {kvquality.NOT_INFORMATIVE}." in text
+    assert "| **q4_0** | none survived | – | – | – | – | not checked |" in text
 
 
 @pytest.mark.e2e

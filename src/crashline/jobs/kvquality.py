@@ -123,7 +123,10 @@ def why_not(model: dict, binary: str | None) -> str | None:
     if model["source"].startswith("synthetic:"):
         return NOT_INFORMATIVE
     if binary is None:
-        return "no llama-perplexity beside llama-server (server.binary was given): build llama.cpp from source"
+        return (
+            "no llama-perplexity beside the llama-server in use: put one built from the same sources in its folder, "
+            "or leave server.binary unset for crashline's own build"
+        )
     return None
 
 

@@ -29,7 +29,7 @@ def _model(rows: list[dict], metric_label: str) -> list:
     blocks = []
     quiet = next((r["message"] for r in rows[1:] if not r["informative"]), None)
     if quiet:
-        blocks.append(Para(f"Not informative: {quiet}.", "warn"))
+        blocks.append(Para(f"No KL divergence: {quiet}.", "warn"))
     used = next((r["ctx_reason"] for r in rows[1:] if r["ctx_reason"]), None)
     if used and not quiet:
         blocks.append(Para(f"Measured over a context of {used}; the second half of it is scored."))
@@ -52,7 +52,7 @@ def _cells(r: dict) -> list:
     if r["kv"] == "f16":
         quality = ["0 (reference)", "0 (reference)", "100% (reference)"]
     elif not r["informative"] or r["kld_median"] is None:
-        quality = ["not informative", "–", "–"]
+        quality = ["–", "–", "–"]
     else:
         quality = [f"{r['kld_median']:.4f}", f"{r['kld_p99']:.4f}", f"{r['same_top_pct']:.1f}%"]
     if not r["recall_checked"]:
@@ -68,7 +68,7 @@ def answer_text(r: dict) -> str:
     """The answer's quantised KV type in one line, as ``tune`` prints it: its KL divergence against f16, its recall,
     and where its price is above kv_quality.max_kld."""
     if not r["informative"] or r["kld_median"] is None:
-        return f"KV cache {r['kv']}: its KL divergence against f16 is not informative ({r['message']})"
+        return f"KV cache {r['kv']}: no KL divergence against f16 ({r['message']})"
     text = (
         f"KV cache {r['kv']}: KL divergence against f16 median {r['kld_median']:.4f}, 99th percentile "
         f"{r['kld_p99']:.4f}, same top token {r['same_top_pct']:.1f}% (over {r['ctx_reason']})"
