@@ -13,6 +13,7 @@ include: "rules/models.smk"
 include: "rules/server.smk"
 include: "rules/measure.smk"
 include: "rules/needle.smk"
+include: "rules/kv_quality.smk"
 include: "rules/report.smk"
 include: "rules/publish.smk"
 
@@ -25,6 +26,7 @@ localrules:
     warmup,
     aggregate,
     needle_table,
+    kv_quality_table,
     report,
     publish_claim,
 

@@ -21,6 +21,7 @@ from crashline.config import plan as C
 from crashline.core.paths import Layout
 from crashline.core.records import needle_records_from, records_from
 from crashline.report.build import render
+from crashline.tables.kvquality import write_table as write_kv_table
 from crashline.tables import aggregate
 from crashline.tables.needle import write_table
 
@@ -74,6 +75,7 @@ def rerender(results: Path, out: Path | None = None) -> Path:
     )
     needles = needle_records_from([*every(layout.needle_record), *every(layout.search_recall)])
     write_table([p for p in needles if p.exists()], tables / "needle.parquet")
+    write_kv_table(every(layout.kv_quality), tables / "kv_quality.parquet")
     if out != results:
         for name in ("server", "validity", "models"):
             if (results / name).is_dir():
@@ -91,6 +93,7 @@ def rerender(results: Path, out: Path | None = None) -> Path:
         results_dir=results,
         conversations_path=tables / "conversations.parquet",
         validity_path=validity if validity.exists() else None,
+        kv_quality_path=tables / "kv_quality.parquet",
         recommendation_path=out / "recommendation.json",
         summary_path=out / "summary.md",
     )

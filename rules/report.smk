@@ -71,6 +71,7 @@ rule report:
         conversations=LAYOUT.conversations_table(),
         validity=LAYOUT.validity(),
         needle=LAYOUT.needle_table(),
+        kv_quality=LAYOUT.kv_quality_table(),
         server=LAYOUT.provenance(),
         claims=CFG["claims"],
         # what-if predictions from each search's calibration read the model's manifest
@@ -92,5 +93,6 @@ rule report:
     params:
         # what the report decides with besides its inputs (one decision: recommend.decide)
         decision=json.dumps(crashline_recommend.decision_inputs(CFG), sort_keys=True),
+        kv_quality=json.dumps(CFG["kv_quality"], sort_keys=True),
     script:
         "../scripts/job.py"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import platform
 import shutil
@@ -81,7 +82,7 @@ cmake_minimum_required(VERSION 3.14)
 project(fake_llama C)
 option(GGML_NATIVE "" ON)
 set(CMAKE_RUNTIME_OUTPUT_DIRECTORY ${{CMAKE_BINARY_DIR}}/bin)
-foreach(target llama-server llama-bench)
+foreach(target llama-server llama-bench llama-perplexity)
   add_executable(${{target}} server.c)
   target_compile_definitions(${{target}} PRIVATE REAL_SERVER="{real}")
   if (GGML_NATIVE)
@@ -95,6 +96,28 @@ def _without_llama_server_on_path(monkeypatch):
     monkeypatch.delenv("LLAMA_SERVER", raising=False)
     dirs = [d for d in os.environ["PATH"].split(os.pathsep) if not (Path(d) / "llama-server").exists()]
     monkeypatch.setenv("PATH", os.pathsep.join(dirs))
+
+
+def test_a_build_made_before_a_target_was_added_gets_that_target_alone(server_binary, tmp_path, monkeypatch):
+    """llama-perplexity joined the targets after builds were made (#43): such a build is reused and the missing
+    target built in it, without rebuilding llama-server, and build.json then names it."""
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "server.c").write_text(FAKE_SERVER_C)
+    (src / "CMakeLists.txt").write_text(FAKE_CMAKELISTS.format(real=server_binary, die=""))
+    monkeypatch.setattr(provision, "source_tree", lambda cache_dir: src)
+    first = provision.build(tmp_path / "cache", "cpu")
+    server, perplexity = Path(first["binary"]), Path(first["perplexity_binary"])
+    assert perplexity.is_file() and perplexity.parent == server.parent
+    marker = server.parents[2] / "build.json"
+    older = {k: v for k, v in json.loads(marker.read_text()).items() if k != "perplexity_binary"}
+    marker.write_text(json.dumps(older))  # as a build from before the target wrote it
+    perplexity.unlink()
+    built_at = server.stat().st_mtime_ns
+    again = provision.build(tmp_path / "cache", "cpu")
+    assert perplexity.is_file() and again["perplexity_binary"] == str(perplexity)
+    assert server.stat().st_mtime_ns == built_at and again["build_seconds"] == first["build_seconds"]
+    assert json.loads(marker.read_text())["perplexity_binary"] == str(perplexity)
 
 
 @pytest.mark.parametrize("signal, die", [("SIGILL", ""), ("SIGSEGV", "DIE_BY_SEGV")])

@@ -54,7 +54,8 @@ def test_load_refuses_a_newer_version_naming_the_file_and_what_it_reads(tmp_path
 def test_load_refuses_an_unknown_kind_and_a_kind_other_than_expected(tmp_path):
     path = tmp_path / "odd.json"
     write_json(path, {"kind": "telemetry", "schema_version": 1})
-    reads = rf"odd\.json: unknown record kind 'telemetry' \(this code reads measure 1–{records.CURRENT['measure']}"
+    reads = r"odd\.json: unknown record kind 'telemetry' \(this code reads kv_quality 1–1, "
+    reads += rf"measure 1–{records.CURRENT['measure']}"
     with pytest.raises(RecordError, match=reads):
         records.load(path)
     with pytest.raises(RecordError, match=r"ncmoe25\.json: a 'measure' record where a 'search' record was expected"):

@@ -60,9 +60,10 @@ def test_configfile_runs_that_file_alone_with_the_ids_plan_prints(tmp_path):
         "needle": 2,
         "aggregate": 1,
         "needle_table": 1,
+        "kv_quality_table": 1,  # no quantised KV type here: an empty table, and no kv_quality job
         "validity": 1,
         "report": 1,
-        "total": 12,
+        "total": 13,
     }, out
     assert "gemma3-270m" not in out and "tiny-moe" not in out.replace("synthetic:tiny-moe", "")
     plan = subprocess.run(

@@ -91,6 +91,15 @@ def parser() -> argparse.ArgumentParser:
     s = verb("needle-table", verbs.cmd_needle_table, "needle records into results/tables/needle.parquet")
     s.add_argument("--out")
     s.add_argument("records", nargs="*")
+    s = verb("kv-quality", verbs.cmd_kv_quality, "a quantised KV type's KL divergence against f16, for one model")
+    s.add_argument("--model", required=True)
+    s.add_argument("--kv", required=True, help="the KV type: q8_0 (K and V), or q8_0-q4_0 (K, then V)")
+    s.add_argument("--fetch", help="the model's fetch.json (default: the layout's)")
+    s.add_argument("--server", help="provenance.json, which names llama-perplexity (default: the layout's)")
+    s.add_argument("--out", help="the record (default: the layout's)")
+    s = verb("kv-quality-table", verbs.cmd_kv_quality_table, "KV quality records into results/tables/kv_quality.*")
+    s.add_argument("--out")
+    s.add_argument("records", nargs="*")
     s = verb("aggregate", verbs.cmd_aggregate, "turn records into Parquet tables")
     s.add_argument("--configs")
     s.add_argument("--measurements")
@@ -104,6 +113,7 @@ def parser() -> argparse.ArgumentParser:
         "--searches",
         "--conversations",
         "--validity",
+        "--kv-quality",
         "--needle",
         "--server",
         "--md",
@@ -154,6 +164,12 @@ def parser() -> argparse.ArgumentParser:
         "changes the answers, so only where you allow it)",
     )
     s.add_argument("--threads", help="the thread counts (-t) to try, e.g. 8,16 (default llama.cpp's own)")
+    s.add_argument(
+        "--max-kld",
+        type=float,
+        help="the median KL divergence from an f16 KV cache above which the report says a faster quantised type "
+        "costs more than you allow (kv_quality.max_kld, default 0.01)",
+    )
     s.add_argument(
         "--draft",
         help="a draft model for speculative decoding (a GGUF path or source of a small model with the same "

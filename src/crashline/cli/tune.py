@@ -416,6 +416,7 @@ def answer(cfg: dict) -> list[str]:
     from ..core.paths import Layout
     from ..report.model_sections import standing
     from ..report.sections import cost_text
+    from ..report.kvquality import answer_text as kv_answer
     from .exits import Said, of_answers
 
     layout = Layout(cfg["results_dir"])
@@ -432,6 +433,7 @@ def answer(cfg: dict) -> list[str]:
             *([f"  {a['inconclusive']}"] if a.get("inconclusive") else []),
             *([f"  {a['tie']}"] if a.get("tie") else []),
             *([f"  {a['reply_length']['text']}"] if a.get("reply_length") else []),  # where the answer changes
+            *([f"  {kv_answer(a['kv_quality'])}"] if a.get("kv_quality") else []),  # a quantised KV cache's cost
             *(f"  {fit_line(f, a['metric_label'])}" for f in a.get("fit_on") or [] if f.get("ratio") is not None),
             f"  {a['command']}",
         ]
@@ -552,9 +554,11 @@ def tune(
     time_limit: str | None = None,
     draft: str | None = None,
     spec: str | None = None,
+    max_kld: float | None = None,
 ) -> list[str]:
     """Write the config, run the workflow (``run_folder``), return the answer's lines. ``gen``: the reply's length
-    in tokens (default GEN_TOKENS); ``time_limit``: the run's time as typed (``--time 15m``)."""
+    in tokens (default GEN_TOKENS); ``time_limit``: the run's time as typed (``--time 15m``); ``max_kld``:
+    kv_quality.max_kld (the schema's default where None)."""
     out = own_folder(out, "--out", create=False)  # refused before anything runs; its real path
     vram_mib = parse_size_mib(vram, "--vram") if vram else None
     margin_mib = parse_size_mib(margin, "--margin", minimum=0) if margin else None
@@ -564,5 +568,9 @@ def tune(
     raw = config(model, ctx, prompt, vram_mib, margin_mib, out, on_gpu, tried, gen, draft, spec)
     if time_limit is not None:
         raw["time_limit_s"] = time_limit_s(time_limit)
+    if max_kld is not None:
+        if not max_kld >= 0:
+            raise ConfigError(f"--max-kld {max_kld}: a KL divergence is at least 0; give e.g. 0.01")
+        raw["kv_quality"] = {"max_kld": max_kld}
     path = run_folder(raw, out, "tune", gpu)
     return answer(plan.validate(raw, plan.load_schema())).after(f"config: {path}")  # with its status

@@ -189,6 +189,7 @@ def cmd_report(args) -> int:
         Path(args.needle or layout.needle_table()),
         conversations_path=Path(args.conversations or layout.conversations_table()),
         validity_path=Path(args.validity or layout.validity()),
+        kv_quality_path=Path(args.kv_quality or layout.kv_quality_table()),
         recommendation_path=Path(args.recommendation or layout.recommendation()),
         summary_path=Path(args.summary or layout.summary_md()),
     )
@@ -211,6 +212,33 @@ def cmd_validity(args) -> int:
     models = {m: read_json(layout.fetch(m))["files"][0]["path"] for m in cfg["models"] if layout.fetch(m).exists()}
     server = read_json(Path(args.server or layout.provenance()))
     validity.job(cfg, tables, server, models, Path(args.out or layout.validity()))
+    return 0
+
+
+def cmd_kv_quality(args) -> int:
+    from ..jobs import kvquality
+
+    cfg, layout = _load(args)
+    kvs, job = plan.kv_labels(cfg).get(args.model, []), plan.kv_quality_job(cfg)
+    if args.kv not in kvs:
+        raise plan.ConfigError(
+            f"kv-quality --kv {args.kv}: no configuration of model {args.model} uses it; give one of {kvs}"
+        )
+    fetched = read_json(Path(args.fetch or layout.fetch(args.model)))
+    server = read_json(Path(args.server or layout.provenance()))
+    model = {"name": args.model, "source": fetched["source"], "path": fetched["files"][0]["path"]}
+    ctx, why = kvquality.context(job["prompt_tokens"], job["max_ctx"])
+    out = Path(args.out or layout.kv_quality(args.model, args.kv))
+    kvquality.run(server.get("perplexity_binary"), model, args.kv, ctx, why, out, log=sys.stdout)
+    return 0
+
+
+def cmd_kv_quality_table(args) -> int:
+    from ..tables.kvquality import write_table
+
+    cfg, layout = _load(args)
+    given = args.records or [layout.kv_quality(m, kv) for m, kvs in plan.kv_labels(cfg).items() for kv in kvs]
+    write_table([Path(p) for p in given], Path(args.out or layout.kv_quality_table()))
     return 0
 
 
@@ -242,6 +270,7 @@ def cmd_tune(args) -> int:
             args.time,
             args.draft,
             args.spec,
+            args.max_kld,
         )
     except TuneStopped as exc:
         print(exc, file=sys.stderr)

@@ -290,3 +290,32 @@ def resolve_objective(config: dict) -> dict:
         "min_decode_tps": obj.get("min_decode_tps"),
         "max_ttft_s": obj.get("max_ttft_s"),
     }
+
+
+def kv_label(settings: dict) -> str | None:
+    """A configuration's KV cache types as one label ("q8_0"; K then V where they differ: "q8_0-q4_0"), None for
+    f16 K and V, the reference the others are measured against (``jobs.kvquality``)."""
+    k, v = (settings.get(f"cache_type_{x}") or "f16" for x in "kv")
+    if k == v == "f16":
+        return None
+    return k if k == v else f"{k}-{v}"
+
+
+def kv_labels(config: dict) -> dict[str, list[str]]:
+    """Per model, the quantised KV cache types its configurations and searches use, in the config's order: each
+    gets its KL divergence against f16 measured (``kv_quality``)."""
+    out: dict[str, list[str]] = {}
+    every = [(i["model"], i["settings"]) for i in expand(config)]
+    every += [(g["model"], settings_mod.resolve(g["given"])) for g in expand_searches(config)]
+    for model, settings in every:
+        label = kv_label(settings)
+        if label and label not in out.setdefault(model, []):
+            out[model].append(label)
+    return {model: labels for model, labels in out.items() if labels}
+
+
+def kv_quality_job(config: dict) -> dict:
+    """What a kv_quality job reads of the config besides its model and KV type: the context of both passes (the
+    objective workload's prompt, at most kv_quality.max_ctx)."""
+    prompt = next(w for w in config["workloads"] if w["name"] == objective_workload(config))["prompt_tokens"]
+    return {"prompt_tokens": prompt, "max_ctx": config["kv_quality"]["max_ctx"]}

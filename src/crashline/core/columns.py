@@ -333,3 +333,27 @@ NEEDLE: dict[str, pa.DataType] = {  # results/tables/needle.parquet: one row per
 
 def schema(columns: dict[str, pa.DataType]) -> pa.Schema:
     return pa.schema(list(columns.items()))
+
+
+KV_QUALITY: dict[str, pa.DataType] = {  # results/tables/kv_quality.parquet: one row per model x KV type
+    "model": TEXT,
+    "kv": TEXT,  # the KV label: "q8_0" (K and V), "q8_0-q4_0" (K, then V)
+    "cache_type_k": TEXT,
+    "cache_type_v": TEXT,
+    "ctx": INT,  # the context of both passes, whose second half is scored
+    "ctx_reason": TEXT,  # why that context: the prompt asked, or kv_quality.max_ctx
+    "informative": BOOL,  # False: a random-weight model, or no llama-perplexity (message says which)
+    "message": TEXT,
+    "kld_mean": FLOAT,  # KL divergence of each scored token's distribution from f16's, nats
+    "kld_median": FLOAT,
+    "kld_p99": FLOAT,
+    "kld_max": FLOAT,
+    "same_top_pct": FLOAT,  # % of scored tokens whose most likely next token is f16's
+    "ppl": FLOAT,
+    "ppl_f16": FLOAT,
+    "chunks": INT,
+    "scored_ctx": INT,
+    "binary": TEXT,
+    "started_at": TEXT,
+    "finished_at": TEXT,
+}

@@ -88,6 +88,13 @@ class Layout:
     def validity(self) -> Path:
         return self.root / "validity" / "llama-bench.json"
 
+    def kv_quality(self, model: str, kv: str) -> Path:
+        """One quantised KV type's KL divergence against f16 (``jobs.kvquality``)."""
+        return self.root / "kv_quality" / model / f"{kv}.json"
+
+    def kv_quality_table(self) -> Path:
+        return self.root / "tables" / "kv_quality.parquet"
+
     def recommendation(self) -> Path:
         """Each model's answer, machine-readable: what the report's headline says and ``tune`` prints."""
         return self.root / "recommendation.json"

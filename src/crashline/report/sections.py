@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from ..core.progress import duration
 from ..core.thresholds import CONTENTION_CORES, HIGH_SPREAD_PCT
-from . import needle
+from . import kvquality, needle
 from .doc import Abbr, Bullets, Cell, Code, CodeBlock, Document, Para, Ref, Section, Strong, Table
 from .doc import code_spans, plural
 from .model_sections import model_section, or_dash
@@ -28,12 +28,20 @@ def document(ctx: dict, needle_grid: list[dict], corrections: Section | None) ->
         environment(ctx),
         *(model_section(m, ctx) for m in ctx["per_model"]),
         needle.section(needle_grid),
+        kv_section(ctx.get("kv_quality")),
         corrections,
     ]
     return Document(TITLE, [b for b in blocks if b is not None])
 
 
 # -- before the environment ----------------------------------------------------------------------
+
+
+def kv_section(kv: dict | None) -> Section | None:
+    """The KV cache quality section (report.kvquality), None without a quantised KV type measured."""
+    if not kv:
+        return None
+    return kvquality.section(kv["models"], kv["max_kld"], kv["metric_label"], kv["workload"])
 
 
 def top(lost: dict) -> list:
