@@ -162,6 +162,7 @@ def test_sigterm_and_ctrl_c_still_unwind_the_verb(sig, status, shown):
     while not _catches_sigterm(proc.pid) and time.monotonic() < deadline:  # blocked reading stdin by then
         time.sleep(0.05)
     proc.send_signal(sig)
+    proc.wait(timeout=60)  # stdin still open: the verb cannot end by reading an empty input before the signal lands
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == status and "error:" not in err and shown in err, err
 

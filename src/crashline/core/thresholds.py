@@ -15,6 +15,9 @@ CONTENTION_CORES = 0.3
 # (telemetry.Sampler.quiet): a burst (a browser tab, an editor's indexer, a test beside it) passes in seconds, a build
 # does not; after one wait that found no quiet stretch, the start measures at once and its rows say contended.
 QUIET_WAIT_S = 30.0
+# The shortest stretch whose CPU use is read as a rate: /proc counts in 10 ms ticks, so a quarter second reads to 0.04
+# cores; a warm-up shorter than this (a small model's) is lengthened to it rather than counted as a wait.
+QUIET_STRETCH_MIN_S = 0.25
 
 
 def missing(value) -> bool:

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pandas as pd
 import psutil
-from ..core.thresholds import CONTENTION_CORES
+from ..core.thresholds import CONTENTION_CORES, QUIET_STRETCH_MIN_S
 from ..core.units import MIB
 
 
@@ -346,17 +346,21 @@ class Sampler:
         and its threads) use at most CONTENTION_CORES cores: a measurement then starts on a quiet machine where the
         load was a burst. The phase's CPU figures then count from the end of the wait. Returns what it found
         ({"waited_s", "other_cores" of the last stretch, "quiet"}), or None where the CPU cannot be read. The first
-        stretch is the phase so far (the warm-up): a quiet one costs no wait."""
+        stretch is the phase so far (the warm-up), lengthened to QUIET_STRETCH_MIN_S where shorter: a quiet one costs
+        no wait."""
         waited, start, first = 0.0, self._cpu_start, True
         while True:
             end = self._cpu_mark()
             if start is None or end is None:
                 return None
             wall = end[0] - start[0]
-            others = max(0.0, ((end[1] - start[1]) - (end[2] - start[2])) / wall) if wall > 0.2 else None
+            if wall < QUIET_STRETCH_MIN_S:  # too short for a rate (clock ticks of 10 ms): lengthen this stretch
+                time.sleep(QUIET_STRETCH_MIN_S - wall)
+                continue
+            others = max(0.0, ((end[1] - start[1]) - (end[2] - start[2])) / wall)
             waited += 0.0 if first else wall
             first = False
-            if others is not None and (others <= CONTENTION_CORES or waited >= wait_s):
+            if others <= CONTENTION_CORES or waited >= wait_s:
                 with self._lock:  # the phase's CPU figures count from here: the timed requests, not the wait
                     self._cpu_start = self._cpu_mark()
                 return {
