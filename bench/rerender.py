@@ -60,11 +60,11 @@ def rerender(results: Path, out: Path | None = None) -> Path:
     tables.mkdir(parents=True, exist_ok=True)
     layout = Layout(results)
 
-    def every(where) -> list[Path]:  # every model's and id's file of the layout's kind
-        return sorted(results.glob(str(where("*", "*").relative_to(results))))
+    def every(where, *more) -> list[Path]:  # every model's and id's file of the layout's kind
+        return sorted(results.glob(str(where("*", "*", *more).relative_to(results))))
 
     searches = every(layout.search)
-    measured = every(layout.record)
+    measured = every(layout.record) + every(layout.later_record, "*")  # an entry's later starts beside their first
     aggregate.write(
         records_from([*measured, *searches]),
         tables / "configs.parquet",

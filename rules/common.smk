@@ -131,6 +131,7 @@ wildcard_constraints:
     model="[A-Za-z0-9][A-Za-z0-9._-]*",
     cid="[0-9a-f]{10}",
     gid="[0-9a-f]{10}",
+    k="[2-9]|[1-9][0-9]+",
 
 
 def configuration(wildcards):
@@ -159,6 +160,21 @@ def measure_inputs(wildcards):
     return inputs
 
 
+def later_start_inputs(wildcards):
+    """Start k of a configuration: a measurement's inputs, its own earlier starts (read to know whether it is left
+    out), and start k - 1 of every configuration of the model that asks for k starts: round k waits for round k - 1."""
+    model, k = wildcards.model, int(wildcards.k)
+    return {
+        **measure_inputs(wildcards),
+        "earlier": LAYOUT.start_records(model, wildcards.cid, k - 1),
+        "round": [
+            LAYOUT.start_records(model, c["id"], k - 1)[-1]
+            for c in CONFIGURATIONS
+            if c["model"] == model and c.get("starts", 1) >= k
+        ],
+    }
+
+
 def needle_inputs(wildcards):
     """A needle job's inputs: a measurement's, the needle record of the configuration whose recall stands
     for this one's (the same llama-server arguments), which it copies, and for a --fit on aimed at the margin
@@ -182,8 +198,9 @@ def job_spec(job):
 
     def spec(wildcards):
         job_id = wildcards.gid if job in ("search", "search_needle") else wildcards.cid
+        start = int(getattr(wildcards, "k", 1))  # measure_start's
         return crashline_spec.to_json(
-            crashline_spec.spec(job, CFG, wildcards.model, job_id)
+            crashline_spec.spec(job, CFG, wildcards.model, job_id, start)
         )
 
     return spec
@@ -230,10 +247,14 @@ def gpus_of(job):
 
 
 def all_records(wildcards):
-    """Every configuration's record, every search's summary (which stands for its probes), and the records of
+    """Every configuration's records (one per server start), every search's summary (which stands for its probes), and the records of
     other machines' runs (merge_results)."""
     return (
-        [LAYOUT.record(c["model"], c["id"]) for c in CONFIGURATIONS]
+        [
+            path
+            for c in CONFIGURATIONS
+            for path in LAYOUT.start_records(c["model"], c["id"], c.get("starts", 1))
+        ]
         + [LAYOUT.search(g["model"], g["id"]) for g in SEARCHES]
         + crashline_merged_records(CFG["merge_results"], CFG["models"], "measure")
     )

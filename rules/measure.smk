@@ -1,4 +1,4 @@
-# One job per model x configuration: start llama-server, run every workload, write one record.
+# One job per model x configuration and server start: start llama-server, run every workload, write one record.
 
 
 rule measure:
@@ -12,6 +12,27 @@ rule measure:
         f"{RESULTS}/logs/measure/{{model}}/{{cid}}.log",
     benchmark:
         f"{RESULTS}/benchmarks/measure/{{model}}/{{cid}}.tsv"
+    conda:
+        "../envs/crashline.yaml"
+    resources:
+        gpu=gpus_of("measure"),
+    params:
+        spec=job_spec("measure"),
+    script:
+        "../scripts/job.py"
+
+
+# Server start k > 1 of a configuration whose entry asks for starts: once every configuration of the model asking for
+# k starts has made start k - 1 (A B, A B), so that drift between starts hits them alike.
+rule measure_start:
+    input:
+        unpack(later_start_inputs),
+    output:
+        record=LAYOUT.later_record("{model}", "{cid}", "{k}"),
+    log:
+        f"{RESULTS}/logs/measure/{{model}}/{{cid}}-start-{{k}}.log",
+    benchmark:
+        f"{RESULTS}/benchmarks/measure/{{model}}/{{cid}}-start-{{k}}.tsv"
     conda:
         "../envs/crashline.yaml"
     resources:

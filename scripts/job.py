@@ -46,6 +46,7 @@ ARGV = {
     "warmup": lambda s: ["warmup", "--fetch-record", s.input[0], "--out", s.output[0]],
     "provision_server": lambda s: ["provision", "--out", s.output[0]],
     "measure": lambda s: ["measure", *server_job(s)],
+    "measure_start": lambda s: ["measure", *server_job(s)],
     "search": lambda s: ["search", *server_job(s)],
     "needle": lambda s: ["needle", *server_job(s)],
     "search_needle": lambda s: ["search-needle", *server_job(s)],
@@ -133,7 +134,7 @@ argv = ARGV[smk.rule](smk)
 # Snakemake gave the job its own stderr, the console: keep it for progress lines ("[measure tiny
 # 9893f4ee63] ready in 1.4 s") before fd 1 and 2 become the log, which gets every line too.
 progress.to_console(os.dup(2), " ".join([argv[0], *map(str, smk.wildcards)]))
-if smk.rule in ("measure", "search", "needle", "search_needle"):
+if smk.rule in ("measure", "measure_start", "search", "needle", "search_needle"):
     eta.say_left()  # what is left of the whole run, this job included
 log = os.open(smk.log[0], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)
 os.dup2(log, 1)

@@ -98,6 +98,12 @@ def run(
         S.JobInputs(fetch, {}, provenance),
         M.MeasurePaths(record_path, RecordFolder(tmp_path).server_log),
     )
+    for k in range(2, starts + 1):  # the later starts, each its own job in the workflow
+        M.measure(
+            S.measure_spec(cfg, "tiny", item["id"], start=k),
+            S.JobInputs(fetch, {}, provenance),
+            M.MeasurePaths.of(RecordFolder(tmp_path).later_start(k)),
+        )
     written = read_json(record_path)
     assert (written["config_id"], written["outcome"], written["message"]) == (
         item["id"],

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+from pathlib import Path
 
 import pytest
 
@@ -365,7 +366,14 @@ def test_an_entry_s_starts_reach_its_measurement_only():
     assert spec.measure_spec(valid, "m", items[128]["id"]).item.starts == 2
     assert spec.needle_spec(valid, "m", items[128]["id"]).item.starts == 1
     assert "starts" not in spec.needle_spec(valid, "m", items[128]["id"]).to_dict()["item"]
-    assert {j["starts"] for j in eta.plan(valid) if j["job"] == "measure"} == {2}
+    measured = [Path(j["out"]) for j in eta.plan(valid) if j["job"] == "measure"]  # a job per start
+    assert sorted(p.relative_to(measured[0].parent).as_posix() for p in measured[:2]) == [
+        "measure.json",
+        "start-2/measure.json",
+    ]
+    assert len(measured) == 4
+    with pytest.raises(C.ConfigError, match=r"measure --start 3: configuration .* has 2 server start\(s\)"):
+        spec.measure_spec(valid, "m", items[128]["id"], start=3)
     cfg["configurations"][0]["search"] = {"n_cpu_moe": [0, 8]}
     with pytest.raises(C.ConfigError, match=r"configurations.0.starts = 2: .* move it to search.starts"):
         C.validate(cfg, SCHEMA)

@@ -62,18 +62,19 @@ def test_ok_record_has_speeds_placement_and_memory(tmp_path, tiny_moe, server_pr
 
 def test_an_entry_with_starts_is_started_again_and_its_starts_are_one_row(tmp_path, tiny_moe, server_provenance):
     """An entry's ``starts`` (#22: tune's --fit on runs, so that the spread between starts decides whether one ties
-    the answer): start 2 is a whole measurement in start-2/ beside the first, the record lists it, and the tables
-    pool the two as a search's finalist (every request of both, each start's median, both starts counted)."""
+    the answer): start 2 is a whole measurement in start-2/ beside the first, and the tables pool the two as a search's
+    finalist (every request of both, each start's median, both starts counted); the first alone is one start."""
     from crashline.tables.aggregate import tables
 
     short = [{"name": "short", "prompt_tokens": 64, "gen_tokens": 8}]
     rec = run(tmp_path, tiny_moe, server_provenance, {"ctx": 1024}, short, reps=2, starts=2)
-    assert rec["outcome"] == "ok" and rec["start_records"] == ["start-2/measure.json"]
+    assert rec["outcome"] == "ok"
     later = records.load(tmp_path / "start-2" / "measure.json", "measure")
     assert later["outcome"] == "ok" and later["config_id"] == rec["config_id"] and later["settings"] == rec["settings"]
-    assert "start_records" not in later and later["started_at"] >= rec["finished_at"]  # one after the other
+    assert later["started_at"] >= rec["finished_at"]  # one after the other
     assert (tmp_path / "start-2" / "server.log").read_text() and (tmp_path / "start-2" / "telemetry.parquet").exists()
-    configs, measurements = tables([tmp_path / "measure.json"])
+    assert tables([tmp_path / "measure.json"])[0]["starts"].tolist() == [1]
+    configs, measurements = tables([tmp_path / "start-2" / "measure.json", tmp_path / "measure.json"])
     (row,) = measurements.to_dict("records")
     assert configs["starts"].tolist() == [2] and configs["server_starts"].tolist() == [2]
     assert row["decode_tps_n"] == 4  # every timed request of both starts
@@ -92,10 +93,11 @@ def test_the_time_limit_leaves_out_an_entry_s_later_starts(tmp_path, tiny_moe, s
     monkeypatch.setenv(eta.PLAN_ENV, str(tmp_path / "plan.json"))
     short = [{"name": "short", "prompt_tokens": 32, "gen_tokens": 4}]
     rec = run(tmp_path, tiny_moe, server_provenance, {"ctx": 2048}, short, starts=3, time_limit_s=60)
-    assert rec["outcome"] == "ok" and not rec.get("start_records")
-    assert rec["time_cut"].startswith("start 2 of 3 and any later one left out: the time limit (60 s) leaves 0 s")
-    assert not RecordFolder(tmp_path).later_start(2).folder.exists()
-    assert records.load(RecordFolder(tmp_path).measure, "measure")["time_cut"] == rec["time_cut"]
+    second, third = (records.load(RecordFolder(tmp_path).later_start(k).measure, "measure") for k in (2, 3))
+    assert rec["outcome"] == "ok" and "time_cut" not in rec
+    assert second["time_cut"].startswith("start 2 of 3 left out: the time limit (60 s) leaves 0 s")
+    assert second["left_out"] == third["left_out"] == second["time_cut"] and "time_cut" not in third
+    assert not RecordFolder(tmp_path).later_start(2).server_log.exists()  # no server started
 
 
 def test_prompt_beyond_context_is_a_failure_of_the_configuration(tmp_path, tiny_moe, server_provenance):
@@ -386,6 +388,7 @@ def _aimed_job(tmp_path, monkeypatch, headroom_at, outcome_at=lambda target: "ok
     """measure() of a --fit on configuration whose target crashline chose (margin 1024), each start played by a
     stand-in for _measure whose peak leaves ``headroom_at(target)`` MiB: the loop of measure_aimed, no server."""
     from crashline.core import records
+    from crashline.core.paths import RecordFolder
     from crashline.core.settings import aim_fit, resolve
     from crashline.jobs import measure as M
     from crashline.jobs import spec as S
@@ -398,6 +401,7 @@ def _aimed_job(tmp_path, monkeypatch, headroom_at, outcome_at=lambda target: "ok
         paths.server_log.write_text(f"server log at --fit-target {target}\n")
         paths.telemetry_file.write_text(f"telemetry at {target}")
         record = {
+            "model": {"name": "m"},
             "config_id": spec.item.id,
             "settings": spec.item.settings,
             "outcome": outcome_at(target),
@@ -418,6 +422,12 @@ def _aimed_job(tmp_path, monkeypatch, headroom_at, outcome_at=lambda target: "ok
         S.JobInputs({}, {}, {}),
         M.MeasurePaths(tmp_path / "measure.json", tmp_path / "server.log"),
     )
+    for k in range(2, starts + 1):  # the later starts' jobs
+        M.measure(
+            S.MeasureSpec("m", item, measurement, start=k),
+            S.JobInputs({}, {}, {}),
+            M.MeasurePaths.of(RecordFolder(tmp_path).later_start(k)),
+        )
     return record, started
 
 
@@ -470,10 +480,10 @@ def test_an_aimed_fit_with_starts_is_started_again_at_the_target_it_settled_on(t
         tmp_path, monkeypatch, lambda target: target - 192 + (40 if target > 1024 else 0), starts=2
     )
     assert started == [(1024, 1024), (1216, 1024), (1216, None)]
-    assert record["start_records"] == ["start-2/measure.json"] and record["settings"]["fit_target"] == 1216
+    assert record["settings"]["fit_target"] == 1216
     assert records.load(tmp_path / "start-2" / "measure.json", "measure")["settings"]["fit_target"] == 1216
     assert (tmp_path / "start-2" / "server.log").read_text() == "server log at --fit-target 1216\n"
-    (pooled,) = _pooled_records([tmp_path / "measure.json"], [])
+    (pooled,) = _pooled_records([tmp_path / "measure.json", tmp_path / "start-2" / "measure.json"], [])
     assert pooled["starts"] == 2 and pooled["fit_aim"] == record["fit_aim"]
     assert _time_columns(pooled)["server_starts"] == 3
 
@@ -486,12 +496,14 @@ def test_an_aimed_fit_with_starts_is_started_again_at_the_target_it_settled_on(t
     ],
 )
 def test_a_fit_that_cannot_be_the_answer_is_not_started_again(tmp_path, monkeypatch, capsys, headroom, outcome, said):
-    (tmp_path / "start-2").mkdir()  # an earlier run's second start: stale once this run starts it no more
-    (tmp_path / "start-2" / "measure.json").write_text("{}")
+    from crashline.tables.aggregate import _pooled_records
+
     record, started = _aimed_job(tmp_path, monkeypatch, lambda target: headroom, lambda target: outcome, starts=2)
-    assert all(skip for _, skip in started[:-1]) and "start_records" not in record
-    assert not (tmp_path / "start-2").exists()
-    assert f"no start 2/2: {said}" in capsys.readouterr().err
+    assert all(skip for _, skip in started[:-1])  # the aim's starts, none after it
+    assert records.load(tmp_path / "start-2" / "measure.json", "measure")["left_out"].startswith(said)
+    assert f"start 2 left out: {said}" in capsys.readouterr().err
+    (pooled,) = _pooled_records([tmp_path / "measure.json", tmp_path / "start-2" / "measure.json"], [])
+    assert pooled.get("starts", 1) == 1 and pooled["outcome"] == outcome
 
 
 def test_only_a_target_crashline_chose_is_aimed():

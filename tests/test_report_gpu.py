@@ -416,7 +416,6 @@ def _fit_bar_started_twice(tmp_path, factor: float) -> Path:
                 r.update({k: r[k] / factor for k in ("prompt_ms", "predicted_ms", "ttft_s", "end_s")})
         w.update(summarize(w["runs"]))
     records.write(folder / "start-2" / "measure.json", "measure", later)
-    records.write(folder / "measure.json", "measure", {**first, "start_records": ["start-2/measure.json"]})
     rerender.rerender(results)
     return results
 

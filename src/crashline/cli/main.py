@@ -85,6 +85,10 @@ def parser() -> argparse.ArgumentParser:
             help="needle of a --fit on aimed at the margin: its measure record, whose --fit-target it is checked at "
             "(default: the layout's)",
         )
+        if name == "measure":
+            s.add_argument(
+                "--start", type=int, help="server start K (2, 3, ...) of a configuration whose entry asks for starts"
+            )
         s.add_argument("--out")
         s.add_argument("--log")
         s.add_argument("--telemetry")

@@ -475,9 +475,9 @@ def time_cut_lines(cfg: dict, layout) -> list[str]:
         cut = records.load(path, "search").get("time_cut") if path.exists() else None
         lines += [f"time limit, search {group['id']}: {text}" for text in cut or []]
     for item in plan.expand(cfg):
-        path = layout.record(item["model"], item["id"])
-        cut = records.load(path, "measure").get("time_cut") if path.exists() else None
-        lines += [f"time limit, configuration {item['id']}: {cut}"] if cut else []
+        for path in layout.start_records(item["model"], item["id"], item.get("starts", 1))[1:]:
+            cut = records.load(path, "measure").get("time_cut") if path.exists() else None
+            lines += [f"time limit, configuration {item['id']}: {cut}"] if cut else []
     return lines
 
 

@@ -11,7 +11,7 @@ from ..config import plan
 from ..core import settings as settings_mod
 from ..core.atomic import read_json, write_json
 from ..core.owned import own_folder, own_results
-from ..core.paths import Layout, SearchFolder, merged_records
+from ..core.paths import Layout, RecordFolder, SearchFolder, merged_records
 from ..core.records import needle_records_from, records_from
 
 
@@ -105,7 +105,8 @@ def server_job(args) -> int:
         model, job_id = job_spec.model, job_spec.id
     elif args.model and args.id:
         model, job_id = args.model, args.id
-        job_spec = spec.spec(job, cfg, model, job_id)
+        start = {"start": args.start} if getattr(args, "start", None) else {}  # measure's later start, by hand
+        job_spec = spec.spec(job, cfg, model, job_id, **start)
     else:
         raise plan.ConfigError(f"{args.verb} needs --model and --id (see `plan`), or --spec")
     draft = job_spec.draft_model
@@ -135,10 +136,14 @@ def server_job(args) -> int:
         if settings_mod.fit_aimed(job_spec.item.settings, job_spec.item.given):  # checked as it was measured
             inputs = dataclasses.replace(inputs, measured=Path(args.measured or layout.record(model, job_id)))
     else:
+        start = job_spec.start
+        record = Path(
+            args.out or (layout.record(model, job_id) if start == 1 else layout.later_record(model, job_id, start))
+        )
         outputs = {
-            "record": args.out or layout.record(model, job_id),
-            "server_log": args.log or layout.server_log(model, job_id),
-            "telemetry": args.telemetry or layout.telemetry(model, job_id),
+            "record": record,
+            "server_log": args.log or RecordFolder.of(record).server_log,
+            "telemetry": args.telemetry or RecordFolder.of(record).telemetry,
         }
     print(job_spec.run(inputs, outputs))
     return 0
@@ -158,7 +163,7 @@ def cmd_aggregate(args) -> int:
     from ..tables.aggregate import write
 
     cfg, layout = _load(args)
-    outputs = [layout.record(i["model"], i["id"]) for i in plan.expand(cfg)]
+    outputs = [p for i in plan.expand(cfg) for p in layout.start_records(i["model"], i["id"], i.get("starts", 1))]
     outputs += [layout.search(g["model"], g["id"]) for g in plan.expand_searches(cfg)]
     outputs += merged_records(cfg["merge_results"], cfg["models"], "measure")
     given = [Path(p) for p in (args.records or outputs)]

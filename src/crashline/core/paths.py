@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
@@ -29,6 +30,14 @@ class Layout:
 
     def record(self, model: str, cid: str) -> Path:
         return self.record_folder(model, cid).measure
+
+    def later_record(self, model: str, cid: str, k: int | str) -> Path:
+        """The record of server start ``k`` (2, 3, ...) of configuration ``cid`` (an entry's ``starts``)."""
+        return self.record_folder(model, cid).later_start(k).measure
+
+    def start_records(self, model: str, cid: str, starts: int) -> list[Path]:
+        """The records of every server start of configuration ``cid``, the first's first."""
+        return [self.record(model, cid), *(self.later_record(model, cid, k) for k in range(2, starts + 1))]
 
     def server_log(self, model: str, cid: str) -> Path:
         return self.record_folder(model, cid).server_log
@@ -158,7 +167,7 @@ class RecordFolder:
     def needle_server_log(self) -> Path:
         return self.folder / self.NEEDLE_SERVER_LOG
 
-    def later_start(self, k: int) -> RecordFolder:
+    def later_start(self, k: int | str) -> RecordFolder:
         """Server start ``k`` (2, 3, ...) of this folder's configuration: ``start-K/`` in it (a search's finalists;
         an entry's ``starts``)."""
         return RecordFolder(self.folder / LATER_START.format(k))
@@ -167,6 +176,15 @@ class RecordFolder:
         """Where an aimed ``--fit on`` start at ``--fit-target`` ``target`` that left less than the margin is kept:
         ``fit-target-T/`` in this folder."""
         return RecordFolder(self.folder / f"fit-target-{target}")
+
+
+def first_start_of(record: str | Path) -> Path | None:
+    """The record of the first server start of the configuration whose later start ``record`` is (``start-K/``
+    beside it: ``RecordFolder.later_start``), None for a record that is no later start."""
+    folder = Path(record).parent
+    if re.fullmatch(LATER_START.format(r"[1-9][0-9]*"), folder.name):
+        return RecordFolder(folder.parent).measure
+    return None
 
 
 def measure_records_under(folder: Path) -> list[Path]:

@@ -39,7 +39,8 @@ def plan(config: dict) -> list[dict]:
     jobs = []
     for item in expand(config):
         model, cid = item["model"], item["id"]
-        jobs.append({"job": "measure", "out": str(layout.record(model, cid)), "starts": item.get("starts", 1)})
+        for path in layout.start_records(model, cid, item.get("starts", 1)):
+            jobs.append({"job": "measure", "out": str(path), "starts": 1})
         twin = needle_twin(config, model, cid)
         jobs.append({"job": "needle", "out": str(layout.needle_record(model, cid)), "starts": 0 if twin else 1})
     for group in expand_searches(config):

@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import itertools
 import json
 import math
-import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,7 +25,7 @@ from ..models.sources import SourceError, check_unchanged
 from ..core.supervision import exit_with_workflow
 from ..engine.telemetry import window_summary, write_frame
 from ..core.records import utc_now
-from ..core.paths import RecordFolder
+from ..core.paths import RecordFolder, first_start_of
 from .serve import RecordHead, ServerJob, Stopwatch, outcome_text
 from .serving import claims_workloads, run_workloads
 from .contract import Item, JobInputs, Measurement
@@ -236,6 +234,7 @@ class MeasureSpec:
     model: str
     item: Item
     measurement: Measurement
+    start: int = 1  # which of the configuration's server starts (item.starts) this job is
     job: ClassVar[str] = "measure"
     KEYS: ClassVar[tuple[str, ...]] = ("model", "item", "config")
 
@@ -248,16 +247,24 @@ class MeasureSpec:
         return self.item.settings.get("draft_model")
 
     def to_dict(self) -> dict:
-        return {"model": self.model, "item": self.item.as_dict(self.model), "config": self.measurement.as_dict()}
+        start = {"start": self.start} if self.start != 1 else {}
+        return {
+            "model": self.model,
+            "item": self.item.as_dict(self.model),
+            "config": self.measurement.as_dict(),
+            **start,
+        }
 
     @classmethod
     def from_dict(cls, raw: dict) -> MeasureSpec:
-        return cls(raw["model"], Item.of(raw["item"]), Measurement.of(raw["config"]))
+        return cls(raw["model"], Item.of(raw["item"]), Measurement.of(raw["config"]), raw.get("start", 1))
 
     def run(self, inputs: JobInputs, outputs: dict) -> str:
         """Measure; ``outputs``: record, server_log, telemetry. Returns the line it prints."""
         paths = MeasurePaths(Path(outputs["record"]), Path(outputs["server_log"]), Path(outputs["telemetry"]))
         rec = measure(self, inputs, paths)
+        if rec.get("left_out"):
+            return f"{self.model} {rec['config_id']}: {_final_text(rec)}"
         return f"{self.model} {rec['config_id']}: {rec['outcome']}" + (
             f" ({rec['phase']}: {rec['message']})" if rec["message"] else ""
         )
@@ -285,53 +292,60 @@ class MeasurePaths:
 def measure(spec: MeasureSpec, inputs: JobInputs, paths: MeasurePaths, load_only: bool = False) -> dict:
     """Start the server for one configuration, run the workloads, stop it, write the record (``load_only``: start
     it and stop it once ready, for a search's calibration), saying its outcome on the console. A ``--fit on`` whose
-    target crashline chose is aimed at the margin (``measure_aimed``)."""
+    target crashline chose is aimed at the margin (``measure_aimed``); a later start of a configuration (``spec.start``
+    > 1) is ``later_start``."""
     item = spec.item
-    with progress.job(f"measure {spec.model} {item.id}"):
-        said_why_again(paths.record, spec)
-        # a job's config holds no margin (it does not decide what a server measures): the target crashline chose is
-        # the margin (settings.aim_fit); the H200 lease of session 14 ran unaimed while this read the budget's
-        if not load_only and settings_mod.fit_aimed(item.settings, item.given):
-            record = measure_aimed(item.settings["fit_target"], spec, inputs, paths)
+    with progress.job(f"measure {spec.model} {item.id}" + (f" start {spec.start}" if spec.start > 1 else "")):
+        if spec.start > 1:
+            record = later_start(spec, inputs, paths)
         else:
-            record = _measure(spec, inputs, paths, load_only=load_only)
-        if item.starts > 1 and not load_only:
-            record = later_starts(record, spec, inputs, paths)
+            said_why_again(paths.record, spec)
+            # a job's config holds no margin (it does not decide what a server measures): the target crashline chose
+            # is the margin (settings.aim_fit); the H200 lease of session 14 ran unaimed while this read the budget's
+            if not load_only and settings_mod.fit_aimed(item.settings, item.given):
+                record = measure_aimed(item.settings["fit_target"], spec, inputs, paths)
+            else:
+                record = _measure(spec, inputs, paths, load_only=load_only)
         progress.say(_final_text(record))
         return record
 
 
-def later_starts(record: dict, spec: MeasureSpec, inputs: JobInputs, paths: MeasurePaths) -> dict:
-    """Server starts 2..N of a configuration whose entry asks for N (``item.starts``), one after another,
-    each a whole measurement at the settings the first ran (an aimed --fit on at the target it settled on), recorded
-    in ``start-K/`` beside the record, which lists them (``start_records``, relative to its folder); the tables pool
-    them as a search's finalist's starts, so that the spread between starts decides a tie (tables.ties). None after
-    a start that failed, or a --fit on whose last aim still left less than the margin: it cannot be the answer; none
-    once a start would end past the run's time limit (``eta.over_time``; the record says so: ``time_cut``)."""
-    record_path, starts = paths.record, spec.item.starts
-    as_first = dataclasses.replace(spec, item=dataclasses.replace(spec.item, settings=record["settings"]))
-    later, last, took, began, cut = [], record, [_seconds(record)], time.time(), None
-    for k in range(2, starts + 1):
-        if why := _no_more_starts(last, k - 1, record):
-            progress.say(f"no start {k}/{starts}: {why}")
-            break
-        if cut := eta.over_time(f"start {k} of {starts} and any later one", spec.item.time_limit_s, took, began):
-            progress.say(f"no start {k}/{starts}: {cut}")
-            record = {**record, "time_cut": cut}
-            break
-        progress.say(f"start {k}/{starts} of {spec.item.id}, as the first ran")
-        folder = RecordFolder.of(record_path).later_start(k)
-        folder.folder.mkdir(parents=True, exist_ok=True)
-        start_paths = MeasurePaths.of(folder)
-        last = _measure(as_first, inputs, start_paths)
-        took.append(_seconds(last))
-        later.append(str(start_paths.record.relative_to(record_path.parent)))
-    for k in itertools.count(len(later) + 2):  # what an earlier run of this job left past its starts now: stale
-        stale = RecordFolder.of(record_path).later_start(k).folder
-        if not stale.is_dir():
-            break
-        shutil.rmtree(stale)
-    return records.write(record_path, "measure", {**record, "start_records": later}) if later or cut else record
+def later_start(spec: MeasureSpec, inputs: JobInputs, paths: MeasurePaths) -> dict:
+    """Server start ``spec.start`` (k > 1) of a configuration whose entry asks for ``item.starts``: a whole
+    measurement at the settings its first start ran (an aimed --fit on at the target it settled on), recorded in
+    ``start-K/`` beside the first's record (``paths.record``). The workflow runs start k of a model's configurations
+    only once each has made start k - 1 (A B, A B: drift between starts hits every configuration alike), and the
+    tables pool the starts as a search's finalist's, so that the spread between starts decides a tie (tables.ties).
+    Left out, in a record that says why (``left_out``), after a start of it that failed or was left out, or a --fit on
+    whose last aim still left less than the margin: it cannot be the answer; and where the start would end past the
+    run's time limit (``eta.over_time``; also ``time_cut``)."""
+    k = spec.start
+    first_path = first_start_of(paths.record)
+    if first_path is None:
+        raise ValueError(f"{paths.record}: start {k} of a configuration is recorded in start-{k}/ beside its first")
+    first = records.load(first_path, "measure")
+    earlier = [
+        first,
+        *(records.load(RecordFolder.of(first_path).later_start(j).measure, "measure") for j in range(2, k)),
+    ]
+    last = earlier[-1]
+    head = {"model": first["model"], "config_id": first["config_id"], "start": k}
+    why = last.get("left_out") or _no_more_starts(last, k - 1, first)
+    cut = (
+        None
+        if why
+        else eta.over_time(
+            f"start {k} of {spec.item.starts}", spec.item.time_limit_s, [_seconds(r) for r in earlier], time.time()
+        )
+    )
+    if why or cut:
+        return records.write(
+            paths.record, "measure", {**head, "left_out": why or cut, **({"time_cut": cut} if cut else {})}
+        )
+    progress.say(f"start {k}/{spec.item.starts} of {spec.item.id}, as the first ran")
+    paths.record.parent.mkdir(parents=True, exist_ok=True)
+    as_first = dataclasses.replace(spec, item=dataclasses.replace(spec.item, settings=first["settings"]))
+    return _measure(as_first, inputs, paths)
 
 
 def _seconds(record: dict) -> float:
@@ -424,6 +438,8 @@ def keep_attempt(paths: MeasurePaths, target: int) -> Path:
 
 
 def _final_text(record: dict) -> str:
+    if record.get("left_out"):
+        return f"start {record['start']} left out: {record['left_out']}"
     if record["outcome"] != Outcome.OK:
         return f"measurement {outcome_text(record)}"
     if record.get("load_only"):

@@ -16,6 +16,7 @@ import json
 from pathlib import Path
 
 from ..config import plan
+from ..config.file import ConfigError
 from ..core.atomic import read_json
 from .contract import (
     Budget,
@@ -48,7 +49,6 @@ def to_json(job_spec: JobSpec) -> str:
 
 def from_json(text: str) -> JobSpec:
     """A spec back from ``to_json``'s text (``--spec``); ConfigError naming what is wrong with it."""
-    from ..config.file import ConfigError
 
     try:
         raw = json.loads(text)
@@ -57,7 +57,7 @@ def from_json(text: str) -> JobSpec:
     kind = KINDS.get(raw.pop("job", None)) if isinstance(raw, dict) else None
     if kind is None:
         raise ConfigError(f"--spec: no job of {', '.join(KINDS)} named in it; give the text the workflow passes")
-    optional = {"twin"} if kind is NeedleSpec else set()
+    optional = {NeedleSpec: {"twin"}, MeasureSpec: {"start"}}.get(kind, set())
     unknown, lacking = sorted(set(raw) - set(kind.KEYS) - optional), sorted(set(kind.KEYS) - set(raw))
     if unknown or lacking:
         said = "; ".join([*(f"unknown key {k!r}" for k in unknown), *(f"no {k!r}" for k in lacking)])
@@ -98,12 +98,19 @@ def _recall(config: dict, model: str) -> Recall:
     )
 
 
-def measure_spec(config: dict, model: str, cid: str) -> MeasureSpec:
-    """What a measurement reads: the configuration, the workloads and how they are run."""
+def measure_spec(config: dict, model: str, cid: str, start: int = 1) -> MeasureSpec:
+    """What a measurement reads: the configuration, the workloads and how they are run, and which of the
+    configuration's server starts it is."""
     item = plan.find(config, model, cid)
-    if config.get("time_limit_s") and item.get("starts", 1) > 1:  # its later starts are optional
+    starts = item.get("starts", 1)
+    if not 1 <= start <= starts:
+        raise ConfigError(
+            f"measure --start {start}: configuration {cid} of {model} has {starts} server start(s) (its entry's key "
+            f"starts); give a start from 2 to {starts}, or raise the entry's starts to {max(start, 2)}"
+        )
+    if config.get("time_limit_s") and starts > 1:  # its later starts are optional
         item = {**item, "time_limit_s": config["time_limit_s"]}
-    return MeasureSpec(model, Item.of(item), measurement_of(config, cid))
+    return MeasureSpec(model, Item.of(item), measurement_of(config, cid), start)
 
 
 def search_spec(config: dict, model: str, gid: str) -> SearchSpec:
@@ -169,8 +176,9 @@ def measurement_of(config: dict, cid: str | None = None) -> Measurement:
 SPECS = {"measure": measure_spec, "search": search_spec, "needle": needle_spec, "search_needle": search_needle_spec}
 
 
-def spec(job: str, config: dict, model: str, job_id: str) -> JobSpec:
-    return SPECS[job](config, model, job_id)
+def spec(job: str, config: dict, model: str, job_id: str, start: int = 1) -> JobSpec:
+    """A job's spec; ``start``: which server start of a configuration a measure job is (1 for every other job)."""
+    return SPECS[job](config, model, job_id, start) if start != 1 else SPECS[job](config, model, job_id)
 
 
 def inputs(fetch: Path, manifest: Path, provenance: Path, draft_fetch: Path | None = None) -> JobInputs:

@@ -6,7 +6,7 @@
 ``searches``: one row per n_cpu_moe search.
 
 A search's finalist has several server starts (``records/ID/`` and ``records/ID/start-K/``), and so has a
-configuration whose entry asks for ``starts`` (its record lists the later ones, ``start_records``): its starts
+configuration whose entry asks for ``starts`` (its later starts' records, ``start-K/`` beside its first): its starts
 are one row in ``configs`` and ``measurements`` (``pool_starts``), with ``starts`` the number of starts,
 each statistic over every request of every start, and ``*_start_medians`` each start's own median.
 Other records are one row each, as they are.
@@ -24,7 +24,7 @@ import pyarrow as pa
 
 from ..core import columns as cols
 from ..core import host as host_mod
-from ..core.paths import SearchFolder
+from ..core.paths import SearchFolder, first_start_of
 from ..core.records import Outcome
 from ..core import records
 from ..core import settings as settings_mod
@@ -321,17 +321,26 @@ def start_groups(search_paths: list[Path]) -> list[list[Path]]:
 
 def _pooled_records(record_paths: list[Path], starts: list[list[Path]]):
     """Each record path's record, the starts of one configuration (``starts``) pooled into one, at the place of
-    the first of them given; a record that lists later starts of its own (``start_records``: an entry's ``starts``)
-    pooled with them."""
+    the first of them given; the later starts of an entry's configuration (``starts``: ``start-K/`` beside its first
+    record) given beside their first pooled with it, those left out (``left_out``) dropped."""
     group_of = {Path(p).absolute(): group for group in starts for p in group}
     given = {Path(p).absolute() for p in record_paths}
+    later_of: dict[Path, list[Path]] = {}
+    for path in record_paths:
+        first = first_start_of(path)
+        if first is not None and first.absolute() in given:
+            later_of.setdefault(first.absolute(), []).append(Path(path))
     done = set()
     for path in record_paths:
+        if (first := first_start_of(path)) is not None and first.absolute() in given:
+            continue  # pooled with its first
         group = group_of.get(Path(path).absolute())
         if group is None:
             rec = records.load(path, "measure")
-            later = [records.load(Path(path).parent / p, "measure") for p in rec.get("start_records") or []]
-            yield pool_starts([rec, *later])
+            later = sorted(later_of.get(Path(path).absolute(), []), key=lambda p: int(p.parent.name.rsplit("-", 1)[1]))
+            yield pool_starts(
+                [rec, *(r for r in map(lambda p: records.load(p, "measure"), later) if not r.get("left_out"))]
+            )
         elif id(group) not in done:
             done.add(id(group))
             yield pool_starts([records.load(p, "measure") for p in group if Path(p).absolute() in given])

@@ -1,0 +1,59 @@
+"""An entry's later server starts run interleaved (#41 item 1): start 2 of a model's configurations only once each has
+made start 1 (A B, A B), so that drift between starts hits every configuration alike; a configuration whose first start
+failed is not started again, and says so."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pandas as pd
+import pytest
+
+from conftest import REPO, snakemake_in
+
+pytestmark = pytest.mark.e2e
+
+CONFIG = """\
+models:
+  tiny-moe: {source: "synthetic:tiny-moe"}
+defaults: {ctx: 1024, threads: 2}
+configurations:
+  - grid: {ubatch: [128, 512]}
+    starts: 2
+  - settings: {ctx: 256}
+    starts: 2
+workloads:
+  - {name: short, prompt_tokens: 300, gen_tokens: 8}
+repetitions: 1
+validity: {enabled: false}
+"""
+
+
+def test_later_starts_run_once_every_configuration_made_the_one_before(tmp_path, server_provenance):
+    work = tmp_path / "run"
+    work.mkdir()
+    for name in ("Snakefile", "rules", "scripts", "profiles", "envs"):
+        (shutil.copytree if (REPO / name).is_dir() else shutil.copy)(REPO / name, work / name)
+    (work / "config").mkdir()
+    (work / "config" / "config.yaml").write_text(CONFIG)
+    done = snakemake_in(work, "report")
+    assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
+
+    folders = sorted((work / "results" / "records" / "tiny-moe").iterdir())
+    first = {f.name: json.loads((f / "measure.json").read_text()) for f in folders}
+    second = {f.name: json.loads((f / "start-2" / "measure.json").read_text()) for f in folders}
+    failed = [cid for cid, rec in first.items() if rec["outcome"] != "ok"]
+    assert len(failed) == 1 and first[failed[0]]["outcome"] == "context_exceeded"
+    assert second[failed[0]]["left_out"].startswith("start 1 ended context_exceeded (short: request (300 tokens)")
+    served = [cid for cid in first if cid not in failed]
+    assert len(served) == 2 and all(second[cid]["outcome"] == "ok" for cid in served)
+    # round 2 begins once round 1 has ended, for every configuration: A B, A B
+    assert max(rec["finished_at"] for rec in first.values()) <= min(second[cid]["started_at"] for cid in served)
+
+    configs = pd.read_parquet(work / "results" / "tables" / "configs.parquet").set_index("config_id")
+    assert configs.loc[served, "starts"].tolist() == [2, 2] and configs.loc[failed[0], "starts"] == 1
+    measurements = pd.read_parquet(work / "results" / "tables" / "measurements.parquet").set_index("config_id")
+    assert measurements.loc[served, "decode_tps_n"].tolist() == [2, 2]  # one timed request of each start
+    again = snakemake_in(work, "-n", "report")
+    assert "Nothing to be done" in again.stdout + again.stderr
