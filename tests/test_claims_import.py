@@ -118,6 +118,49 @@ def test_hand_made_table_without_lengths_claims_nothing_and_says_why(tmp_path):
     assert not (tmp_path / "ik-llama-pr1593-ncmoe-notes.yaml").exists()
 
 
+def test_a_table_headed_in_chinese(tmp_path):
+    # OminiX-Ascend's change.md (a llama.cpp fork): four tables | 测试 | Baseline | <setup> | 加速 | of pp512 / tg128,
+    # "1135 t/s" with its unit in the cell, a speed-up column, "-fa 1" in one table's heading
+    result, content = imported(tmp_path, "ominix-ascend-cann-zh.md")
+    rows = rows_by_label(content)
+    assert len(rows) == 16  # 4 tables x 2 tests x 2 columns of speeds: the ratios are no claim
+    fa = rows["FA, pp512"]
+    assert fa["claimed"] == {"prefill_tps": 5722.0} and "claimed_spread" not in fa  # no ± in the table
+    assert fa["workload"] == {"prompt_tokens": 512, "gen_tokens": 1}
+    assert rows["V cache 优化, tg128"]["claimed"] == {"decode_tps": 37.7}
+    assert rows["V cache 优化, tg128"]["workload"] == {"prompt_tokens": 1, "gen_tokens": 128}
+    # the same Baseline in every table: each led by its own table's heading
+    baseline = rows["优化 2: 启用 Flash Attention (运行参数 -fa 1): Baseline, tg128"]
+    assert baseline["claimed"] == {"decode_tps": 27.15}
+    assert rows["Flash Attention 模式 (FA + 算子融合) — 推荐: 优化后, tg128"]["claimed"] == {"decode_tps": 42.82}
+    assert all("note" not in r for r in rows.values())  # "t/s" after a number is its unit, no remark
+    # the heading's -fa 1 is read, but is not the Baseline column's: given to neither, said, left unknown
+    assert (
+        "table at line 39: its columns 'Baseline', 'FA' set setups side by side that it does not state apart; what "
+        "is stated above it (flash_attn on) is given to none of them" in result.lines
+    )
+    assert all(
+        r["stated"] == {} and {"flash_attn", "n_gpu_layers", "build"} <= set(r["unknown"]) for r in rows.values()
+    )
+    assert "table at line 31: column '加速' holds ratios, not speeds; not claimed" in result.lines
+    assert len(loaded(tmp_path, "ominix-ascend-cann-zh.md")["rows"]) == 16
+
+
+def test_flags_in_the_heading_of_a_table_in_another_language():
+    # a table of one setup: its section's title states -fa 1 and -ub 512 for every row; the document's title does not
+    text = (
+        "# 测试 -ub 2048\n\n### 结果（运行参数 -fa 1，-ub 512）\n\n"
+        "| 模型 | 测试 | 结果 |\n|---|---|---:|\n| 8B | pp512 | 9761.76 ± 1092.59 t/s |\n| 8B | tg128 | 151.18 t/s |\n"
+    )
+    result = CI.read_markdown(text)
+    rows = {r["label"]: r for r in result.rows}
+    assert set(rows) == {"pp512", "tg128"}
+    assert rows["pp512"]["claimed"] == {"prefill_tps": 9761.76}
+    assert rows["pp512"]["claimed_spread"] == {"prefill_tps": 1092.59}
+    assert all(r["stated"] == {"flash_attn": "on", "ubatch": 512} for r in rows.values())
+    assert result.lines == []
+
+
 def test_rows_that_do_not_fit_their_header_are_not_read(tmp_path):
     # ik_llama.cpp#283: a header of 12 columns over rows of 13 cells (n_ubatch printed twice)
     with pytest.raises(CI.ImportRefused) as refused:

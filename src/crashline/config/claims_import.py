@@ -5,7 +5,9 @@ block of flags in its section) and the ``build: 1a2b3c4 (6050)`` line llama-benc
 turns the speed tables among them into a claims file's content (``config.claims`` loads it): every setting a row
 states (from its columns, the headings, the flag block), the workload each test name means (``pp512`` a prompt of
 512 tokens, ``tg128`` 128 generated, ``@ d8192`` after 8,192 tokens), each claimed number with its ± spread, and the
-speed settings the table leaves out, listed as unknown. What it cannot read it says, one line each (``Imported.lines``):
+speed settings the table leaves out, listed as unknown. A column is known by what its cells hold as much as by its
+name, so a table headed in another language (``| 测试 | Baseline | FA |`` over ``pp512 | 1135 t/s | 5722 t/s``) is
+read as one headed in English. What it cannot read it says, one line each (``Imported.lines``):
 it never guesses a number. Nothing read here reaches llama-server except as a crashline setting, checked as a config's
 is: a flag that is no setting is named and left out, never passed through.
 
@@ -144,6 +146,10 @@ _KV = re.compile(
     r"|q5_0|q5_1|iq4_nl)\b",
     re.IGNORECASE,
 )
+
+
+_TEST_CELL = re.compile(r"(pp|tg)\s*\d+(\s*@\s*d\d+)?", re.IGNORECASE)  # a cell that is a test name and nothing else
+_RATIO_CELL = re.compile(r"\d+(\.\d+)?\s*[x×]", re.IGNORECASE)  # a speed-up: 5.2x
 
 
 def plain(cell: str) -> str:
@@ -287,6 +293,23 @@ def heading_settings(headings: list[str]) -> dict:
     return stated
 
 
+def heading_flags(title: str) -> tuple[dict, list[str]]:
+    """The settings the flags in the title of a table's own section state (``优化 2: 启用 Flash Attention (运行参数
+    -fa 1)``: ``-fa 1``), read as a flag block's are, and what could not be taken. Only the section's own title: a
+    document's title spans tables of other setups."""
+    found = re.findall(
+        r"(?<![\w-])(--?[A-Za-z][\w-]*)(?:[ =]([\w.:-]+))?", re.sub(r"[()（）\[\]【】,，;；]", " ", title)
+    )
+    if not found:
+        return {}, []
+    stated, _, lines = flag_settings(" ".join(" ".join(p for p in pair if p) for pair in found))
+    return stated, lines
+
+
+def _said(stated: dict) -> str:
+    return ", ".join(f"{name} {value}" for name, value in stated.items())
+
+
 # -- a table into claims rows --------------------------------------------------------------------------------------
 
 
@@ -296,6 +319,7 @@ class Speed:
 
     line: int
     cells: dict
+    column: str
     metric: Metric
     value: float
     spread: float | None
@@ -313,16 +337,34 @@ class Imported:
     tables: int = 0
 
 
+def _column_cells(table: Table, j: int) -> list[str]:
+    return [plain(cells[j]) for _, cells in table.rows if len(cells) == len(table.header) and plain(cells[j])]
+
+
+def _cells_are(table: Table, j: int, kind: str) -> bool:
+    """Whether every filled cell of column ``j`` (one at least) is a test name (``pp512``), a number of tokens/s with
+    its unit (``1135 t/s``) or a ratio (``5.2x``): what the column holds, whatever language its name is in."""
+    cells = _column_cells(table, j)
+    if kind == "test":
+        return bool(cells) and all(_TEST_CELL.fullmatch(c) for c in cells)
+    if kind == "ratio":
+        return bool(cells) and all(_RATIO_CELL.fullmatch(c) for c in cells)
+    read = [number(c) for c in cells]
+    return bool(cells) and all(not isinstance(r, str) and _TPS.fullmatch(r[2]) for r in read)
+
+
 def _columns(table: Table, out: Imported) -> dict | None:
     """Each column's role: ("setting", name), ("kv",), ("speed", Metric or None: by the test column), ("test",),
-    ("note",), ("build",), ("other",); None for a table with no speed it can claim (said in ``out.lines``)."""
+    ("note",), ("build",), ("ratio",), ("other",); None for a table with no speed it can claim (said in
+    ``out.lines``). A column named in no words import knows is known by its cells: test names, tokens/s with their
+    unit, ratios."""
     roles, unclear = {}, []
     for j, name in enumerate(table.header):
         key = plain(name).lower()
         speed = _speed_column(name)
-        if key == TEST_COLUMN:
+        if key == TEST_COLUMN or (speed is None and _cells_are(table, j, "test")):
             roles[j] = ("test",)
-        elif key in ("t/s", "tok/s", "tokens/s"):
+        elif key in ("t/s", "tok/s", "tokens/s") or (speed is None and _cells_are(table, j, "tokens/s")):
             roles[j] = ("speed", None)
         elif isinstance(speed, Metric):
             roles[j] = ("speed", speed)
@@ -335,6 +377,9 @@ def _columns(table: Table, out: Imported) -> dict | None:
             roles[j] = ("build",)
         elif key in BOTH_KV:
             roles[j] = ("kv",)
+        elif _cells_are(table, j, "ratio"):
+            roles[j] = ("ratio",)
+            out.lines.append(f"table at line {table.line}: column {name!r} holds ratios, not speeds; not claimed")
         else:
             roles[j] = ("setting", _column_setting(name)) if _column_setting(name) else ("other",)
     where = f"table at line {table.line}"
@@ -370,7 +415,9 @@ def _speeds(table: Table, roles: dict, out: Imported) -> list[Speed]:
                 if read != "empty":
                     out.lines.append(where.format(line, table.header[j], cells[j]) + f": {read}; not claimed")
                 continue
-            speeds.append(Speed(line, by_name, metric, *read))
+            value, spread, remark = read
+            remark = "" if _TPS.fullmatch(remark) else remark  # 1135 t/s: the unit, no remark
+            speeds.append(Speed(line, by_name, table.header[j], metric, value, spread, remark))
     return speeds
 
 
@@ -414,13 +461,27 @@ def _test_name(s: Speed) -> str:
     return name + (f" @ d{s.metric.depth}" if s.metric.depth else "")
 
 
+def _compared(speeds: list[Speed]) -> list[str]:
+    """The speed columns that give one row the same test (``| pp512 | 1135 t/s | 5722 t/s |`` under ``Baseline`` and
+    ``FA``): setups the table sets side by side, in the order of the header."""
+    seen: dict[tuple[int, str], list[str]] = {}
+    for s in speeds:
+        seen.setdefault((s.line, _test_name(s)), []).append(s.column)
+    return list(dict.fromkeys(c for columns in seen.values() if len(columns) > 1 for c in columns))
+
+
 def _labels(speeds: list[Speed], roles: dict, header: list[str]) -> list[str]:
-    """Each claimed number's label: the cells that differ between the table's rows, then its test; unique (a
-    row's line is added where two would read the same)."""
-    names = [header[j] for j, r in roles.items() if r[0] not in ("speed", "test", "note")]
+    """Each claimed number's label: the cells that differ between the table's rows, the column where several give a
+    row the same test, then its test; unique (a row's line is added where two would read the same)."""
+    names = [header[j] for j, r in roles.items() if r[0] not in ("speed", "test", "note", "ratio")]
     varying = [n for n in names if len({plain(s.cells[n]) for s in speeds}) > 1]
+    compared = _compared(speeds)
     labels = [
-        ", ".join([f"{plain(n)} {plain(s.cells[n])}" for n in varying if plain(s.cells[n])] + [_test_name(s)])
+        ", ".join(
+            [f"{plain(n)} {plain(s.cells[n])}" for n in varying if plain(s.cells[n])]
+            + ([plain(s.column)] if s.column in compared else [])
+            + [_test_name(s)]
+        )
         for s in speeds
     ]
     return [f"{label} (line {s.line})" if labels.count(label) > 1 else label for label, s in zip(labels, speeds)]
@@ -438,8 +499,17 @@ def read_table(table: Table, out: Imported) -> None:
     out.tables += 1
     above, table_workload, flag_lines = flag_settings(table.code) if table.code else ({}, {}, [])
     out.lines += [f"table at line {table.line}, flag block above it: {x}" for x in flag_lines]
-    above = {**above, **heading_settings(table.headings)}
+    titled, title_lines = heading_flags(table.headings[-1]) if table.headings else ({}, [])
+    out.lines += [f"table at line {table.line}, its heading: {x}" for x in title_lines]
+    above = {**above, **titled, **heading_settings(table.headings)}
     speeds = _speeds(table, roles, out)
+    compared = _compared(speeds)
+    if compared and above:
+        out.lines.append(
+            f"table at line {table.line}: its columns {', '.join(map(repr, compared))} set setups side by side that it "
+            f"does not state apart; what is stated above it ({_said(above)}) is given to none of them"
+        )
+        above = {}
     for s in speeds:  # a column without its length (Decode t/s) takes the llama-bench command's -p / -n
         if s.metric.tokens is None:
             s.metric = Metric(s.metric.kind, table_workload.get("prompt" if s.metric.kind == "pp" else "gen"))
@@ -479,8 +549,16 @@ def read_markdown(text: str, only: int | None = None) -> Imported:
         if not 1 <= only <= len(tables):
             raise ImportRefused(f"--table {only}: the file has {len(tables)} table(s)")
         tables = [tables[only - 1]]
+    sections = []  # (first row, last row + 1, what names the table) of each table read
     for table in tables:
+        first = len(out.rows)
         read_table(table, out)
+        sections.append((first, len(out.rows), table.headings[-1] if table.headings else f"table at line {table.line}"))
+    labels = [r["label"] for r in out.rows]
+    for first, end, name in sections:  # a label two tables give (Baseline, pp512) is led by its table's heading
+        for row in out.rows[first:end]:
+            if labels.count(row["label"]) > 1:
+                row["label"] = f"{name}: {row['label']}"
     if not out.tables:
         out.lines.append("no speed table found (a table with a column of prefill or decode tokens/s)")
     if len(out.models) > 1:
