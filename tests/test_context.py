@@ -157,3 +157,45 @@ def test_the_longest_context_of_a_real_answer_is_found_within_a_step_of_the_pred
     speed = f"(end to end {rec['workloads'][0]['e2e_tps']['median']:,.1f} t/s at fill)"  # beside the answer's speed
     assert f"{speed}: holds {found['longest_ctx']:,} tokens with {found['headroom_mib']:,.0f} MiB" in printed
     assert f"predicted {target:,}; -c {found['longest_ctx'] + step:,} " in printed
+
+
+def test_finalists_are_those_tied_with_the_answer_and_its_searches_survivors(tmp_path, monkeypatch, capsys):
+    """--finalists (#43 item 3): besides each answer, the configurations it was chosen among, each once: those the
+    speeds could not tell from it, then its searches' finalists that survived every start (not one that failed),
+    each with its own speed from the run's measurements table; without the flag, the answer alone."""
+    import pandas as pd
+
+    from crashline.core import records
+
+    root = tmp_path / "results"
+    layout = Layout(root)
+    raw = {"models": {"m": {"source": "synthetic:tiny-moe"}}, "configurations": [{}], "results_dir": str(root)}
+    cfg = C.validate({**raw, "workloads": [{"name": "deep", "prompt_tokens": 64, "gen_tokens": 8}]}, SCHEMA)
+    write_json(root / ".crashline" / "config.json", cfg)
+    answer = {"model": "m", "winner": "a" * 10, "speed": 50.0, "metric": "e2e_tps", "metric_label": "end to end"}
+    write_json(layout.recommendation(), [{**answer, "workload": "deep", "tied_with": ["t" * 10]}])
+    finals = [
+        {"n_cpu_moe": 3, "survived": True, "records": ["a" * 10, "a" * 10]},
+        {"n_cpu_moe": 4, "survived": True, "records": ["b" * 10, "c" * 10]},
+        {"n_cpu_moe": 5, "survived": False, "records": ["d" * 10]},
+        {"n_cpu_moe": 6, "survived": True, "records": ["t" * 10]},
+    ]
+    records.write(layout.search("m", "g" * 10), "search", {"records": [], "finalists": finals})
+    layout.measurements_table().parent.mkdir(parents=True)
+    rows = [("t" * 10, "deep", 48.0), ("b" * 10, "deep", 45.5), ("b" * 10, "short", 99.0)]
+    pd.DataFrame(rows, columns=["config_id", "workload", "e2e_tps_median"]).assign(model="m").to_parquet(
+        layout.measurements_table()
+    )
+    asked = []
+
+    def one(cfg, layout, model, cid, out, step, host_ram_mib, margin_mib, speed):
+        asked.append((cid, speed["role"], speed["speed"]))
+        return {"model": model, "config_id": cid, "line": f"{cid} {speed['role']}"}
+
+    monkeypatch.setattr(X, "answer_context", one)
+    X.context(root, tmp_path / "out")
+    assert asked == [("a" * 10, "answer", 50.0)]
+    asked.clear()
+    assert main(["context", str(root), "--out", str(tmp_path / "out2"), "--finalists"]) == 0
+    assert asked == [("a" * 10, "answer", 50.0), ("t" * 10, "finalist", 48.0), ("b" * 10, "finalist", 45.5)]
+    assert f"{'b' * 10} finalist" in capsys.readouterr().out

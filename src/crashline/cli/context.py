@@ -12,7 +12,12 @@ from .exits import Said
 
 
 def context_of(
-    results: str | Path, out: str | Path, step: int | None, host_ram: str | None, margin: str | None
+    results: str | Path,
+    out: str | Path,
+    step: int | None,
+    host_ram: str | None,
+    margin: str | None,
+    with_finalists: bool = False,
 ) -> Said:
     from ..jobs.context import context
 
@@ -20,5 +25,5 @@ def context_of(
     folder = own_folder(out, "--out")
     host_ram_mib = parse_size_mib(host_ram, "--host-ram") if host_ram else None
     margin_mib = parse_size_mib(margin, "--margin", minimum=0) if margin else None
-    found = context(Path(results), folder, step, host_ram_mib, margin_mib)
+    found = context(Path(results), folder, step, host_ram_mib, margin_mib, with_finalists)
     return Said([*(f["line"] for f in found), f"written: {folder / 'context.json'}"])

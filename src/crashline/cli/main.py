@@ -217,6 +217,12 @@ def parser() -> argparse.ArgumentParser:
         "machine's RAM), each start under a memory cgroup of that size",
     )
     s.add_argument("--margin", help="the memory each start's peak must leave (e.g. 256MiB; default the run's margin)")
+    s.add_argument(
+        "--finalists",
+        action="store_true",
+        help="also the configurations each answer was chosen among (those tied with it, its searches' finalists): "
+        "the longest context of each beside its speed, a bisection of real starts each",
+    )
     s = verb(
         "compare",
         verbs.cmd_compare,

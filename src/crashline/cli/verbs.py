@@ -300,7 +300,7 @@ def cmd_recheck(args) -> int:
 def cmd_context(args) -> int:
     from .context import context_of
 
-    lines = context_of(args.results, args.out, args.step, args.host_ram, args.margin)
+    lines = context_of(args.results, args.out, args.step, args.host_ram, args.margin, args.finalists)
     print("\n".join(lines))
     return lines.status
 

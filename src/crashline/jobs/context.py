@@ -134,7 +134,7 @@ def line(found: dict) -> str:
         said.append(f"-c {above['ctx']:,} {above['why']}")
     elif found["longest_ctx"] == found["top_ctx"]:
         said.append(f"the model's trained context, {found['top_ctx']:,}")
-    where = f"{found['model']} {found['config_id']}"
+    where = f"{'finalist ' if found.get('role') == 'finalist' else ''}{found['model']} {found['config_id']}"
     if found.get("speed") is not None:
         where += f" ({found['speed_label']} {found['speed']:,.1f} t/s at {found['workload']})"
     if found["longest_ctx"] is None:
@@ -269,11 +269,46 @@ def answer_speed(answer: dict) -> dict:
     return {"speed": answer.get("speed"), "speed_label": answer.get("metric_label"), "workload": answer.get("workload")}
 
 
+def finalists(layout: Layout, answer: dict) -> list[str]:
+    """The configurations an answer was chosen among (#43 item 3), in order, the answer left out: those the speeds
+    could not tell from it (recommendation.json's ``tied_with``), then the finalists of the model's searches that
+    survived every start (their first start's probe id, as search.json lists them)."""
+    model, ids = answer["model"], list(answer.get("tied_with") or [])
+    for summary in sorted((layout.root / "search" / model).glob("*/search.json")):
+        for final in records.load(summary, "search").get("finalists") or []:
+            if final.get("survived") and final.get("records"):
+                ids.append(final["records"][0])
+    return [cid for cid in dict.fromkeys(ids) if cid != answer["winner"]]
+
+
+def finalist_speed(layout: Layout, answer: dict, cid: str) -> dict:
+    """A finalist's speed by its answer's objective (the run's measurements table), beside its context."""
+    import pandas as pd
+
+    speed = None
+    if layout.measurements_table().is_file():
+        table = pd.read_parquet(layout.measurements_table())
+        rows = table[
+            (table["model"] == answer["model"])
+            & (table["config_id"] == cid)
+            & (table["workload"] == answer.get("workload"))
+        ]
+        column = f"{answer.get('metric')}_median"
+        if len(rows) and column in rows and rows[column].notna().any():
+            speed = float(rows[column].dropna().iloc[0])
+    return {**answer_speed(answer), "speed": speed, "role": "finalist"}
+
+
 def context(
-    results: Path, out: Path, step: int | None = None, host_ram_mib: int | None = None, margin_mib: int | None = None
+    results: Path,
+    out: Path,
+    step: int | None = None,
+    host_ram_mib: int | None = None,
+    margin_mib: int | None = None,
+    with_finalists: bool = False,
 ) -> list[dict]:
-    """Every answer of the finished run at ``results`` (its results_dir): ``answer_context`` each, written to
-    ``out``/context.json."""
+    """Every answer of the finished run at ``results`` (its results_dir), and with ``with_finalists`` the
+    configurations it was chosen among (``finalists``): ``answer_context`` each, written to ``out``/context.json."""
     layout = Layout(Path(results))
     saved = layout.root / ".crashline" / "config.json"
     for path, what in ((saved, "its config"), (layout.recommendation(), "its recommendation")):
@@ -287,12 +322,16 @@ def context(
         raise ConfigError(f"--step {step}: give a positive number of tokens (default {DEFAULT_STEP})")
     cfg = plan.validate(read_json(saved), plan.load_schema())
     answers = [a for a in read_json(layout.recommendation()) if a.get("winner")]
-    winners = {(a["model"], a["winner"]): answer_speed(a) for a in answers}
-    if not winners:
+    if not answers:
         raise ConfigError(f"{results}: the run recommended no configuration, so there is no answer to hold a context")
+    asked = {}
+    for a in answers:
+        asked[(a["model"], a["winner"])] = {**answer_speed(a), "role": "answer"}
+        for cid in finalists(layout, a) if with_finalists else []:
+            asked.setdefault((a["model"], cid), finalist_speed(layout, a, cid))
     found = [
         answer_context(cfg, layout, model, cid, out, step, host_ram_mib, margin_mib, speed)
-        for (model, cid), speed in winners.items()
+        for (model, cid), speed in asked.items()
     ]
     write_json(out / "context.json", found)
     return found
