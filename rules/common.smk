@@ -162,7 +162,8 @@ def measure_inputs(wildcards):
 
 def later_start_inputs(wildcards):
     """Start k of a configuration: a measurement's inputs, its own earlier starts (read to know whether it is left
-    out), and start k - 1 of every configuration of the model that asks for k starts: round k waits for round k - 1."""
+    out), and start k - 1 of every configuration of the model that asks for k starts: round k waits for round k - 1.
+    """
     model, k = wildcards.model, int(wildcards.k)
     return {
         **measure_inputs(wildcards),
