@@ -118,3 +118,17 @@ def test_llama_bench_checks_only_what_this_kind_of_machine_measured(other_machin
     table = pd.DataFrame([aggregate._config_row(r) for r in (theirs, ours)])
     assert table["gpu"].tolist() == ["NVIDIA H200", "no GPU"]
     assert this_machine(table)["gpu"].tolist() == ["no GPU"]
+
+
+def test_another_run_s_later_starts_are_merged_with_their_first(tmp_path):
+    """An entry's starts (start-K/ beside the first record) come with the other run's records, to be pooled."""
+    from crashline.core.paths import merged_records
+
+    other = tmp_path / "other"
+    for rel in ("records/m/aaaaaaaaaa/measure.json", "records/m/aaaaaaaaaa/start-2/measure.json"):
+        (other / rel).parent.mkdir(parents=True, exist_ok=True)
+        (other / rel).write_text("{}")
+    (other / "records" / "m" / "aaaaaaaaaa" / "needle.json").write_text("{}")
+    found = [p.relative_to(other).as_posix() for p in merged_records([str(other)], ["m"], "measure")]
+    assert found == ["records/m/aaaaaaaaaa/measure.json", "records/m/aaaaaaaaaa/start-2/measure.json"]
+    assert [p.name for p in merged_records([str(other)], ["m"], "needle")] == ["needle.json"]

@@ -247,13 +247,15 @@ def table_files(parquet_path: Path | str) -> list[Path]:
 
 def merged_records(folders: list[str], models, kind: str) -> list[Path]:
     """The ``kind`` records ("measure" or "needle") of ``models`` in other runs' results folders (merge_results),
-    in a stable order."""
+    in a stable order; a measurement's later starts (``start-K/``) with them, to be pooled with their first."""
     name = {"measure": RecordFolder.MEASURE, "needle": RecordFolder.NEEDLE}[kind]
+    where = [f"*/{name}", *([f"*/{LATER_START.format('*')}/{name}"] if kind == "measure" else [])]
     return [
         path
         for folder in folders
         for model in models
-        for path in sorted((Path(folder) / "records" / model).glob(f"*/{name}"))
+        for pattern in where
+        for path in sorted((Path(folder) / "records" / model).glob(pattern))
     ]
 
 
