@@ -415,7 +415,7 @@ def _fit_bar_started_twice(tmp_path, factor: float) -> Path:
                 r.update({k: r[k] * factor for k in ("prefill_tps", "decode_tps")})
                 r.update({k: r[k] / factor for k in ("prompt_ms", "predicted_ms", "ttft_s", "end_s")})
         w.update(summarize(w["runs"]))
-    records.write(folder / "start-2" / "measure.json", "measure", later)
+    records.write(folder / "start-2" / "measure.json", "measure", {**later, "start": 2})
     rerender.rerender(results)
     return results
 

@@ -48,9 +48,10 @@ def test_default_run_writes_report_and_tables(workflow):
     assert (configs[configs["s_ctx"] != 1024]["outcome"] == "ok").all()
     ok = measurements[measurements["workload_outcome"] == "ok"]
     assert (ok["decode_tps_median"] > 0).all()
-    ok = ok.merge(configs[["model", "config_id", "starts"]], on=["model", "config_id"], how="left")
-    assert (ok["prefill_tps_n"] == cfg["repetitions"] * ok["concurrency"] * ok["starts"]).all()  # every request
-    assert (ok["starts"] == 2).all()  # the default's entries that survive are started twice
+    started = configs[["model", "config_id", "starts"]].rename(columns={"starts": "config_starts"})
+    ok = ok.merge(started, on=["model", "config_id"], how="left")
+    assert (ok["prefill_tps_n"] == cfg["repetitions"] * ok["concurrency"] * ok["config_starts"]).all()  # every request
+    assert (ok["config_starts"] == 2).all()  # the default's entries that survive are started twice
     assert {"s_ubatch", "s_ctx", "s_n_cpu_moe", "s_cache_type_k", "server_sha256", "cpu_model"} <= set(measurements)
 
     md = (work / "results" / "report.md").read_text()

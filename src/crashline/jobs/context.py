@@ -24,7 +24,7 @@ from ..config.plan import ConfigError
 from ..core import progress, records
 from ..core import settings as S
 from ..core.atomic import read_json, write_json
-from ..core.paths import Layout, RecordFolder
+from ..core.paths import Layout, RecordFolder, SearchFolder
 from ..core.records import Outcome
 from ..core.units import MIB
 from ..engine import planner
@@ -274,7 +274,7 @@ def finalists(layout: Layout, answer: dict) -> list[str]:
     could not tell from it (recommendation.json's ``tied_with``), then the finalists of the model's searches that
     survived every start (their first start's probe id, as search.json lists them)."""
     model, ids = answer["model"], list(answer.get("tied_with") or [])
-    for summary in sorted((layout.root / "search" / model).glob("*/search.json")):
+    for summary in sorted((layout.root / "search" / model).glob(f"*/{SearchFolder.SUMMARY}")):
         for final in records.load(summary, "search").get("finalists") or []:
             if final.get("survived") and final.get("records"):
                 ids.append(final["records"][0])

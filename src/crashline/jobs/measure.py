@@ -345,7 +345,7 @@ def later_start(spec: MeasureSpec, inputs: JobInputs, paths: MeasurePaths) -> di
     progress.say(f"start {k}/{spec.item.starts} of {spec.item.id}, as the first ran")
     paths.record.parent.mkdir(parents=True, exist_ok=True)
     as_first = dataclasses.replace(spec, item=dataclasses.replace(spec.item, settings=first["settings"]))
-    return _measure(as_first, inputs, paths)
+    return records.write(paths.record, "measure", {**_measure(as_first, inputs, paths), "start": k})
 
 
 def _seconds(record: dict) -> float:

@@ -322,17 +322,25 @@ def start_groups(search_paths: list[Path]) -> list[list[Path]]:
 def _pooled_records(record_paths: list[Path], starts: list[list[Path]]):
     """Each record path's record, the starts of one configuration (``starts``) pooled into one, at the place of
     the first of them given; the later starts of an entry's configuration (``starts``: ``start-K/`` beside its first
-    record) given beside their first pooled with it, those left out (``left_out``) dropped."""
+    record, its ``start`` in it) given beside their first pooled with it, those left out (``left_out``) dropped; a
+    search probe's later starts only as its search lists them."""
     group_of = {Path(p).absolute(): group for group in starts for p in group}
     given = {Path(p).absolute() for p in record_paths}
-    later_of: dict[Path, list[Path]] = {}
+    later_of: dict[Path, list[Path]] = {}  # an entry's later starts (their record says which: ``start``)
     for path in record_paths:
         first = first_start_of(path)
-        if first is not None and first.absolute() in given:
+        if first is None or first.absolute() not in given:
+            continue
+        # runs before the later starts were jobs of their own listed them in the first's record (start_records)
+        listed = Path(path).relative_to(first.parent).as_posix() in records.load(first, "measure").get(
+            "start_records", []
+        )
+        if listed or records.load(path, "measure").get("start"):
             later_of.setdefault(first.absolute(), []).append(Path(path))
+    pooled_later = {p.absolute() for paths in later_of.values() for p in paths}
     done = set()
     for path in record_paths:
-        if (first := first_start_of(path)) is not None and first.absolute() in given:
+        if Path(path).absolute() in pooled_later:
             continue  # pooled with its first
         group = group_of.get(Path(path).absolute())
         if group is None:
