@@ -5,12 +5,11 @@ failed is not started again, and says so."""
 from __future__ import annotations
 
 import json
-import shutil
-
 import pandas as pd
 import pytest
 
-from conftest import REPO, snakemake_in
+from conftest import snakemake_in
+from helpers import copy_workflow
 
 pytestmark = pytest.mark.e2e
 
@@ -33,9 +32,7 @@ validity: {enabled: false}
 def test_later_starts_run_once_every_configuration_made_the_one_before(tmp_path, server_provenance):
     work = tmp_path / "run"
     work.mkdir()
-    for name in ("Snakefile", "rules", "scripts", "profiles", "envs"):
-        (shutil.copytree if (REPO / name).is_dir() else shutil.copy)(REPO / name, work / name)
-    (work / "config").mkdir()
+    copy_workflow(work)
     (work / "config" / "config.yaml").write_text(CONFIG)
     done = snakemake_in(work, "report")
     assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]

@@ -16,6 +16,7 @@ Every table has the columns ``columns`` names, of the types it gives, with rows 
 
 from __future__ import annotations
 
+import functools
 import statistics
 from pathlib import Path
 
@@ -325,6 +326,7 @@ def _pooled_records(record_paths: list[Path], starts: list[list[Path]]):
     record, its ``start`` in it) given beside their first pooled with it, those left out (``left_out``) dropped; a
     search probe's later starts only as its search lists them."""
     group_of = {Path(p).absolute(): group for group in starts for p in group}
+    load = functools.cache(lambda path: records.load(path, "measure"))  # each record read once
     given = {Path(p).absolute() for p in record_paths}
     later_of: dict[Path, list[Path]] = {}  # an entry's later starts (their record says which: ``start``)
     for path in record_paths:
@@ -332,10 +334,8 @@ def _pooled_records(record_paths: list[Path], starts: list[list[Path]]):
         if first is None or first.absolute() not in given:
             continue
         # runs before the later starts were jobs of their own listed them in the first's record (start_records)
-        listed = Path(path).relative_to(first.parent).as_posix() in records.load(first, "measure").get(
-            "start_records", []
-        )
-        if listed or records.load(path, "measure").get("start"):
+        listed = Path(path).relative_to(first.parent).as_posix() in load(first).get("start_records", [])
+        if listed or load(Path(path)).get("start"):
             later_of.setdefault(first.absolute(), []).append(Path(path))
     pooled_later = {p.absolute() for paths in later_of.values() for p in paths}
     done = set()
@@ -344,11 +344,8 @@ def _pooled_records(record_paths: list[Path], starts: list[list[Path]]):
             continue  # pooled with its first
         group = group_of.get(Path(path).absolute())
         if group is None:
-            rec = records.load(path, "measure")
             later = sorted(later_of.get(Path(path).absolute(), []), key=lambda p: int(p.parent.name.rsplit("-", 1)[1]))
-            yield pool_starts(
-                [rec, *(r for r in map(lambda p: records.load(p, "measure"), later) if not r.get("left_out"))]
-            )
+            yield pool_starts([load(Path(path)), *(r for r in map(load, later) if not r.get("left_out"))])
         elif id(group) not in done:
             done.add(id(group))
             yield pool_starts([records.load(p, "measure") for p in group if Path(p).absolute() in given])
