@@ -341,3 +341,11 @@ def test_accelerator_share_of_a_cpu_log_and_of_a_load_that_placed_nothing():
 def test_host_buffers_are_ram_and_the_others_accelerators():
     assert all(map(on_host, ["CPU", "CPU_Mapped", "CPU_REPACK", "CUDA_Host", "Vulkan_Host", "AMX"]))
     assert not any(map(on_host, ["CUDA0", "CUDA1", "ROCm0", "Vulkan0", "Metal", "SYCL0"]))
+
+
+def test_what_fit_projected_to_leave_free_is_its_last_placement_line():
+    """--fit prints a placement line per device at each step (the dense-only step first: 25,310 MiB free); the one it
+    loads is the last. A log of --fit off has none."""
+    log = (CUDA / "fit-on-seed-100k-target-1024.log").read_text()
+    assert parse_log(log)["fit_free_mib"] == {"CUDA0": 1184}
+    assert parse_log((CUDA / "ok-ncmoe28-budget12g.log").read_text())["fit_free_mib"] is None

@@ -384,7 +384,7 @@ def test_fit_on_starts_aimed_at_the_margin_and_the_context(tmp_path, tiny_moe, s
     assert "--fit-target" not in rec["command"] and "--fit-ctx" not in rec["command"] and "--fit" in rec["command"]
 
 
-def _aimed_job(tmp_path, monkeypatch, headroom_at, outcome_at=lambda target: "ok", starts=1):
+def _aimed_job(tmp_path, monkeypatch, headroom_at, outcome_at=lambda target: "ok", starts=1, fit_free_at=None):
     """measure() of a --fit on configuration whose target crashline chose (margin 1024), each start played by a
     stand-in for _measure whose peak leaves ``headroom_at(target)`` MiB: the loop of measure_aimed, no server."""
     from crashline.core import records
@@ -406,6 +406,7 @@ def _aimed_job(tmp_path, monkeypatch, headroom_at, outcome_at=lambda target: "ok
             "settings": spec.item.settings,
             "outcome": outcome_at(target),
             "memory": {"headroom_mib": float(headroom_at(target))},
+            "placement": {"fit_free_mib": {"CUDA0": fit_free_at(target)} if fit_free_at else None},
             "time_budget_s": {"server_start": 20.0, "workloads": 10.0, "total": 31.0},
             "workloads": [],
             "conversations": [],
@@ -454,6 +455,19 @@ def test_fit_on_short_of_the_margin_starts_again_with_the_target_raised_by_the_s
     assert fit_aim_text(aim) == (
         "--fit-target 1024 left 832 MiB, under the 1,024 MiB margin; --fit-target 1216 left 1,064 MiB"
     )
+
+
+def test_fit_on_aimed_raises_the_target_past_what_fit_projected_to_leave(tmp_path, monkeypatch):
+    """Session 23's H200 lease: --fit projected 1,184 MiB free with one placement at targets 1,024, 1,088 and 1,152,
+    and each start left 979 MiB: three starts of one placement. The raise starts from fit's projection, so the next
+    start has another placement; fit's error (205 MiB here) is the shortfall the raise adds."""
+
+    def fit_free(target):  # fit's placements: one per ~300 MiB of expert tensors, the largest whose free >= target
+        return next(free for free in (1184, 1490, 1800) if free >= target)
+
+    record, starts = _aimed_job(tmp_path, monkeypatch, lambda target: fit_free(target) - 205, fit_free_at=fit_free)
+    assert starts == [(1024, 1024), (1248, 1024)]
+    assert record["memory"]["headroom_mib"] == 1490 - 205
 
 
 def test_fit_on_aimed_stops_after_three_starts_and_an_oom_raises_it_by_the_margin(tmp_path, monkeypatch):

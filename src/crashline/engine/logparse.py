@@ -46,6 +46,9 @@ FA_RESOLVED_RE = re.compile(r"Flash Attention (enabled|disabled)")
 DEVICE_INFO_RE = re.compile(r"-\s+(\S+)\s+:\s+(.*?)\s+\((\d+) MiB, (\d+) MiB free\)\s*$")
 # "using device CUDA0 (NVIDIA H200) (0000:00:06.0) - 11237 MiB free"
 USING_DEVICE_RE = re.compile(r"using device (\S+) \((.*?)\)(?: \(.*?\))? - (\d+) MiB free")
+# --fit on's placement per device, printed at each of its steps (the last is the one it loads):
+# "common_params_fit_impl:   - CUDA0 (NVIDIA H200): 49 layers (19 overflowing),  30021 MiB used,   1184 MiB free"
+FIT_PLACED_RE = re.compile(r"common_params_fit_impl:\s+-\s+(\S+) \(.*\):\s+\d+ layers.*,\s+(-?\d+) MiB free\s*$")
 
 # memory breakdown table printed at exit (common_/llama_memory_breakdown_print):
 #   | memory breakdown [MiB] | total free self model context compute unaccounted |
@@ -210,6 +213,13 @@ def parse_devices(lines: list[str]) -> list[dict] | None:
     return list(devices.values()) if printed else None
 
 
+def parse_fit_free(lines: list[str]) -> dict[str, int] | None:
+    """What ``--fit on`` projected to leave free per device with the placement it chose (its last placement line per
+    device), or None where it printed none (--fit off, or nothing needed changing)."""
+    free = {m[1]: int(m[2]) for line in lines if (m := FIT_PLACED_RE.search(line))}
+    return free or None
+
+
 def parse_breakdown(lines: list[str]) -> list[dict]:
     """Rows of the exit memory breakdown table (MiB); [] if none was printed after 'listening'.
 
@@ -308,6 +318,7 @@ def parse_log(text: str) -> dict:
         "buffers_mib": {f"{b['device']}:{b['kind']}": b["mib"] for b in buffers},
         **parse_context(lines),
         "devices": parse_devices(lines),
+        "fit_free_mib": parse_fit_free(lines),
         "memory_breakdown": parse_breakdown(lines),
         "errors": parse_errors(lines),
         "tail": "\n".join(lines[-TAIL_LINES:]),

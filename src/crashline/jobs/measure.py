@@ -380,12 +380,23 @@ def fit_shortfall(record: dict, margin_mib: int) -> int | None:
     return margin_mib if record["outcome"] == Outcome.OOM else None
 
 
+def fit_target_after(target: int, short: int, record: dict) -> tuple[int, int]:
+    """The next --fit-target of an aimed start that fell ``short`` MiB of the margin, and what it was raised from.
+    --fit keeps a placement for every target up to what it projected to leave free with it (it moves whole expert
+    tensors, hundreds of MiB each on a large MoE), so the raise starts there, not at the target: on the H200 the
+    seed-scale shape projected 1,184 MiB free at targets 1,024 to 1,152 and left 979 at each, three starts of one
+    placement (bench/results/lease-2026-12-05-s23). The shortfall is added, rounded up to FIT_AIM_STEP_MIB."""
+    projected = ((record.get("placement") or {}).get("fit_free_mib") or {}).values()
+    base = max(target, min(projected, default=target))
+    return base + math.ceil(short / FIT_AIM_STEP_MIB) * FIT_AIM_STEP_MIB, base
+
+
 def measure_aimed(margin_mib: int, spec: MeasureSpec, inputs: JobInputs, paths: MeasurePaths) -> dict:
     """``--fit on`` aimed at the margin. llama.cpp's --fit leaves --fit-target MiB free by its own estimate at load;
     serving the workloads takes more (on the H200 the 30B-A3B at 12 GiB left 832 and 918 MiB with a 1,024 MiB target:
     bench/results/lease-2026-12-02-s13). A start that leaves less than the margin, or runs out of memory, is kept
-    under ``fit-target-T/`` beside the record and the next start raises the target by what it fell short, rounded up
-    to FIT_AIM_STEP_MIB, FIT_AIM_STARTS starts at most; each start but the last skips its timed repetitions once a
+    under ``fit-target-T/`` beside the record and the next start raises the target by what it fell short
+    (``fit_target_after``), FIT_AIM_STARTS starts at most; each start but the last skips its timed repetitions once a
     warm-up is under the margin (it cannot be the answer). The record is the last start's: its settings hold the
     target it ran, ``fit_aim`` every start's target, outcome, headroom and time (the tables count every start's)."""
     item = spec.item
@@ -410,12 +421,14 @@ def measure_aimed(margin_mib: int, spec: MeasureSpec, inputs: JobInputs, paths: 
         if short is None or last:
             break
         kept = keep_attempt(paths, target)
-        raised = target + math.ceil(short / FIT_AIM_STEP_MIB) * FIT_AIM_STEP_MIB
+        raised, base = fit_target_after(target, short, record)
         why = (
             f"its peak left {headroom:,.0f} MiB, {short:,} MiB short of the {margin_mib:,} MiB margin"
             if record["outcome"] == Outcome.OK
             else f"{outcome_text(record)}, so the target goes up by the {margin_mib:,} MiB margin"
         )
+        if base > target:
+            why += f"; --fit projected {base:,} MiB free with this placement, so no target up to that changes it"
         progress.say(f"--fit on --fit-target {target}: {why} (kept in {kept}); again with --fit-target {raised}")
         target = raised
     record["fit_aim"] = {"margin_mib": margin_mib, "asked_fit_target": asked, "attempts": attempts}
