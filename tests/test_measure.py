@@ -404,6 +404,7 @@ def _aimed_job(tmp_path, monkeypatch, headroom_at, outcome_at=lambda target: "ok
             "model": {"name": "m"},
             "config_id": spec.item.id,
             "settings": spec.item.settings,
+            "job_key": M.job_key(spec.measurement, inputs.provenance, inputs.fetch_record),
             "outcome": outcome_at(target),
             "memory": {"headroom_mib": float(headroom_at(target))},
             "placement": {"fit_free_mib": {"CUDA0": fit_free_at(target)} if fit_free_at else None},
@@ -468,6 +469,28 @@ def test_fit_on_aimed_raises_the_target_past_what_fit_projected_to_leave(tmp_pat
     record, starts = _aimed_job(tmp_path, monkeypatch, lambda target: fit_free(target) - 205, fit_free_at=fit_free)
     assert starts == [(1024, 1024), (1248, 1024)]
     assert record["memory"]["headroom_mib"] == 1490 - 205
+
+
+def test_a_resumed_aim_reuses_the_start_it_kept_before_the_stop(tmp_path, monkeypatch):
+    """A tune stopped between two calls of the GPU machine resumes the aimed --fit on: the start it kept under
+    fit-target-T/ with the same job key is not run again (a 100,000-token start on the H200); one measured under
+    another key (another build, workload or budget) is."""
+    from crashline.core import records
+
+    def short_then_ok(target):
+        return 900 if target == 1024 else 1100
+
+    _aimed_job(tmp_path, monkeypatch, short_then_ok)
+    (tmp_path / "measure.json").unlink()  # stopped before the job ended: the kept start stays
+    record, starts = _aimed_job(tmp_path, monkeypatch, short_then_ok)
+    assert starts == [(1152, 1024)]
+    assert [(a["fit_target"], a["headroom_mib"]) for a in record["fit_aim"]["attempts"]] == [(1024, 900), (1152, 1100)]
+
+    kept = tmp_path / "fit-target-1024" / "measure.json"
+    records.write(kept, "measure", {**records.load(kept, "measure"), "job_key": "another"})
+    (tmp_path / "measure.json").unlink()
+    _, starts = _aimed_job(tmp_path, monkeypatch, short_then_ok)
+    assert starts == [(1024, 1024), (1152, 1024)]
 
 
 def test_fit_on_aimed_stops_after_three_starts_and_an_oom_raises_it_by_the_margin(tmp_path, monkeypatch):

@@ -407,7 +407,10 @@ def measure_aimed(margin_mib: int, spec: MeasureSpec, inputs: JobInputs, paths: 
         aimed = dataclasses.replace(
             spec, item=dataclasses.replace(item, settings={**item.settings, "fit_target": target})
         )
-        record = _measure(aimed, inputs, paths, skip_under_margin=None if last else margin_mib)
+        record = None if last else kept_attempt(paths, target, spec, inputs)
+        reused = record is not None
+        if not reused:
+            record = _measure(aimed, inputs, paths, skip_under_margin=None if last else margin_mib)
         short = fit_shortfall(record, margin_mib)
         headroom = (record.get("memory") or {}).get("headroom_mib")
         attempts.append(
@@ -420,7 +423,7 @@ def measure_aimed(margin_mib: int, spec: MeasureSpec, inputs: JobInputs, paths: 
         )
         if short is None or last:
             break
-        kept = keep_attempt(paths, target)
+        kept = RecordFolder.of(paths.record).fit_attempt(target).folder if reused else keep_attempt(paths, target)
         raised, base = fit_target_after(target, short, record)
         why = (
             f"its peak left {headroom:,.0f} MiB, {short:,} MiB short of the {margin_mib:,} MiB margin"
@@ -438,6 +441,21 @@ def measure_aimed(margin_mib: int, spec: MeasureSpec, inputs: JobInputs, paths: 
 def telemetry_file(record_path: Path, telemetry_path: Path | None) -> Path:
     """Where a measurement's telemetry goes: the path its job names, else beside its record."""
     return Path(telemetry_path or RecordFolder.of(record_path).telemetry)
+
+
+def kept_attempt(paths: MeasurePaths, target: int, spec: MeasureSpec, inputs: JobInputs) -> dict | None:
+    """An aimed start at ``target`` kept by an earlier run of this job that was stopped before it ended (a resumed
+    ``tune``): reused where it measured the same configuration under the same job key (workloads, budget, build,
+    model), as a search reuses its probes; else None. On the H200 a stop between two calls cost a 100K-token start."""
+    path = RecordFolder.of(paths.record).fit_attempt(target).folder / paths.record.name
+    if not path.exists():
+        return None
+    earlier = records.load(path, "measure")
+    same = earlier.get("config_id") == spec.item.id and (earlier.get("settings") or {}).get("fit_target") == target
+    if not same or earlier.get("job_key") != job_key(spec.measurement, inputs.provenance, inputs.fetch_record):
+        return None
+    progress.say(f"--fit on --fit-target {target}: measured before the run was stopped ({path}), record reused")
+    return earlier
 
 
 def keep_attempt(paths: MeasurePaths, target: int) -> Path:
