@@ -609,6 +609,9 @@ class _Peaks:
     def quiet(self, wait_s: float) -> None:
         return None  # the CPU cannot be read: no wait
 
+    def others_so_far(self) -> None:
+        return None
+
 
 def test_a_search_probe_under_the_margin_after_its_warm_up_skips_its_timed_repetitions(
     tiny_moe, server_provenance, tmp_path
@@ -642,6 +645,90 @@ def test_a_search_probe_under_the_margin_after_its_warm_up_skips_its_timed_repet
         for peak, margin in ((11_500, 512), (11_500, None)):  # room for the margin, or an ordinary measurement
             full, _ = run(peak, margin)
             assert [(len(w["runs"]), "timed_skipped" in w) for w in full] == [(2, False), (2, False)]
+
+
+class _Busy(_Peaks):
+    """The sampler's CPU readings as _run_each reads them: other processes busy (``others``, in turn) during the timed
+    requests, and a wait that finds a quiet stretch or not."""
+
+    def __init__(self, others: list[float], quiet_found: bool):
+        super().__init__(0.0)
+        self.others, self.quiet_found, self.waits = list(others), quiet_found, []
+
+    def others_so_far(self) -> float:
+        return self.others.pop(0) if self.others else 0.0
+
+    def quiet(self, wait_s: float) -> dict:
+        self.waits.append(wait_s)
+        return {"waited_s": 4.0, "other_cores": 0.1 if self.quiet_found else 1.1, "quiet": self.quiet_found}
+
+
+def test_timed_requests_other_processes_competed_with_run_again_once_in_a_quiet_stretch(
+    tiny_moe, server_provenance, tmp_path, capsys
+):
+    """#41: a workload whose timed requests ran while other processes used more than CONTENTION_CORES runs them again
+    once a wait finds a quiet stretch (its contended requests kept apart, not counted), once per server start; where
+    no quiet stretch comes, they stay as measured (and the tables mark them contended)."""
+    from crashline.core.settings import command_line, resolve
+    from crashline.engine.server import ServerProcess
+    from crashline.engine.workloads import Client, PromptSource
+
+    workloads = [
+        {"name": "a", "prompt_tokens": 64, "gen_tokens": 4},
+        {"name": "b", "prompt_tokens": 128, "gen_tokens": 4},
+    ]
+    settings = resolve({"ctx": 1024, "threads": 2})
+    with ServerProcess(command_line(server_provenance["binary"], str(tiny_moe), settings), tmp_path / "s.log") as srv:
+        assert srv.start_ready(120) == "ready", srv.log_text()[-2000:]
+        client = Client.of(srv, 120)
+        prompts = PromptSource(client)
+
+        def run(sampler):
+            out, failure = serving._run_each(
+                srv, sampler, client, prompts, workloads, (1, 2), 120, settings, None, None
+            )
+            assert failure is None
+            return out
+
+        busy = _Busy([1.2, 1.4], quiet_found=True)  # both workloads contended: only the first is timed again
+        first, second = run(busy)
+        assert (len(first["contended_runs"]), len(first["runs"]), first["decode_tps"] is not None) == (2, 2, True)
+        assert "contended_runs" not in second and len(second["runs"]) == 2
+        assert busy.waits == [30.0, 26.0, 22.0]  # a's wait, its redo's, b's: each what the start had left
+        said = capsys.readouterr().err
+        assert "a: other processes used 1.2 cores during the timed requests: waited 4 s for other processes to " in said
+        assert said.count("timing them again") == 1
+
+        (kept, _) = run(_Busy([1.2], quiet_found=False))  # no quiet stretch: as measured
+        assert "contended_runs" not in kept and len(kept["runs"]) == 2
+
+
+def test_what_other_processes_used_so_far_in_a_phase_is_read_from_real_counters():
+    """Sampler.others_so_far on real /proc counters: a busy process beside an idle "server" reads busy; after a
+    quiet() wait the count starts again."""
+    import subprocess
+    import sys
+    import time
+
+    from crashline.engine.telemetry import Sampler
+
+    server = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        with Sampler(server.pid) as sampler:
+            if not sampler.quiet(10.0, step_s=0.5)["quiet"]:
+                pytest.skip("other processes keep this machine busy: no quiet stretch to start from")
+            spin = subprocess.Popen(
+                [sys.executable, "-c", "import time\nend = time.time() + 1.5\nwhile time.time() < end: pass"]
+            )
+            time.sleep(1.0)
+            busy = sampler.others_so_far()
+            spin.wait()
+            assert busy > 0.3, busy
+            assert sampler.quiet(10.0, step_s=0.5)["quiet"]
+            time.sleep(0.5)
+            assert sampler.others_so_far() < 0.3
+    finally:
+        server.kill()
 
 
 def test_the_report_says_where_the_bound_s_bandwidth_comes_from_and_how_much_its_passes_spread():

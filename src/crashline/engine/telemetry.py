@@ -341,6 +341,15 @@ class Sampler:
         own = t.user + t.system + t.children_user + t.children_system
         return time.monotonic(), busy_seconds(machine), own, getattr(machine, "steal", 0.0)
 
+    def others_so_far(self) -> float | None:
+        """The cores other processes (the machine less the server and its threads) used since the phase's CPU figures
+        began counting (the phase's start, or the end of the last ``quiet`` wait); None where the CPU cannot be read
+        or the stretch is too short for a rate."""
+        start, end = self._cpu_start, self._cpu_mark()
+        if start is None or end is None or end[0] - start[0] < QUIET_STRETCH_MIN_S:
+            return None
+        return round(max(0.0, ((end[1] - start[1]) - (end[2] - start[2])) / (end[0] - start[0])), 2)
+
     def quiet(self, wait_s: float, step_s: float = 1.0) -> dict | None:
         """Wait, ``wait_s`` at most, for a stretch of ``step_s`` in which other processes (the machine less the server
         and its threads) use at most CONTENTION_CORES cores: a measurement then starts on a quiet machine where the

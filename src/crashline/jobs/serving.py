@@ -17,7 +17,7 @@ from . import conversations as conv
 from . import soak as soak_mod
 from ..core import progress
 from ..core.records import Outcome
-from ..core.thresholds import QUIET_WAIT_S
+from ..core.thresholds import QUIET_WAIT_S, shared
 from ..engine.server import ServerProcess
 from ..engine.telemetry import Sampler
 from ..engine.workloads import (
@@ -253,6 +253,29 @@ def _under_margin(sampler, workload: dict, limit_mib: float | None, margin_mib: 
     )
 
 
+def _redo_contended(sampler, result: dict, quiet_left: float) -> dict | None:
+    """Whether a workload's timed requests, all served, are to run again: other processes used more than
+    CONTENTION_CORES while they ran, and a wait (``quiet_left`` s at most, what the start has left) found a quiet
+    stretch, from which the phase's CPU figures then count. What the wait found, with the contended cores, or None."""
+    if result["outcome"] != Outcome.OK or not result["runs"] or quiet_left <= 0:
+        return None
+    busy = sampler.others_so_far()
+    if not shared(busy):
+        return None
+    found = sampler.quiet(quiet_left)
+    if not found or not found["quiet"]:
+        return None
+    return {**found, "contended_cores": busy}
+
+
+def redo_text(redo: dict) -> str:
+    """What the console says when a workload's timed requests run again (``_redo_contended``)."""
+    return (
+        f"other processes used {redo['contended_cores']:.1f} cores during the timed requests: "
+        f"{quiet_text(redo)}, timing them again"
+    )
+
+
 def quiet_text(found: dict) -> str:
     """What a wait for a quiet machine found (``telemetry.Sampler.quiet``), as the console says it."""
     if found["quiet"]:
@@ -272,10 +295,14 @@ def _run_each(server, sampler, client, prompts, workloads, runs, request_timeout
     With ``margin_mib`` (a search's probes) and a VRAM limit, a workload whose warm-up already left less headroom
     than the margin skips its timed repetitions: the configuration met that depth (its peak is recorded) but cannot
     be recommended, so timing it would decide nothing. The next workload still runs its warm-up: survival of every
-    depth is still tested."""
+    depth is still tested.
+
+    Timed requests during which other processes used more than CONTENTION_CORES run again, once per server start,
+    where a wait finds a quiet stretch (``_redo_contended``); the contended ones are kept in ``contended_runs``."""
     warmups, repetitions = runs
     results = []
     quiet_left = QUIET_WAIT_S  # this start's wait for a quiet machine, spent before the timed requests
+    redo_left = 1  # this start's repeat of a workload's timed requests that other processes competed with
     for workload in workloads:
         fresh = None  # (prompt, request) of the last fresh request, which a re-sent repetition sends again
         sampler.phase(workload["name"])
@@ -292,13 +319,20 @@ def _run_each(server, sampler, client, prompts, workloads, runs, request_timeout
             "windows": {},
         }
         results.append(result)
-        for i in range(-warmups, repetitions):
+        i = -warmups - 1
+        while (i := i + 1) < repetitions or (
+            i == repetitions and redo_left and (redo := _redo_contended(sampler, result, quiet_left))
+        ):
+            if i == repetitions:  # the timed requests again, in the quiet stretch the wait found
+                redo_left, quiet_left, i = redo_left - 1, quiet_left - redo["waited_s"], 0
+                result["contended_runs"], result["runs"] = result["runs"], []
+                progress.say(f"{workload['name']}: {redo_text(redo)}")
             warmup = i < 0
             if i == 0 and warmups and (short := _under_margin(sampler, workload, limit_mib, margin_mib)):
                 result.update(timed_skipped=short, message=short)  # the tables carry the message
                 progress.say(f"{workload['name']}: {short}")
                 break
-            if i == 0 and quiet_left > 0 and (found := sampler.quiet(quiet_left)):
+            if i == 0 and quiet_left > 0 and not result.get("contended_runs") and (found := sampler.quiet(quiet_left)):
                 result["quiet_wait"] = found
                 quiet_left = quiet_left - found["waited_s"] if found["quiet"] else 0.0
                 if found["waited_s"]:
