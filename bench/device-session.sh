@@ -9,6 +9,7 @@
 #                                                            # time in tune-wall.jsonl; stopped after TUNE_LIMIT_S
 #                                                            # (560) and resumed by the same step
 #   bash bench/device-session.sh check NAME                  # bench/resent_check.py run + analyse on that tune
+#                                                            # (run stopped after CHECK_LIMIT_S, default 900)
 #   bash bench/device-session.sh grid NAME                   # bench/answer_grid.py run on that tune's results
 #   bash bench/device-session.sh resume DIR                  # copy an earlier lease's NAME folder (DIR, from the
 #                                                            # repository) to /tmp/res/NAME, for its grid
@@ -102,7 +103,7 @@ tune)
   ;;
 check)
   name=$1 pack=$1
-  timeout 900 python bench/resent_check.py run /tmp/res/$name/tune/tune.yaml --out /tmp/res/$name/check \
+  timeout -k 20 "${CHECK_LIMIT_S:-900}" python bench/resent_check.py run /tmp/res/$name/tune/tune.yaml --out /tmp/res/$name/check \
     >> /tmp/res/$name/check-console.txt 2>&1 && step_rc=0 || step_rc=$?
   python bench/resent_check.py analyse /tmp/res/$name/tune/tune.yaml /tmp/res/$name/check > /dev/null 2>&1 || true
   tail -5 /tmp/res/$name/check-console.txt
