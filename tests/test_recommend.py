@@ -394,3 +394,29 @@ def test_a_pair_measured_while_other_processes_competed_is_inconclusive_not_slow
     (other,) = busy["others"]
     assert other["inconclusive"] and not other["tied"]
     assert other["reason"] == f"{said} (50.0 t/s against 100.0 t/s)"
+
+
+def test_the_answer_names_each_rival_others_processes_made_unjudgeable_as_a_possible_answer(tmp_path):
+    """#41: three runs of the default named three winners, each ranked over rivals measured under others' load; an
+    answer whose rivals are inconclusive names them as possible answers in its headline and in what tune prints."""
+    from crashline.report.build import _answer
+    from crashline.report.markdown import block
+    from crashline.report.model_sections import recommendation
+
+    for name, ubatch, decode in (("a", 256, 100.0), ("b", 512, 50.0), ("c", 128, 40.0)):
+        _record(tmp_path, name, {"ubatch": ubatch}, [("short", 1, decode, decode, 0.05)])
+    configs, measurements = _tables(tmp_path)
+    ids = {int(r["s_ubatch"]): r["config_id"] for _, r in configs.iterrows()}
+    measurements["cpu_logical_cores"] = 2
+    # -ub 512 at half the winner's speed beside 1.24 busy cores of 2: its share back could lift it 2.6×; -ub 128 at
+    # 40% beside 0.4 cores only 1.25×: inconclusive, yet not a possible answer
+    measurements.loc[measurements["config_id"] == ids[512], "cpu_other_cores"] = 1.24
+    measurements.loc[measurements["config_id"] == ids[128], "cpu_other_cores"] = 0.4
+    (busy,) = recommend(configs, measurements, "decode_tps", "short")
+    assert {o["config_id"]: (o["inconclusive"], o["possible"]) for o in busy["others"]} == {
+        ids[512]: (True, True),
+        ids[128]: (True, False),
+    }
+    answer = _answer(busy, configs, measurements)
+    assert (answer["use"], answer["or_use"]) == ("-ub 256", ["-ub 512"])
+    assert block(recommendation(answer)).splitlines()[0].endswith("**Use `-ub 256` or `-ub 512`**")

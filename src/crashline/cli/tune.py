@@ -427,7 +427,7 @@ def answer(cfg: dict) -> list[str]:
             lines.append(f"{a['machine']}: no recommendation: {a['why']}.")
             continue
         lines += [
-            f"{a['machine']}: use {a['use']}",
+            f"{a['machine']}: use {' or '.join([a['use'], *(a.get('or_use') or [])])}",
             f"  {a['metric_label']} {a['speed']:.1f} t/s, {standing(a.get('tie'))} by {a['objective']}"
             + (f"; {a['memory']}" if a.get("memory") else ""),
             *([f"  {a['inconclusive']}"] if a.get("inconclusive") else []),

@@ -54,3 +54,17 @@ def inconclusive(rows) -> str | None:
         f"inconclusive: other processes used {worst['cpu_other_cores']:.1f}{of} cores during these measurements; "
         "rerun on a quiet machine"
     )
+
+
+def could_reach(row, speed, best) -> bool:
+    """Whether a configuration measured at ``speed`` while other processes used ``cpu_other_cores`` of the host's
+    ``cpu_logical_cores`` (``row``) could have reached ``best`` on a quiet machine: with its fair share of the cores
+    back, a server using all of them would run at most cores ÷ (cores − others) times as fast. A first-order reach,
+    not a bound (threads that wait on a preempted one lose more); it keeps "possible answer" for rivals within it,
+    and never for one a quiet machine's share could not lift that far (a 3× gap beside one busy core of 32)."""
+    others, cores = row.get("cpu_other_cores"), row.get("cpu_logical_cores")
+    if missing(speed) or missing(best) or missing(others):
+        return False
+    if missing(cores) or others >= cores:
+        return True
+    return speed * cores / (cores - others) >= best

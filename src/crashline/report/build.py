@@ -144,18 +144,23 @@ def measured_models(configs: pd.DataFrame, config: dict) -> list[str]:
     return list(dict.fromkeys([*configs["model"], *asked]))
 
 
-def _answer(r: dict, all_args: list[str], measurements: pd.DataFrame) -> dict:
+def _answer(r: dict, configs: pd.DataFrame, measurements: pd.DataFrame) -> dict:
     """The recommendation as a user acts on it: the settings that set the winner apart from the model's other
-    configurations, the whole command (wrapped), and its memory at the objective workload."""
+    configurations (and those of each rival others' processes made unjudgeable against it and a quiet machine could
+    lift past it: a possible answer as well), the whole command (wrapped), and its memory at the objective workload."""
     if not r["winner"]:
         return r
     row = r["winner_row"]
+    all_args = list(configs["server_args"])
+    args = dict(zip(configs["config_id"], configs["server_args"], strict=True))
     at = measurements[(measurements["config_id"] == r["winner"]) & (measurements["workload"] == r["workload"])]
     peak = at["workload_peak_gpu_mib"].iloc[0] if len(at) else None
     memory = memory_text(row, peak)
+    rivals = [o["config_id"] for o in r["others"] if o.get("possible") and o["config_id"] in args]
     return {
         **r,
         "use": distinguishing(row["server_args"], all_args) or row["server_args"],
+        "or_use": [distinguishing(args[cid], all_args) or args[cid] for cid in rivals],
         "command": wrapped(reproduce_command(row["command_argv"])),
         "memory": memory,
     }
@@ -205,6 +210,8 @@ def answers(ctx: dict) -> list[dict]:
                     # where another configuration would finish a request first as the reply grows or shrinks
                     "reply_length": r.get("reply_length"),
                     "use": r["use"],
+                    # the inconclusive rivals' settings: possible answers too, until a quiet machine decides
+                    "or_use": r["or_use"],
                     "command": reproduce_command(r["winner_row"]["command_argv"]),
                     "speed": r["winner_speed"],
                     "metric_label": r["metric_label"],
@@ -302,7 +309,7 @@ def _per_model(
     lines = [e for e in lines if e["model"] == model and environment in (None, e["environment"])]
     common, rest = split_common(list(c["server_args"]))
     differs = dict(zip(c["config_id"], rest, strict=True))
-    model_recs = [_answer(dict(r), list(c["server_args"]), m) for r in recs]
+    model_recs = [_answer(dict(r), c, m) for r in recs]
     tradeoff = [{**t, "differs": differs.get(t["config_id"], "")} for r in model_recs for t in r.get("tradeoff", [])]
     rows = result_rows(c, m, {(r["model"], r["winner"]) for r in recs})
     for row in [*rows, *(lim := limits(m, c, workload))]:

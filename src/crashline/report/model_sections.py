@@ -55,7 +55,8 @@ def recommendation(r: dict):
     if not r["winner"]:
         why = r.get("no_winner") or "no configuration survived every workload"
         return Para([Strong(f"No recommendation: {why}"), "."], "fail")
-    answer = Para([Strong(["Use ", Code(r["use"])])], "answer")
+    rivals = [x for use in r.get("or_use") or [] for x in (" or ", Code(use))]  # inconclusive against it
+    answer = Para([Strong(["Use ", Code(r["use"]), *rivals])], "answer")
     said = [
         f"{r['metric_label'].capitalize()} {r['winner_speed']:.1f} t/s, {standing(r.get('tie'))} by "
         f"{r.get('objective_text') or r['workload']} among the configurations that survived every workload "

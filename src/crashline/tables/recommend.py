@@ -18,7 +18,7 @@ import pandas as pd
 
 from ..core import columns as cols
 from ..core.records import Outcome
-from ..core.thresholds import inconclusive
+from ..core.thresholds import could_reach, inconclusive
 from .difference import difference, shown_value
 from .reply import reply_lengths
 from .ties import HOST_MEMORY, break_tie, dominates, measured_columns, overlap, spread_of, ties
@@ -307,6 +307,7 @@ def recommend(
                 speed = _value(measured, col)
                 verdicts.append(
                     {"config_id": cid, "label": label, "failed": False, "tied": False, "inconclusive": True,
+                     "possible": could_reach(measured, speed, best),  # a possible answer on a quiet machine
                      "speed": speed, "reason": f"{doubt} ({_tps(speed)} against {_tps(best)})"}
                 )  # fmt: skip
             else:
