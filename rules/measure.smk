@@ -12,6 +12,7 @@ rule measure:
         f"{RESULTS}/logs/measure/{{model}}/{{cid}}.log",
     benchmark:
         f"{RESULTS}/benchmarks/measure/{{model}}/{{cid}}.tsv"
+    priority: 1
     conda:
         "../envs/crashline.yaml"
     resources:
@@ -43,6 +44,8 @@ rule measure_start:
         "../scripts/job.py"
 
 
+# a search finds the answer: under a time limit (tune --time) its optional starts come before those of fixed
+# entries, and fixed entries' first starts before their later ones (eta.over_time sets aside what must still run)
 rule search:
     input:
         unpack(search_inputs),
@@ -52,6 +55,7 @@ rule search:
         f"{RESULTS}/logs/search/{{model}}/{{gid}}.log",
     benchmark:
         f"{RESULTS}/benchmarks/search/{{model}}/{{gid}}.tsv"
+    priority: 2
     conda:
         "../envs/crashline.yaml"
     resources:

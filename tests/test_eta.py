@@ -94,3 +94,29 @@ def test_a_stopped_run_resumed_goes_on_counting_its_time_limit(tmp_path, monkeyp
     assert eta.run_started() == clock[0]
     eta.write_plan(cfg, path)  # a run that was not stopped (it ended, or was killed): from zero
     assert eta.run_started() == clock[0]
+
+
+def test_an_optional_start_leaves_time_for_the_starts_other_jobs_must_still_make(tmp_path, monkeypatch):
+    """#40 item 3: on the H200 a 15-minute tune took 19.9: the optional starts that ran first left no time for the
+    other search's boundary and the references' first starts, which a time limit never leaves out."""
+    cfg = _config(tmp_path)
+    path = Layout(cfg["results_dir"]).run_plan()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    monkeypatch.setenv(eta.PLAN_ENV, str(path))
+    clock = [1000.0]
+    monkeypatch.setattr(eta.time, "time", lambda: clock[0])
+    jobs = eta.write_plan(cfg, path)
+    (search,) = [j for j in jobs if j["job"] == "search"]
+    clock[0] += 600.0 - 140.0  # 140 s of a 10-minute limit left: without the owed starts, time for a climb start
+    # the search asks for a climb start of 50 s; both measurements' first starts (cold and warm) are still owed
+    cut = eta.over_time("the climb", 600, [50.0], 0.0, Path(search["out"]))
+    assert cut == (
+        "the climb left out: the time limit (10 min) leaves 40 s once 2 start(s) other jobs must still make are set "
+        "aside, and a server start takes about 50 s"
+    )
+    assert eta.reserved(None) == 2 + eta.search_must(has_limit=True)  # seen from outside: the search's owed too
+    first, second = C.expand(cfg)
+    layout = Layout(cfg["results_dir"])
+    _record(layout.record("m", first["id"]), 50.0)
+    _record(layout.record("m", second["id"]), 50.0)
+    assert eta.over_time("the climb", 600, [50.0], 0.0, Path(search["out"])) is None  # nothing owed: it runs

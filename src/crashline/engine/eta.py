@@ -31,25 +31,36 @@ def search_starts(group: dict, has_limit: bool) -> int:
     return 1 + 2 + planner.course_after_boundary(group.get("climb", 0), group.get("starts", 1), has_limit)
 
 
+def search_must(has_limit: bool) -> int:
+    """The server starts of a search that a time limit never leaves out, as a typical start's worth: the predicted
+    value and its neighbour, and the margin's probe where there is a VRAM limit (its calibration loads and stops in
+    seconds). Near a boundary one of them often fails at once, so this errs towards ending within the limit."""
+    return 2 + int(has_limit)
+
+
 def plan(config: dict) -> list[dict]:
-    """Every server job of the run: its kind, its output and the server starts it is likely to need (a needle job
-    whose twin's recall stands for it needs none); a search also names the folder of its probes."""
+    """Every server job of the run: its kind, its output, the server starts it is likely to need (a needle job whose
+    twin's recall stands for it needs none) and those a time limit never leaves out (``must``: a configuration's
+    first start, a search's boundary and margin; a needle check's short requests count as none); a search also names
+    the folder of its probes."""
     layout = Layout(config["results_dir"])
     has_limit = config["budget"].get("vram_budget_mib") is not None
     jobs = []
     for item in expand(config):
         model, cid = item["model"], item["id"]
-        for path in layout.start_records(model, cid, item.get("starts", 1)):
-            jobs.append({"job": "measure", "out": str(path), "starts": 1})
+        for k, path in enumerate(layout.start_records(model, cid, item.get("starts", 1)), 1):
+            jobs.append({"job": "measure", "out": str(path), "starts": 1, "must": int(k == 1)})
         twin = needle_twin(config, model, cid)
-        jobs.append({"job": "needle", "out": str(layout.needle_record(model, cid)), "starts": 0 if twin else 1})
+        out = str(layout.needle_record(model, cid))
+        jobs.append({"job": "needle", "out": out, "starts": 0 if twin else 1, "must": 0})
     for group in expand_searches(config):
         summary = layout.search(group["model"], group["id"])
         probes = str(SearchFolder(summary.parent).probes())
         starts = search_starts(group, has_limit)
-        jobs.append({"job": "search", "out": str(summary), "starts": starts, "probes": probes})
+        must = search_must(has_limit)
+        jobs.append({"job": "search", "out": str(summary), "starts": starts, "must": must, "probes": probes})
         recall = str(layout.search_recall(group["model"], group["id"]))
-        jobs.append({"job": "search_needle", "out": recall, "starts": 1})
+        jobs.append({"job": "search_needle", "out": recall, "starts": 1, "must": 0})
     return jobs
 
 
@@ -117,20 +128,40 @@ def text(starts: int, seconds: float | None) -> str:
     return f"run: about {starts} more server start(s){took}"
 
 
-def over_time(what: str, limit_s: int | None, took: list[float], since: float) -> str | None:
-    """Why ``what``, an optional server start, is left out, or None: a typical start (the mean of ``took``, the
-    seconds of the job's starts so far) would end past the run's time limit ``limit_s`` (config key
-    ``time_limit_s``), counted from the run's start (its plan), else from ``since``. As polyserve's --budget: the
-    first start always runs."""
+def reserved(own: Path | None) -> int:
+    """The server starts other jobs of this run still owe that a time limit never leaves out (the plan's ``must``,
+    less what a job has recorded), for the jobs whose output is missing, other than the one at ``own`` (its output);
+    0 outside a workflow."""
+    path = os.environ.get(PLAN_ENV)
+    try:
+        jobs = json.loads(Path(path).read_text())["jobs"] if path else []
+    except (OSError, ValueError, KeyError, TypeError):
+        return 0
+    owed, own = 0, own and Path(own).resolve()
+    for job in jobs:
+        if job.get("must") and Path(job["out"]).resolve() != own and not Path(job["out"]).exists():
+            made = [r for r in _records(job) if r.parent.name != "calibration"]  # a calibration is not owed
+            owed += max(0, job["must"] - len(made))
+    return owed
+
+
+def over_time(what: str, limit_s: int | None, took: list[float], since: float, own: Path | None = None) -> str | None:
+    """Why ``what``, an optional server start of the job whose output is ``own``, is left out, or None: a typical
+    start (the mean of ``took``, the seconds of the job's starts so far) would end past the run's time limit
+    ``limit_s`` (config key ``time_limit_s``), counted from the run's start (its plan), else from ``since``, once the
+    starts the run still owes elsewhere (``reserved``: another search's boundary, a configuration's first start) are
+    set aside at that length. As polyserve's --budget: the first start always runs, and what must run goes first."""
     if not limit_s or not took:
         return None
     typical = sum(took) / len(took)
-    left = (run_started() or since) + limit_s - time.time()
+    owed = reserved(own)
+    left = (run_started() or since) + limit_s - time.time() - owed * typical
     if typical <= left:
         return None
+    kept = f" once {owed} start(s) other jobs must still make are set aside" if owed else ""
     return (
-        f"{what} left out: the time limit ({progress.duration(limit_s)}) leaves {progress.duration(max(0.0, left))}, "
-        f"and a server start takes about {progress.duration(typical)}"
+        f"{what} left out: the time limit ({progress.duration(limit_s)}) leaves {progress.duration(max(0.0, left))}"
+        f"{kept}, and a server start takes about {progress.duration(typical)}"
     )
 
 

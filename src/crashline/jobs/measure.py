@@ -335,7 +335,11 @@ def later_start(spec: MeasureSpec, inputs: JobInputs, paths: MeasurePaths) -> di
         None
         if why
         else eta.over_time(
-            f"start {k} of {spec.item.starts}", spec.item.time_limit_s, [_seconds(r) for r in earlier], time.time()
+            f"start {k} of {spec.item.starts}",
+            spec.item.time_limit_s,
+            [_seconds(r) for r in earlier],
+            time.time(),
+            paths.record,
         )
     )
     if why or cut:

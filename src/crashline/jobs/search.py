@@ -252,7 +252,8 @@ class _Search:
 
     def out_of_time(self, what: str) -> str | None:
         """Why ``what`` (an optional server start) is left out by the run's time limit, said and kept, or None."""
-        text = eta.over_time(what, self.group.time_limit_s, self.took, self.began)
+        own = SearchFolder(self.out_dir).summary()
+        text = eta.over_time(what, self.group.time_limit_s, self.took, self.began, own)
         if text:
             self.time_cut.append(text)
             progress.say(text)
