@@ -355,14 +355,28 @@ def test_a_range_beyond_the_models_layers_is_refused_naming_them(tmp_path):
         run_search(spec, jobs.JobInputs({}, {"layers": 4}, {}), tmp_path)
 
 
-def _rival(objective: dict, median: float, low: float, high: float, survived: bool = True) -> dict:
+def _request(first_s: float, decode: float) -> dict:
+    return {k: {"median": v, "min": v, "max": v, "n": 6} for k, v in (("ttft_s", first_s), ("decode_tps", decode))}
+
+
+def _rival(
+    objective: dict, median: float, low: float, high: float, survived: bool = True, request: dict | None = None
+) -> dict:
     """A rival search's summary as far as ``best_rival`` reads it: its objective and its winner's finalist row."""
     return {
         "group": f"rival-{median:g}",
         "objective": objective,
         "recommended_n_cpu_moe": 3,
         "finalists": [
-            {"n_cpu_moe": 3, "median": median, "min": low, "max": high, "n": 6, "survived": survived},
+            {
+                "n_cpu_moe": 3,
+                "median": median,
+                "min": low,
+                "max": high,
+                "n": 6,
+                "survived": survived,
+                "request": request,
+            },  # fmt: skip
             {"n_cpu_moe": 4, "median": median * 2, "min": low * 2, "max": high * 2, "n": 6, "survived": True},
         ],
     }
@@ -375,20 +389,27 @@ def test_the_best_rival_is_the_fastest_winner_ranked_by_the_same_objective():
     assert best_rival([], e2e) is None
     slow, fast = _rival(e2e.as_dict(), 100, 90, 110), _rival(e2e.as_dict(), 200, 150, 210)
     # the winner's row, not the runner-up's (which is faster here, and did not win)
-    assert best_rival([slow, fast], e2e) == ("rival-200", 3, planner.Speed(200, 150, 210, 6))
+    assert best_rival([slow, fast], e2e) == ("rival-200", 3, planner.Speed(200, 150, 210, 6), None)
     decode = {**e2e.as_dict(), "metric": "decode_tps"}
     assert best_rival([_rival(decode, 900, 800, 950), slow], e2e)[0] == "rival-100"
     assert best_rival([_rival(e2e.as_dict(), 900, 800, 950, survived=False)], e2e) is None  # a start failed: no bar
     assert best_rival([{**fast, "finalists": []}], e2e) is None  # a search without a climb has no speeds
 
 
-@pytest.mark.parametrize("rival_tps", [1e9, 1e-6])
+@pytest.mark.parametrize(
+    ("rival_tps", "rival_request"),
+    [(1e9, _request(1e-9, 1e9)), (1e-6, _request(1e3, 1e-6)), (1e9, _request(1e-9, 1e-3)), (1e9, None)],
+    ids=["faster-at-every-reply", "slower", "faster-only-for-short-replies", "reply-unknown"],
+)
 def test_a_search_clearly_slower_than_its_rival_stops_at_the_lowest_value_with_the_margin(
-    tmp_path, tiny_moe, server_provenance, rival_tps
+    tmp_path, tiny_moe, server_provenance, rival_tps, rival_request
 ):
     """prune, on a real server: the lowest value with the margin measured, then compared with the rival's winner.
-    Against a rival far faster (its whole range above) the search is cut short there: no climb, no finalists, two
-    server starts (the calibration and that value), and the report says why; against one far slower it climbs."""
+    Against a rival far faster (its whole range above) at every reply length of 1 to what the context leaves, the
+    search is cut short there: no climb, no finalists, two server starts (the calibration and that value), and the
+    report says why. Against one far slower, one faster only while the reply is short (its decode far slower: #40,
+    a configuration 21% faster on decode was dropped at a 64-token reply), or one whose request figures are unknown,
+    it climbs and its finalists start as the answer's would."""
     cfg = C.validate(
         {
             "models": {"tiny": {"source": f"file:{tiny_moe}"}},
@@ -402,7 +423,7 @@ def test_a_search_clearly_slower_than_its_rival_stops_at_the_lowest_value_with_t
     (group,) = C.expand_searches(cfg)
     assert group["rivals"] == []  # the first search of its model has none
     spec = jobs.spec("search", cfg, "tiny", group["id"])
-    rival = _rival(spec.group.objective.as_dict(), rival_tps, rival_tps * 0.9, rival_tps * 1.1)
+    rival = _rival(spec.group.objective.as_dict(), rival_tps, rival_tps * 0.9, rival_tps * 1.1, request=rival_request)
     out = tmp_path / "search"
     inputs = jobs.JobInputs(fetch_record(tiny_moe), inspect_gguf(tiny_moe), server_provenance, rivals=(rival,))
     summary = run_search(spec, inputs, out)
@@ -410,7 +431,7 @@ def test_a_search_clearly_slower_than_its_rival_stops_at_the_lowest_value_with_t
         "min": rival_tps * 0.9,
         "max": rival_tps * 1.1,
     }
-    if rival_tps > 1:
+    if rival_request and rival_request["decode_tps"]["median"] > 1:
         assert summary["cut_short"] and summary["climbed"] == summary["finalists"] == []
         assert summary["server_starts"] == 2 and summary["recommended_n_cpu_moe"] == 0
         assert summary["climb_stop"].startswith("cut short: n_cpu_moe 0, the lowest with the margin, e2e t/s")
@@ -424,3 +445,14 @@ def test_a_search_clearly_slower_than_its_rival_stops_at_the_lowest_value_with_t
     else:
         assert not summary["cut_short"] and [c["n_cpu_moe"] for c in summary["climbed"]] == [1]
         assert len(summary["finalists"]) == 2
+
+
+def test_a_request_loses_at_every_reply_only_where_it_loses_at_the_shortest_and_the_longest():
+    """t(n) = first + n ÷ decode: a quicker first token with a slower decode loses once the reply is long enough
+    (#40: at the seed's scale `-ub 1024` finished a 16K request first past about 144 tokens)."""
+    fast_prefill = planner.Request(planner.Speed(2.4, 2.3, 2.5), planner.Speed(54.3, 53.2, 55.8))
+    fast_decode = planner.Request(planner.Speed(2.9, 2.8, 3.0), planner.Speed(65.5, 58.1, 66.8))
+    assert not planner.loses_at_every_reply(fast_decode, fast_prefill, 4096)  # it wins past the crossing
+    assert planner.loses_at_every_reply(fast_decode, fast_prefill, 16)  # a 16-token reply at most: it never does
+    assert not planner.loses_at_every_reply(fast_prefill, fast_decode, 16)
+    assert planner.Request.of({"ttft_s": {"median": 1.0, "min": 1.0, "max": 1.0}}) is None  # no decode: unknown

@@ -321,6 +321,41 @@ class Speed:
         return f"{self.median:,.1f} [{self.low:,.1f}–{self.high:,.1f}]"
 
 
+# The longest reply the answer is asked about (less where the context leaves less room after the prompt): where the
+# answer changes with the reply length (tables.reply) and which search may be cut short (loses_at_every_reply).
+MAX_REPLY = 4096
+
+
+@dataclass(frozen=True)
+class Request:
+    """One configuration's request as a reply grows: its time to first token and its decode, each as a Speed (the
+    median and range over every request), so that t(n) = first + n ÷ decode (``tables.reply``)."""
+
+    first_s: Speed
+    decode: Speed
+
+    @classmethod
+    def of(cls, stats: dict | None) -> Request | None:
+        """From a workload's statistics (``ttft_s`` and ``decode_tps``); None where either is missing."""
+        first, decode = (Speed.of((stats or {}).get(k)) for k in ("ttft_s", "decode_tps"))
+        return cls(first, decode) if first and decode and decode.low > 0 else None
+
+    def as_dict(self) -> dict:
+        return {k: {"median": v.median, "min": v.low, "max": v.high, "n": v.n} for k, v in self.parts().items()}
+
+    def parts(self) -> dict[str, Speed]:
+        return {"ttft_s": self.first_s, "decode_tps": self.decode}
+
+
+def loses_at_every_reply(ours: Request, theirs: Request, longest: int) -> bool:
+    """Whether a request of ``ours`` takes longer than one of ``theirs`` at every reply of 1 to ``longest`` tokens,
+    even at its best (its quickest first token, its fastest decode) against their worst: the times grow linearly
+    with the reply, so the shortest and the longest decide for every length between."""
+    return all(
+        ours.first_s.low + n / ours.decode.high > theirs.first_s.high + n / theirs.decode.low for n in (1, longest)
+    )
+
+
 def within_noise(a: Speed, b: Speed) -> bool:
     """The noise rule: two speeds are within noise of each other when their ranges (min–max over every request of
     every repetition) overlap. One is clearly faster than the other only when its whole range lies above the other's

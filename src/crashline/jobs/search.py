@@ -24,9 +24,11 @@ value.
 
 A group with ``prune`` (``rivals``: its model's searches listed before it, which run first) stops before step 5
 when the lowest value with the margin is clearly slower than the best of the rivals' winners (``best_rival``: its
-whole range of requests below theirs, every request of every start): the values above keep more experts on the
-CPU. tune searches its largest ubatch first, so a smaller one that cannot win a long prompt costs its boundary and
-margin only.
+whole range of requests below theirs, every request of every start) and, for an objective of whole requests, at
+every reply length from 1 to what the context leaves (``loses_at_every_reply``: its quickest first token and fastest
+decode against their slowest): the values above keep more experts on the CPU. tune searches its largest ubatch
+first, so a smaller one that cannot win a long prompt at any reply length costs its boundary and margin only; one
+that wins at some reply length climbs and starts its finalists as the answer's search does.
 
 A group without ``climb`` (or with ``climb: 0``) stops at step 4: it recommends the lowest value
 with the margin. Start k > 1 of a value is recorded under ``records/ID/start-K/`` beside the first
@@ -61,7 +63,9 @@ from .search_rules import (
     calibration,
     cut_short_text,
     headroom_ok,
+    longest_reply,
     margin_guess,
+    request_of,
     speed_of,
     stat,
 )
@@ -396,6 +400,20 @@ class _Search:
         set_aside(self.out_dir, [*summary["records"], summary["calibration"]])
         return records.write(SearchFolder(self.out_dir).summary(), "search", summary)
 
+    def request(self, n: int) -> planner.Request | None:
+        return request_of(self.starts_of[n], self.objective, self.margin)
+
+    def loses_at_every_reply(self, n: int, theirs: planner.Request | None) -> bool:
+        """Whether n's first start loses to a rival's winner (``theirs``) at every reply length the objective is
+        asked about (#40: a configuration 21% faster on decode was dropped at a 64-token reply); for an objective
+        that does not depend on the reply, the objective alone decides. Without either request's figures: False."""
+        recs = self.starts_of[n][:1]
+        longest = longest_reply(self.objective, recs)
+        if longest is None:
+            return True
+        ours = request_of(recs, self.objective, self.margin)
+        return ours is not None and theirs is not None and planner.loses_at_every_reply(ours, theirs, longest)
+
     def cut_short(self, n: int, speed: planner.Speed, gid: str, rival_n: int, rival: planner.Speed) -> dict:
         """Where the lowest value with the margin is clearly slower than a rival search's winner (``prune``)."""
         text = cut_short_text(n, speed, gid, rival_n, rival, self.words())
@@ -410,7 +428,13 @@ class _Search:
         rival = best_rival(self.rivals, self.objective)
         raced = {"rival": {"search": rival[0], "n_cpu_moe": rival[1], **stat(rival[2])}} if rival else {}
         if first is not None and rival is not None and first.high < rival[2].low:
-            return {**self.cut_short(lowest, first, *rival), **raced}
+            if self.loses_at_every_reply(lowest, rival[3]):
+                return {**self.cut_short(lowest, first, *rival[:3]), **raced}
+            progress.say(
+                f"n_cpu_moe {lowest}, the lowest with the margin, {self.words()} {first.text()}, lies below the "
+                f"winner of search {rival[0]} ({rival[2].text()}) at the asked reply but not at every reply length: "
+                "it climbs and its finalists start as the answer's do"
+            )
         progress.say(
             f"climb from n_cpu_moe {lowest}, the lowest with the {self.margin:,} MiB margin: {self.words()} "
             f"{first.text() if first else 'n/a'}; up to {most} value(s) above it while faster or within noise"
@@ -481,6 +505,8 @@ class _Search:
                     "starts": len(result["per_start"][n]),
                     "start_medians": [s.median if s else None for s in result["per_start"][n]],
                     **stat(result["pooled"][n]),
+                    # its request's first token and decode, pooled: a later search's cut_short weighs every reply
+                    "request": (req.as_dict() if (req := self.request(n)) else None),
                     "survived": all(s is not None for s in result["per_start"][n]),
                     "records": self.ids_of[n],
                 }

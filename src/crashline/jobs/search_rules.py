@@ -38,10 +38,11 @@ LIMITS = {
 }
 
 
-def speed_of(recs: list[dict], objective: Objective, margin_mib: int) -> planner.Speed | None:
-    """The objective's speed over every request of every repetition of these starts of one configuration (pooled
-    as ``aggregate`` pools them: ``workloads.summarize`` over every run of every start). None unless every start
-    survived every workload with the margin and the pooled medians meet the objective's limits per request."""
+def _pooled(recs: list[dict], objective: Objective, margin_mib: int) -> dict | None:
+    """The objective workload's statistics over every request of every repetition of these starts of one
+    configuration (pooled as ``aggregate`` pools them: ``workloads.summarize`` over every run of every start). None
+    unless every start survived every workload with the margin and the pooled medians meet the objective's limits
+    per request."""
     if not recs or not all(headroom_ok(r, margin_mib) for r in recs):
         return None
     found = [_workload(r, objective.workload) for r in recs]
@@ -53,7 +54,29 @@ def speed_of(recs: list[dict], objective: Objective, margin_mib: int) -> planner
         limit = getattr(objective, key)
         if limit is not None and (median is None or not meets(median, limit)):
             return None
-    return planner.Speed.of(stats.get(objective.metric))
+    return stats
+
+
+def speed_of(recs: list[dict], objective: Objective, margin_mib: int) -> planner.Speed | None:
+    """The objective's speed over these starts (``_pooled``), or None."""
+    return planner.Speed.of((_pooled(recs, objective, margin_mib) or {}).get(objective.metric))
+
+
+def request_of(recs: list[dict], objective: Objective, margin_mib: int) -> planner.Request | None:
+    """A request's time to first token and decode over these starts (``_pooled``), or None."""
+    return planner.Request.of(_pooled(recs, objective, margin_mib))
+
+
+def longest_reply(objective: Objective, recs: list[dict]) -> int | None:
+    """The replies a request-time objective is asked about run from 1 to this many tokens (MAX_REPLY, or what the
+    context leaves after the prompt); None where the objective does not depend on the reply (a decode or prefill
+    objective, several requests at once)."""
+    if objective.metric != "e2e_tps" or (objective.concurrency or 1) != 1:
+        return None
+    prompt = next((w["prompt_tokens"] for r in recs if (w := _workload(r, objective.workload))), None)
+    ctx = next((r["settings"].get("ctx") for r in recs if r.get("settings")), None)
+    room = ctx - prompt if ctx and prompt else planner.MAX_REPLY
+    return max(1, min(planner.MAX_REPLY, room))
 
 
 def margin_guess(at_boundary: dict, boundary: int, predictions: dict, limit, margin: int, hi: int) -> int:
@@ -76,10 +99,13 @@ def bound_text(results: dict[int, bool], lo: int, hi: int) -> str:
     return f"boundary at {high}" if low >= high else f"boundary in {low}..{high}"
 
 
-def best_rival(rivals: list[dict], objective: Objective) -> tuple[str, int, planner.Speed] | None:
+def best_rival(
+    rivals: list[dict], objective: Objective
+) -> tuple[str, int, planner.Speed, planner.Request | None] | None:
     """The fastest winner of the rival searches by ``objective`` (their search id, its n_cpu_moe, its speed over
-    every request of every start): from each summary's finalist that won and survived every start. Rivals ranked
-    by another objective, or without finalists (no climb), give none."""
+    every request of every start, and its request's first token and decode where the summary has them): from each
+    summary's finalist that won and survived every start. Rivals ranked by another objective, or without finalists
+    (no climb), give none."""
     best = None
     for summary in rivals:
         if summary.get("objective") != objective.as_dict():
@@ -89,7 +115,7 @@ def best_rival(rivals: list[dict], objective: Objective) -> tuple[str, int, plan
             if final["n_cpu_moe"] == won and final["survived"] and final.get("median") is not None:
                 speed = planner.Speed(final["median"], final["min"], final["max"], final["n"])
                 if best is None or speed.median > best[2].median:
-                    best = (summary["group"], won, speed)
+                    best = (summary["group"], won, speed, planner.Request.of(final.get("request")))
     return best
 
 

@@ -16,8 +16,7 @@ import numpy as np
 import pandas as pd
 
 from ..core import columns as cols
-
-MAX_REPLY = 4096  # the longest reply asked about (less where the context leaves less room after the prompt)
+from ..engine.planner import MAX_REPLY
 
 
 def crossover(first_a: float, decode_a: float, first_b: float, decode_b: float) -> float | None:
