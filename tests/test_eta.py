@@ -120,3 +120,23 @@ def test_an_optional_start_leaves_time_for_the_starts_other_jobs_must_still_make
     _record(layout.record("m", first["id"]), 50.0)
     _record(layout.record("m", second["id"]), 50.0)
     assert eta.over_time("the climb", 600, [50.0], 0.0, Path(search["out"])) is None  # nothing owed: it runs
+
+
+def test_a_fit_aimed_at_the_margin_owes_two_starts_and_its_later_starts_none(tmp_path):
+    """Every --fit on aimed at the margin in the committed leases took two or three starts (AIMED_FIT_STARTS)."""
+    cfg = C.validate(
+        {
+            "results_dir": str(tmp_path / "results"),
+            "models": {"m": {"source": "synthetic:tiny-moe"}},
+            "configurations": [
+                {"settings": {"fit": "on"}, "starts": 2},
+                {"settings": {"fit": "on", "fit_target": 512}},
+            ],
+            "workloads": [{"name": "w", "prompt_tokens": 64, "gen_tokens": 8}],
+            "budget": {"vram_budget_mib": 12288},
+        },
+        C.load_schema(),
+    )
+    measures = [(j["starts"], j["must"]) for j in eta.plan(cfg) if j["job"] == "measure"]
+    # aimed: two starts owed, its second start optional; a target the config gives runs once, as given
+    assert measures == [(eta.AIMED_FIT_STARTS, eta.AIMED_FIT_STARTS), (1, 0), (1, 1)]

@@ -20,9 +20,13 @@ from ..config.plan import expand, expand_searches, needle_twin
 from ..core import progress
 from ..core.atomic import write_json
 from ..core.paths import Layout, SearchFolder, measure_records_under
+from ..core.settings import fit_aimed
 from ..engine import planner
 
 PLAN_ENV = "CRASHLINE_RUN_PLAN"  # where the server jobs of this run find its plan (set by the workflow)
+# The starts a --fit on aimed at the margin usually takes: every one of the ten in bench/results/lease-* (sessions
+# 16, 17, 23, 24; at 16K and at 100K) left less than the margin at its first target and took two or three.
+AIMED_FIT_STARTS = 2
 
 
 def search_starts(group: dict, has_limit: bool) -> int:
@@ -41,15 +45,17 @@ def search_must(has_limit: bool) -> int:
 def plan(config: dict) -> list[dict]:
     """Every server job of the run: its kind, its output, the server starts it is likely to need (a needle job whose
     twin's recall stands for it needs none) and those a time limit never leaves out (``must``: a configuration's
-    first start, a search's boundary and margin; a needle check's short requests count as none); a search also names
-    the folder of its probes."""
+    first start, two for a --fit on aimed at the margin, a search's boundary and margin; a needle check's short
+    requests count as none); a search also names the folder of its probes."""
     layout = Layout(config["results_dir"])
     has_limit = config["budget"].get("vram_budget_mib") is not None
     jobs = []
     for item in expand(config):
         model, cid = item["model"], item["id"]
+        first = AIMED_FIT_STARTS if fit_aimed(item["settings"], item["given"]) else 1
         for k, path in enumerate(layout.start_records(model, cid, item.get("starts", 1)), 1):
-            jobs.append({"job": "measure", "out": str(path), "starts": 1, "must": int(k == 1)})
+            starts = first if k == 1 else 1
+            jobs.append({"job": "measure", "out": str(path), "starts": starts, "must": starts * (k == 1)})
         twin = needle_twin(config, model, cid)
         out = str(layout.needle_record(model, cid))
         jobs.append({"job": "needle", "out": out, "starts": 0 if twin else 1, "must": 0})
