@@ -455,4 +455,7 @@ def test_a_request_loses_at_every_reply_only_where_it_loses_at_the_shortest_and_
     assert not planner.loses_at_every_reply(fast_decode, fast_prefill, 4096)  # it wins past the crossing
     assert planner.loses_at_every_reply(fast_decode, fast_prefill, 16)  # a 16-token reply at most: it never does
     assert not planner.loses_at_every_reply(fast_prefill, fast_decode, 16)
+    # by the medians, as the answer's reply-length line judges: a wide range of requests alone keeps none in the race
+    noisy = planner.Request(planner.Speed(2.9, 2.0, 3.5), planner.Speed(50.0, 40.0, 70.0))
+    assert planner.loses_at_every_reply(noisy, fast_prefill, 4096)
     assert planner.Request.of({"ttft_s": {"median": 1.0, "min": 1.0, "max": 1.0}}) is None  # no decode: unknown

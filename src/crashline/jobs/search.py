@@ -25,8 +25,8 @@ value.
 A group with ``prune`` (``rivals``: its model's searches listed before it, which run first) stops before step 5
 when the lowest value with the margin is clearly slower than the best of the rivals' winners (``best_rival``: its
 whole range of requests below theirs, every request of every start) and, for an objective of whole requests, at
-every reply length from 1 to what the context leaves (``loses_at_every_reply``: its quickest first token and fastest
-decode against their slowest): the values above keep more experts on the CPU. tune searches its largest ubatch
+every reply length from 1 to what the context leaves (``loses_at_every_reply``, by the medians of the first token
+and the decode): the values above keep more experts on the CPU. tune searches its largest ubatch
 first, so a smaller one that cannot win a long prompt at any reply length costs its boundary and margin only; one
 that wins at some reply length climbs and starts its finalists as the answer's search does.
 
