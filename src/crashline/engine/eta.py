@@ -24,7 +24,7 @@ from ..core.settings import fit_aimed
 from ..engine import planner
 
 PLAN_ENV = "CRASHLINE_RUN_PLAN"  # where the server jobs of this run find its plan (set by the workflow)
-# The starts a --fit on aimed at the margin usually takes: every one of the ten in bench/results/lease-* (sessions
+# The starts a --fit on aimed at the margin usually takes: every one of the ten in the committed leases (sessions
 # 16, 17, 23, 24; at 16K and at 100K) left less than the margin at its first target and took two or three.
 AIMED_FIT_STARTS = 2
 
