@@ -16,13 +16,15 @@ import sys
 from pathlib import Path
 
 from crashline.core import records
+from crashline.core.paths import SearchFolder, measure_records_under
 from crashline.engine import planner
 from crashline.jobs.search_rules import calibration as calibrated
 
 
 def search_errors(search_dir: Path, manifest: dict) -> dict:
-    probes = [records.load(p, "measure") for p in sorted(search_dir.glob("records/*/measure.json"))]
-    calibration = [records.load(p, "measure") for p in search_dir.glob("records/*/calibration/measure.json")]
+    found = measure_records_under(SearchFolder(search_dir).probes())
+    probes = [records.load(p, "measure") for p in sorted(found) if p.parent.parent == SearchFolder(search_dir).probes()]
+    calibration = [records.load(p, "measure") for p in found if p.parent.name == "calibration"]
     if not calibration:
         return {"search": str(search_dir), "probes": [], "why": "no calibration start"}
     compute, rest = calibrated(calibration[0], calibration[0]["settings"]["ubatch"])
@@ -60,7 +62,7 @@ def main(folders: list[str]) -> None:
 
 
 def _depth(search_dir: Path) -> list[int]:
-    for path in search_dir.glob("records/*/measure.json"):
+    for path in measure_records_under(SearchFolder(search_dir).probes()):
         workloads = records.load(path, "measure").get("workloads") or []
         if workloads:
             return sorted({w["prompt_tokens"] for w in workloads if w.get("prompt_tokens")})

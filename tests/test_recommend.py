@@ -420,22 +420,3 @@ def test_the_answer_names_each_rival_others_processes_made_unjudgeable_as_a_poss
     answer = _answer(busy, configs, measurements)
     assert (answer["use"], answer["or_use"]) == ("-ub 256", ["-ub 512"])
     assert block(recommendation(answer)).splitlines()[0].endswith("**Use `-ub 256` or `-ub 512`**")
-
-
-def test_a_rival_others_competed_with_is_no_tie_and_no_column_breaks_it(tmp_path):
-    """#41, run 1 of bench/results/default-agreement-cpu-s24: tiny-moe's -ub 512, measured beside 1.1 busy cores,
-    overlapped -ub 128's range; the answer said "tied with 1 other(s) ... chosen for being ahead of it on prefill,
-    decode and time to first token", drawing from the contended pair what #41 forbids. It is a possible answer, not
-    a tie."""
-    for name, ubatch, decode in (("a", 256, 100.0), ("b", 512, 99.0)):
-        _record(tmp_path, name, {"ubatch": ubatch}, [("short", 1, decode, decode, 0.05)])
-    configs, measurements = _tables(tmp_path)
-    ids = {int(r["s_ubatch"]): r["config_id"] for _, r in configs.iterrows()}
-    (quiet,) = recommend(configs, measurements, "decode_tps", "short")
-    assert quiet["tie"] is not None  # ranges overlap on a quiet machine: a tie, broken by the other columns
-    measurements["cpu_logical_cores"] = 2
-    measurements.loc[measurements["config_id"] == ids[512], "cpu_other_cores"] = 1.1
-    (busy,) = recommend(configs, measurements, "decode_tps", "short")
-    (other,) = busy["others"]
-    assert (busy["winner"], busy["tie"]) == (ids[256], None)
-    assert other["inconclusive"] and other["possible"] and not other["tied"]

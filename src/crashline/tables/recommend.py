@@ -228,14 +228,7 @@ def recommend(
         )
         spread = {cid: spread_of(speeds.loc[cid], metric) for _, cid in ranked}
         fastest = spread[ranked[0][1]] if ranked else None
-        # a configuration others' processes made unjudgeable against the fastest is no tie to break by its columns:
-        # it is named apart, as a possible answer (could_reach)
-        tied = [
-            cid
-            for _, cid in ranked
-            if ties(spread[cid], fastest)
-            and (cid == ranked[0][1] or not inconclusive([speeds.loc[cid], speeds.loc[ranked[0][1]]]))
-        ]
+        tied = [cid for _, cid in ranked if ties(spread[cid], fastest)] if ranked else []
         headroom = dict(zip(group["config_id"], group["headroom_mib"]))
         rows = {cid: speeds.loc[cid] for cid in tied}
         config_rows = {r["config_id"]: r for _, r in group.iterrows()}
