@@ -31,6 +31,16 @@ def _record(path, total_s):
     path.write_text(json.dumps({"time_budget_s": {"total": total_s}}))
 
 
+def _planned(cfg, monkeypatch):
+    """Where the run's plan goes (set for the server jobs, as the workflow sets it) and a clock the test moves."""
+    path = Layout(cfg["results_dir"]).run_plan()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    monkeypatch.setenv(eta.PLAN_ENV, str(path))
+    clock = [1000.0]
+    monkeypatch.setattr(eta.time, "time", lambda: clock[0])
+    return path, clock
+
+
 def test_the_run_left_counts_the_missing_jobs_starts_at_the_mean_start_so_far(tmp_path):
     cfg = _config(tmp_path)
     jobs = eta.plan(cfg)
@@ -78,11 +88,7 @@ def test_a_stopped_run_resumed_goes_on_counting_its_time_limit(tmp_path, monkeyp
     """tune --time 14m stopped by SIGTERM after 5 minutes and run again (a lease's call ends; a user's Ctrl-C): the
     time limit goes on from 5 minutes, not from zero; a run of other jobs in the folder starts from zero."""
     cfg = _config(tmp_path)
-    path = Layout(cfg["results_dir"]).run_plan()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    monkeypatch.setenv(eta.PLAN_ENV, str(path))
-    clock = [1000.0]
-    monkeypatch.setattr(eta.time, "time", lambda: clock[0])
+    path, clock = _planned(cfg, monkeypatch)
     eta.write_plan(cfg, path)
     clock[0] += 300.0
     eta.stop_plan(path)
@@ -100,11 +106,7 @@ def test_an_optional_start_leaves_time_for_the_starts_other_jobs_must_still_make
     """#40 item 3: on the H200 a 15-minute tune took 19.9: the optional starts that ran first left no time for the
     other search's boundary and the references' first starts, which a time limit never leaves out."""
     cfg = _config(tmp_path)
-    path = Layout(cfg["results_dir"]).run_plan()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    monkeypatch.setenv(eta.PLAN_ENV, str(path))
-    clock = [1000.0]
-    monkeypatch.setattr(eta.time, "time", lambda: clock[0])
+    path, clock = _planned(cfg, monkeypatch)
     jobs = eta.write_plan(cfg, path)
     (search,) = [j for j in jobs if j["job"] == "search"]
     clock[0] += 600.0 - 140.0  # 140 s of a 10-minute limit left: without the owed starts, time for a climb start
