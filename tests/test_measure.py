@@ -3,6 +3,8 @@ writes a record, and no server process outlives the job."""
 
 from __future__ import annotations
 
+import contextlib
+
 import os
 import shutil
 import signal
@@ -613,11 +615,10 @@ class _Peaks:
         return None
 
 
-def test_a_search_probe_under_the_margin_after_its_warm_up_skips_its_timed_repetitions(
-    tiny_moe, server_provenance, tmp_path
-):
-    """#25: a probe whose warm-up left less headroom than the margin cannot be recommended, so its timed repetitions
-    would decide nothing (11 s a probe at 16K on the H200); every workload still runs its warm-up at its depth."""
+@contextlib.contextmanager
+def _two_workloads(tiny_moe, server_provenance, tmp_path):
+    """A real llama-server on the tiny MoE, ready, with its client, prompt source, two short workloads and settings,
+    for tests that drive ``serving._run_each`` with a sampler of their own."""
     from crashline.core.settings import command_line, resolve
     from crashline.engine.server import ServerProcess
     from crashline.engine.workloads import Client, PromptSource
@@ -630,7 +631,15 @@ def test_a_search_probe_under_the_margin_after_its_warm_up_skips_its_timed_repet
     with ServerProcess(command_line(server_provenance["binary"], str(tiny_moe), settings), tmp_path / "s.log") as srv:
         assert srv.start_ready(120) == "ready", srv.log_text()[-2000:]
         client = Client.of(srv, 120)
-        prompts = PromptSource(client)
+        yield srv, client, PromptSource(client), workloads, settings
+
+
+def test_a_search_probe_under_the_margin_after_its_warm_up_skips_its_timed_repetitions(
+    tiny_moe, server_provenance, tmp_path
+):
+    """#25: a probe whose warm-up left less headroom than the margin cannot be recommended, so its timed repetitions
+    would decide nothing (11 s a probe at 16K on the H200); every workload still runs its warm-up at its depth."""
+    with _two_workloads(tiny_moe, server_provenance, tmp_path) as (srv, client, prompts, workloads, settings):
 
         def run(peak_mib, margin_mib):
             return serving._run_each(
@@ -669,19 +678,7 @@ def test_timed_requests_other_processes_competed_with_run_again_once_in_a_quiet_
     """#41: a workload whose timed requests ran while other processes used more than CONTENTION_CORES runs them again
     once a wait finds a quiet stretch (its contended requests kept apart, not counted), once per server start; where
     no quiet stretch comes, they stay as measured (and the tables mark them contended)."""
-    from crashline.core.settings import command_line, resolve
-    from crashline.engine.server import ServerProcess
-    from crashline.engine.workloads import Client, PromptSource
-
-    workloads = [
-        {"name": "a", "prompt_tokens": 64, "gen_tokens": 4},
-        {"name": "b", "prompt_tokens": 128, "gen_tokens": 4},
-    ]
-    settings = resolve({"ctx": 1024, "threads": 2})
-    with ServerProcess(command_line(server_provenance["binary"], str(tiny_moe), settings), tmp_path / "s.log") as srv:
-        assert srv.start_ready(120) == "ready", srv.log_text()[-2000:]
-        client = Client.of(srv, 120)
-        prompts = PromptSource(client)
+    with _two_workloads(tiny_moe, server_provenance, tmp_path) as (srv, client, prompts, workloads, settings):
 
         def run(sampler):
             out, failure = serving._run_each(
