@@ -171,14 +171,33 @@ def test_a_draft_and_n_gram_lookups_are_variants_of_every_configuration_tried(tm
     )
     assert set(cfg["models"]) == {"tiny-moe", "tiny-draft"}
     assert all(entry["models"] == ["tiny-moe"] for entry in cfg["configurations"])
-    spec = {(g["given"].get("draft_model"), g["given"].get("spec_type")) for g in C.expand_searches(cfg)}
-    assert spec == {(None, None), ("tiny-draft", None), (None, "ngram-simple")}  # as written: draft-simple implied
+    spec = {
+        (g["given"].get("draft_model"), g["given"].get("draft_n_gpu_layers"), g["given"].get("spec_type"))
+        for g in C.expand_searches(cfg)
+    }
+    # as written: draft-simple implied; the draft where llama.cpp puts it, and on the CPU (-ngld 0), its VRAM the
+    # model's
+    assert spec == {
+        (None, None, None),
+        ("tiny-draft", None, None),
+        ("tiny-draft", 0, None),
+        (None, None, "ngram-simple"),
+    }
     fits = [i["settings"] for i in C.expand(cfg) if i["settings"].get("fit") == "on"]
-    assert sorted((f["draft_model"] or "", f["spec_type"] or "", f["cache_ram"]) for f in fits) == [
-        ("", "", 0),
-        ("", "", 8192),
-        ("", "ngram-simple", 0),
-        ("tiny-draft", "draft-simple", 0),
+    assert sorted(
+        (
+            f["draft_model"] or "",
+            -1 if f["draft_n_gpu_layers"] is None else f["draft_n_gpu_layers"],
+            f["spec_type"] or "",
+            f["cache_ram"],
+        )
+        for f in fits
+    ) == [
+        ("", -1, "", 0),
+        ("", -1, "", 8192),
+        ("", -1, "ngram-simple", 0),
+        ("tiny-draft", -1, "draft-simple", 0),
+        ("tiny-draft", 0, "draft-simple", 0),
     ]
     cpu = config(str(tiny_moe), 32768, 1024, None, None, tmp_path, False, None, 64, str(draft), None)
     assert [e["settings"].get("draft_model") for e in cpu["configurations"]] == [None, "tiny-draft"]

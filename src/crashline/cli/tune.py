@@ -129,13 +129,18 @@ def levers(ubatch: str | None, cache_type: str | None, threads: str | None) -> d
 NGRAM_SPEC_TYPES = ("ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache")
 
 
-def speculation(draft: str | None, spec: str | None) -> list[dict]:
+def speculation(draft: str | None, spec: str | None, on_gpu: bool = False) -> list[dict]:
     """The speculative decoding ``tune`` tries beside none: ``--draft MODEL`` (a draft model, llama.cpp's
     draft-simple) and ``--spec TYPE[,TYPE]`` (its n-gram lookups, no second model); each a variant of the settings
-    every configuration is tried with. ConfigError names the option and the value."""
+    every configuration is tried with. On a GPU the draft is tried where llama.cpp puts it (on the card) and with
+    its layers on the CPU (``-ngld 0``), which gives its VRAM to the model's experts: where the budget is tight the
+    search of each variant finds which pays. (The pinned llama.cpp has no ``-cd``: the draft's context is the
+    server's.) ConfigError names the option and the value."""
     variants: list[dict] = [{}]
     if draft:
         variants.append({"draft_model": model_source(draft)[0]})
+        if on_gpu:
+            variants.append({"draft_model": model_source(draft)[0], "draft_n_gpu_layers": 0})
     for kind in dict.fromkeys(t.strip() for t in (spec or "").split(",") if t.strip()):
         if kind not in NGRAM_SPEC_TYPES:
             raise ConfigError(
@@ -167,7 +172,7 @@ def config(
     (``speculation``) add variants with speculative decoding: each its own search (the draft's memory moves the
     boundary) and its own --fit on without the prompt cache, recommended only where it wins the objective."""
     tried = tried or levers(None, None, None)
-    variants = speculation(draft, spec)
+    variants = speculation(draft, spec, on_gpu)
     if gen < 1:
         raise ConfigError(f"--gen {gen}: the reply must be at least 1 token")
     if prompt + gen > ctx:
