@@ -5,6 +5,8 @@ cpu-logs/: a CPU build of the same llama.cpp (11434.0.0) on 2 cores / 24 GiB, mo
   ok-cpu-gemma3-270m.log         -lv 4 -c 4096; one /completion, then SIGINT (the server exits 0)
   loadfail-kv-cache-ctx16m.log   -lv 4 -c 16000000 -np 1 --fit off: 46875 MB KV malloc refused, exit 1
   loadfail-not-gguf.log          -m /etc/hostname: "failed to read magic", exit 1
+  ok-tiny-moe-draft.log          the synthetic tiny-moe with a 1-layer draft of its vocabulary (-md), -lv 4 -c 2048,
+                                 stopped by SIGTERM once ready
 """
 
 import json
@@ -349,3 +351,16 @@ def test_what_fit_projected_to_leave_free_is_its_last_placement_line():
     log = (CUDA / "fit-on-seed-100k-target-1024.log").read_text()
     assert parse_log(log)["fit_free_mib"] == {"CUDA0": 1184}
     assert parse_log((CUDA / "ok-ncmoe28-budget12g.log").read_text())["fit_free_mib"] is None
+
+
+def test_a_draft_models_buffers_and_context_are_read_apart_from_the_models():
+    """A speculative draft prints its buffers, KV cache and context lines as the model does, after it: read together,
+    the draft's stood for the model's (KV 1.00 MiB instead of 4.00, compute 3.89 instead of 5.52), and the search's
+    calibration took the draft's compute buffer for the model's."""
+    placement = parse_log(read(CPU / "ok-tiny-moe-draft.log"))
+    mib = placement["buffers_mib"]
+    assert (mib["CPU:kv"], mib["CPU:compute"], mib["CPU_Mapped:model"]) == (4.0, 5.52, 1.8)
+    draft = {f"{b['device']}:{b['kind']}": b["mib"] for b in placement["draft_buffers"]}
+    assert (draft["CPU:kv"], draft["CPU:compute"], draft["CPU_Mapped:model"]) == (1.0, 3.89, 0.05)
+    assert placement["n_ctx"] == 2048 and placement["n_parallel"] == 4  # the slots' line after the draft's load
+    assert parse_log(read(CPU / "ok-cpu-gemma3-270m.log"))["draft_buffers"] == []

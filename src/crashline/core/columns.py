@@ -160,6 +160,7 @@ CONFIGS: dict[str, pa.DataType] = {
     "n_threads_batch": INT,
     "layers_offloaded": INT,
     "buffers": BUFFERS,
+    "draft_vram_mib": FLOAT,  # a speculative draft's own buffers on accelerators (its log lines), None without one
     "started_at": TEXT,  # of the first server start
     "starts": INT,  # server starts pooled in this row: 1, or a search finalist's starts
 }

@@ -38,6 +38,9 @@ SWA_KV_RE = re.compile(r"creating\s+(non-)?SWA KV cache")
 OFFLOADED_RE = re.compile(r"offloaded (\d+)/(\d+) layers to GPU")
 CONTEXT_PARAM_RE = re.compile(r"llama_context:\s+(\w+)\s+=\s+(\S+)\s*$")
 SLOTS_RE = re.compile(r"initializing, n_slots = (\d+), n_ctx_slot = (\d+)")
+# a speculative draft model's load (common/speculative.cpp): its tensors, KV cache and compute buffer follow, each
+# printed as the model's were, until the server initialises its slots
+DRAFT_LOAD_RE = re.compile(r"loading draft model '")
 THREADS_RE = re.compile(r"system_info: n_threads = (\d+) \(n_threads_batch = (\d+)\)")
 KV_TYPES_RE = re.compile(r"K \((\w+)\):\s*[\d.]+ MiB, V \((\w+)\):\s*[\d.]+ MiB")
 BUILD_RE = re.compile(r"\bbuild:?\s+(\d+ \(.*)$")
@@ -309,13 +312,27 @@ def checkpoint_events(text: str) -> list[dict]:
     return out
 
 
+def split_draft(lines: list[str]) -> tuple[list[str], list[str]]:
+    """The log's lines of the model and those of a speculative draft's load (from 'loading draft model' to the
+    slots' initialisation); without a draft, every line and none. The draft prints buffers, context and offload
+    lines as the model does: read together, the draft's would stand for the model's."""
+    begin = _first(DRAFT_LOAD_RE, lines)
+    if begin is None:
+        return lines, []
+    end = _first(SLOTS_RE, lines, begin)
+    end = len(lines) if end is None else end
+    return lines[:begin] + lines[end:], lines[begin:end]
+
+
 def parse_log(text: str) -> dict:
-    """Placement facts from a llama-server log; JSON-serialisable, fields not printed are None."""
-    lines = text.splitlines()
+    """Placement facts from a llama-server log; JSON-serialisable, fields not printed are None. ``draft_buffers``:
+    a speculative draft's own buffers ([] without one)."""
+    lines, draft = split_draft(text.splitlines())
     buffers = parse_buffers(lines)
     return {
         "buffers": buffers,
         "buffers_mib": {f"{b['device']}:{b['kind']}": b["mib"] for b in buffers},
+        "draft_buffers": parse_buffers(draft),
         **parse_context(lines),
         "devices": parse_devices(lines),
         "fit_free_mib": parse_fit_free(lines),

@@ -73,7 +73,7 @@ def _result_row(cfg, w, recommended: bool) -> dict:
         "ttft": fmt_stat(w, "ttft_s", 3),
         "prefill": fmt_stat(w, "prefill_tps"),
         "decode": fmt_stat(w, "decode_tps"),
-        "draft": "" if missing(w["draft_acceptance"]) else f"{w['draft_acceptance']:.0%} of {w['draft_drafted']:,}",
+        "draft": draft_cell(w, cfg),
         "rss": num(w["workload_peak_rss_mib"]),
         "vram": num(w["workload_peak_gpu_mib"]),
         "cpu": _cpu(w),
@@ -240,3 +240,13 @@ def validity_rows(record: dict, model: str) -> dict:
                 }
             )
     return out
+
+
+def draft_cell(w, cfg) -> str:
+    """A speculative draft's share of its tokens the model accepted, and the VRAM the draft's own buffers took where
+    they were on the card."""
+    if missing(w["draft_acceptance"]):
+        return ""
+    vram = cfg.get("draft_vram_mib")
+    on_card = "" if missing(vram) or not vram else f" · draft {vram:,.0f} MiB VRAM"
+    return f"{w['draft_acceptance']:.0%} of {int(w['draft_drafted']):,}{on_card}"

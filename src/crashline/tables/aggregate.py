@@ -30,6 +30,7 @@ from ..core.records import Outcome
 from ..core import records
 from ..core import settings as settings_mod
 from . import files
+from ..engine import logparse
 from ..engine.workloads import summarize
 
 
@@ -168,9 +169,17 @@ def _config_row(rec: dict) -> dict:
         "n_threads_batch": placement.get("n_threads_batch"),
         "layers_offloaded": placement.get("layers_offloaded"),
         "buffers": placement.get("buffers") or [],
+        "draft_vram_mib": draft_vram_mib(placement),
         "started_at": rec.get("started_at"),
         "starts": rec.get("starts", 1),
     }
+
+
+def draft_vram_mib(placement: dict) -> float | None:
+    """The VRAM a speculative draft's own buffers took (weights, KV cache, compute), from the log's lines of its load;
+    None without a draft (or a record from before its lines were read apart)."""
+    draft = placement.get("draft_buffers") or []
+    return sum(b["mib"] for b in draft if not logparse.on_host(b["device"])) if draft else None
 
 
 def _stat_columns(w: dict) -> dict:
