@@ -10,6 +10,10 @@
 #                                                            # (560) and resumed by the same step
 #   bash bench/device-session.sh check NAME                  # bench/resent_check.py run + analyse on that tune
 #                                                            # (run stopped after CHECK_LIMIT_S, default 900)
+#   bash bench/device-session.sh context NAME                # crashline context --finalists on that tune's results
+#                                                            # (stopped after CONTEXT_LIMIT_S, default 560)
+#   bash bench/device-session.sh bandwidth [RUNS]            # bench/bandwidth_spread.py --runs RUNS (default 3):
+#                                                            # the host's memory bandwidth in fresh processes
 #   bash bench/device-session.sh grid NAME                   # bench/answer_grid.py run on that tune's results
 #   bash bench/device-session.sh resume DIR                  # copy an earlier lease's NAME folder (DIR, from the
 #                                                            # repository) to /tmp/res/NAME, for its grid
@@ -36,6 +40,10 @@ shape_of() {
     qwen3moe-40x192) echo '{"layers": 40, "n_expert": 192} qwen3-30b-a3b' ;;
     # issue #40's seed scale: about 41 GB, 48 layers, 320 experts / 8, n_embd 2048, Q4_0, ctx 262144 in its header
     seed) echo '{"n_expert": 320, "ctx": 262144} qwen3-30b-a3b' ;;
+    # issue #43's GPU runs: 8 of the 30B-A3B shape's layers (2.6 GiB, starts in seconds) and a draft of its
+    # vocabulary (1 layer, 8 experts, 31 MiB)
+    s8) echo '{"layers": 8, "ctx": 131072} qwen3-30b-a3b' ;;
+    draft8) echo '{"layers": 1, "n_expert": 8, "ctx": 131072} qwen3-30b-a3b' ;;
     tiny-moe) echo '{} tiny-moe' ;;  # to try the steps on a machine without a GPU (VRAM -)
     *) echo "unknown shape $1" >&2; exit 2 ;;
   esac
@@ -61,7 +69,8 @@ build)
   cmake -S /tmp/llama -B /tmp/llama/build -G Ninja -DCMAKE_BUILD_TYPE=Release -DGGML_CUDA=ON \
     -DCMAKE_CUDA_ARCHITECTURES=90 -DLLAMA_OPENSSL=OFF -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_BUILD_TESTS=OFF \
     -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_CURL=OFF ${LLAMA_CMAKE_ARGS:-} > /tmp/build.log 2>&1
-  cmake --build /tmp/llama/build --target llama-server -j16 >> /tmp/build.log 2>&1
+  # llama-perplexity for the KV types' KL divergence (crashline.jobs.kvquality), found beside llama-server
+  cmake --build /tmp/llama/build --target llama-server llama-perplexity -j16 >> /tmp/build.log 2>&1
   tail -3 /tmp/build.log
   wait
   echo "build and models: $(( $(date +%s) - started )) s"; ls -l /tmp/clc/models 2>/dev/null || true
@@ -107,6 +116,19 @@ check)
     >> /tmp/res/$name/check-console.txt 2>&1 && step_rc=0 || step_rc=$?
   python bench/resent_check.py analyse /tmp/res/$name/tune/tune.yaml /tmp/res/$name/check > /dev/null 2>&1 || true
   tail -5 /tmp/res/$name/check-console.txt
+  ;;
+context)
+  name=$1 pack=$1
+  timeout -k 20 "${CONTEXT_LIMIT_S:-560}" python -m crashline context /tmp/res/$name/tune/results --finalists \
+    --out /tmp/res/$name/context >> /tmp/res/$name/context-console.txt 2>&1 && step_rc=0 || step_rc=$?
+  tail -12 /tmp/res/$name/context-console.txt
+  ;;
+bandwidth)
+  pack=bandwidth
+  mkdir -p /tmp/res/bandwidth
+  python bench/bandwidth_spread.py --runs "${1:-3}" > /tmp/res/bandwidth/bandwidth.jsonl 2> /tmp/res/bandwidth/console.txt \
+    && step_rc=0 || step_rc=$?
+  tail -6 /tmp/res/bandwidth/bandwidth.jsonl
   ;;
 grid)
   name=$1 pack=$1
