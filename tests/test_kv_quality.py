@@ -218,3 +218,20 @@ def test_tune_sets_kl_divergence_and_recall_beside_speed_per_kv_type(tmp_path, g
         plan = dry_run(out, "-s", str(REPO / "Snakefile"), "--configfile", "edit.yaml", *TRIGGERS)
         stats = plan.split("Job stats:", 1)[1]
         assert {m[1] for m in re.finditer(r"^(\w+)\s+\d+$", stats, re.M)} - {"total"} == reruns, plan
+
+
+def test_a_synthetic_model_given_by_its_path_is_known_by_its_header(tiny_moe, gemma_fetch, tmp_path):
+    """A GPU lease writes the synthetic shapes and tunes the files: their source is ``file:``, yet their weights are
+    random (on the H100, s8's q4_0 KV read 'KL divergence median 0.0000' as if it were free). The header's
+    general.name, which only crashline's writer gives, says so; a real model's does not, nor does a file that is no
+    GGUF."""
+    from crashline.models.synthetic import random_weights
+
+    assert random_weights(f"file:{tiny_moe}", tiny_moe) and random_weights("synthetic:tiny-moe")
+    gemma = gemma_fetch["files"][0]["path"]
+    assert not random_weights(f"file:{gemma}", gemma)
+    other = tmp_path / "not.gguf"
+    other.write_text("synthetic qwen3moe 8L 128x768 Q4_0\n")
+    assert not random_weights(f"file:{other}", other)
+    model = {"name": "tiny", "source": f"file:{tiny_moe}", "path": str(tiny_moe)}
+    assert kvquality.why_not(model, "/some/llama-perplexity") == kvquality.NOT_INFORMATIVE

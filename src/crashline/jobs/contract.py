@@ -129,10 +129,6 @@ class ModelSource:
     def as_dict(self) -> dict:
         return {k: v for k, v in dataclasses.asdict(self).items() if v is not None}
 
-    @property
-    def is_synthetic(self) -> bool:
-        return self.source.startswith("synthetic:")
-
 
 @dataclass(frozen=True)
 class NeedleGrid:

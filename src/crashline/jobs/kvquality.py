@@ -24,6 +24,7 @@ from ..core.locks import lease
 from ..core.records import utc_now
 from ..engine.server import private_home, server_env
 from ..engine.workloads import prose_text
+from ..models.synthetic import random_weights
 
 # "Mean    KLD:   0.092403 ±   0.004652", "99.0%   KLD:   0.407537", "Same top p: 80.431 ± 1.757 %", as
 # tools/perplexity/perplexity.cpp (kl_divergence) prints them at the end of its run
@@ -120,7 +121,7 @@ def kv_types(label: str) -> tuple[str, str]:
 
 def why_not(model: dict, binary: str | None) -> str | None:
     """Why a model's KV types get no figure: a random-weight model's says nothing; no llama-perplexity to run."""
-    if model["source"].startswith("synthetic:"):
+    if random_weights(model["source"], model.get("path")):
         return NOT_INFORMATIVE
     if binary is None:
         return (

@@ -40,6 +40,7 @@ from ..config.needle import (
 from ..core.paths import RecordFolder, SearchFolder
 from ..engine.server import ServerProcess
 from ..core.supervision import exit_with_workflow
+from ..models.synthetic import random_weights
 from ..core.records import utc_now
 from .contract import Item, JobInputs, Objective, Recall, ServerLimits
 from .trials import planned_trials, run_trials, completed, grid, verdict
@@ -202,7 +203,7 @@ def _run_needle(spec: NeedleSpec, inputs: JobInputs, record_path: Path, log_path
     style = recall.source.prompt_style
     head = RecordHead.of(spec.model, item, inputs)
     record = _record(head, spec, ns)
-    if recall.source.is_synthetic:
+    if random_weights(recall.source.source, fetch_record["files"][0]["path"]):
         progress.say(f"needle recall not applicable, no llama-server started: {NOT_APPLICABLE_REASON}")
         return _not_applicable(record, head, run.slot_ctx, spec.model, record_path, log_path)
     progress.say(

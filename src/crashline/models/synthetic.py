@@ -16,6 +16,8 @@ give the embedding and output matrices a realistic size.
 
 from __future__ import annotations
 
+import re
+
 import os
 from pathlib import Path
 from typing import Any
@@ -135,6 +137,26 @@ def _chunks(data: bytes, nbytes: int, block_bytes: int, rng: np.random.Generator
         n = min(nbytes, period)
         yield view[start : start + n]
         nbytes -= n
+
+
+# the general.name _add_metadata gives every model it writes ("synthetic qwen3moe 8L 128x768 Q4_0")
+NAME_RE = re.compile(r"^synthetic \w+ \d+L \d+x\d+ \w+$")
+
+
+def random_weights(source: str, path: str | Path | None = None) -> bool:
+    """Whether a model holds this module's random weights, so that its recall and KL divergence say nothing: a
+    ``synthetic:`` source, or a GGUF this module wrote given by its path (a GPU lease writes the shapes and tunes
+    the files), known by its general.name. A file that cannot be read is not called random."""
+    if source.startswith("synthetic:"):
+        return True
+    if path is None:
+        return False
+    from .manifest import ManifestError, inspect_gguf
+
+    try:
+        return bool(NAME_RE.match(str(inspect_gguf(Path(path)).get("name") or "")))
+    except (ManifestError, OSError):
+        return False
 
 
 def _add_metadata(writer: gguf.GGUFWriter, shape: dict[str, Any]) -> None:
