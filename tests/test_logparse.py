@@ -364,3 +364,10 @@ def test_a_draft_models_buffers_and_context_are_read_apart_from_the_models():
     assert (draft["CPU:kv"], draft["CPU:compute"], draft["CPU_Mapped:model"]) == (1.0, 3.89, 0.05)
     assert placement["n_ctx"] == 2048 and placement["n_parallel"] == 4  # the slots' line after the draft's load
     assert parse_log(read(CPU / "ok-cpu-gemma3-270m.log"))["draft_buffers"] == []
+    # on a GPU (H100, lease of session 25): the model's compute buffer is its own, and the draft's VRAM is its
+    # weights, KV cache and compute buffer on the card (542.80 MiB, the report's draft column)
+    from crashline.tables.aggregate import draft_vram_mib
+
+    cuda = parse_log(read(CUDA / "ok-draft-s8-ncmoe8.log"))
+    assert (cuda["buffers_mib"]["CUDA0:kv"], cuda["buffers_mib"]["CUDA0:compute"]) == (1024.0, 604.05)
+    assert draft_vram_mib(cuda) == 30.75 + 128.0 + 384.05 and cuda["layers_offloaded"] == 9
