@@ -41,8 +41,16 @@ def test_tiny_manifest_is_exact(tmp_path):
     assert (m["n_expert"], m["n_expert_used"], m["expert_ffn"]) == (X, s["n_expert_used"], F)
     assert m["context_length"] == s["ctx"] and m["vocab"] == V
     assert m["file_type"] == m["quantisation"] == "Q4_0"
+    each = dict.fromkeys(("gate", "up", "down"), q4(X, F, E))  # each expert tensor's own, for a partial placement
     assert m["per_layer"] == [
-        {"layer": i, "expert_bytes": expert, "shared_expert_bytes": 0, "other_bytes": other} for i in range(L)
+        {
+            "layer": i,
+            "expert_bytes": expert,
+            "shared_expert_bytes": 0,
+            "other_bytes": other,
+            "expert_tensor_bytes": each,
+        }
+        for i in range(L)
     ]
     assert m["embedding_bytes"] == embedding and m["output_bytes"] == output and m["other_bytes"] == 0
     assert m["tensor_bytes"] == L * (expert + other) + embedding + output

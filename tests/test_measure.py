@@ -267,6 +267,28 @@ def test_what_llama_cpp_really_used_is_read_back(tmp_path, tiny_moe, server_prov
     assert _config_row(rec)["settings_used"] == "ctx 1536 (asked 1000), batch 1000 (asked 2048)"
 
 
+def test_a_boundary_layer_in_part_on_the_cpu_reaches_the_server_as_one_argument(tmp_path, tiny_moe, server_provenance):
+    """A partial placement (jobs.search's step 4b): ``-ot`` with a regular expression of ( | and \\ reaches
+    llama-server as one argument, which loads and serves with it (an expression it could not compile would stop it
+    at load), and the configuration's label quotes it for a shell."""
+    from crashline.core import settings as S
+    from crashline.engine.planner import Partial
+
+    value = Partial(1, ("gate", "down"))
+    rec = run(
+        tmp_path,
+        tiny_moe,
+        server_provenance,
+        {"n_cpu_moe": value.whole, "override_tensor": value.override},
+        [{"name": "short", "prompt_tokens": 32, "gen_tokens": 4}],
+        reps=1,
+    )
+    assert rec["outcome"] == "ok", rec.get("message")
+    at = rec["command"].index("-ot")
+    assert rec["command"][at + 1] == r"blk\.1\.ffn_(gate|down)_exps=CPU"
+    assert "-ot 'blk\\.1\\.ffn_(gate|down)_exps=CPU'" in S.label(rec["settings"])
+
+
 def test_a_slot_cut_to_the_trained_context_is_read_back(tmp_path, tiny_moe, server_provenance):
     # The tiny MoE was trained on 8K: llama-server allocates the KV cache for -c 16384 but serves 8192 a slot,
     # so a 12K-token prompt is refused. The record says so before any workload does.

@@ -10,13 +10,15 @@ import statistics
 import pytest
 
 import pandas as pd
+import yaml
 
+from conftest import REPO
 from helpers import fetch_record
 from crashline.config.plan import load_schema
 from crashline.tables import aggregate
 from crashline.config import plan as C
 from crashline.jobs import spec as jobs
-from crashline.engine import planner
+from crashline.engine import planner, workloads
 from crashline.core import records, settings as S
 from crashline.report import build as report
 from crashline.report import cost as cost_mod
@@ -26,6 +28,7 @@ from crashline.jobs.search import run_search
 
 
 SCHEMA = load_schema()
+TUNE_H200 = REPO / "bench" / "results" / "tune-h200" / "qwen3-30b-a3b" / "tune"
 
 
 def test_search_on_cpu_writes_probes_summary_and_report(tmp_path, tiny_moe, server_provenance):
@@ -459,3 +462,73 @@ def test_a_request_loses_at_every_reply_only_where_it_loses_at_the_shortest_and_
     noisy = planner.Request(planner.Speed(2.9, 2.0, 3.5), planner.Speed(50.0, 40.0, 70.0))
     assert planner.loses_at_every_reply(noisy, fast_prefill, 4096)
     assert planner.Request.of({"ttft_s": {"median": 1.0, "min": 1.0, "max": 1.0}}) is None  # no decode: unknown
+
+
+def test_the_boundary_layer_in_part_on_the_card_races_the_climb_on_the_h200_search(tmp_path, monkeypatch):
+    """``partial``: the H200 tune's -ub 2048 search (12,288 MiB, margin 1,024) found 29 the lowest value with the
+    margin (28 did not keep it). Layer 28's up and gate experts brought to the card are predicted from 29's measured
+    headroom less those tensors' bytes (the manifest's); where that is under the margin the smaller move, its up
+    alone, is tried: started with ``--n-cpu-moe 28 -ot blk\\.28\\.ffn_(gate|down)_exps=CPU``. Answered here as 29's
+    record with the predicted headroom and a faster request, it races the climb's values, gets the winner's starts
+    and wins: the summary names its override."""
+    from crashline.jobs import spec as jobs
+    from crashline.jobs import search as search_mod
+
+    (folder,) = [p.parent for p in TUNE_H200.glob("results/search/*/*/search.json") if "4a7dabea11" in str(p)]
+    manifest = read_json(TUNE_H200 / "results" / "models" / "qwen3-30b-a3b" / "manifest.json")
+    for row in manifest["per_layer"]:  # as today's manifest has it: the synthetic model's three are alike
+        row["expert_tensor_bytes"] = dict.fromkeys(("up", "gate", "down"), row["expert_bytes"] // 3)
+    by_n = {}
+    for path in sorted(folder.glob("records/*/measure.json")):
+        rec = read_json(path)
+        by_n.setdefault(rec["settings"]["n_cpu_moe"], rec)
+    h29 = by_n[29]["memory"]["headroom_mib"]
+    split = manifest["per_layer"][28]["expert_tensor_bytes"]
+    started = []
+
+    def h200(spec, inputs, paths, load_only=False):
+        settings = spec.item.settings
+        started.append((settings["n_cpu_moe"], settings.get("override_tensor")))
+        if not settings.get("override_tensor"):
+            rel = paths.record.parent.relative_to(tmp_path / "records")
+            return read_json(folder / "records" / rel / "measure.json")
+        rec = copy.deepcopy(by_n[29])
+        on_card = [t for t in ("up", "gate", "down") if t not in settings["override_tensor"].split("ffn_")[1]]
+        rec["memory"]["headroom_mib"] = h29 - sum(split[t] for t in on_card) / 2**20
+        for w in rec["workloads"]:  # every request 1.3 times as fast
+            for req in (r for run in w["runs"] for r in run["requests"]):
+                for key in ("prompt_ms", "predicted_ms", "ttft_s", "end_s"):
+                    req[key] = req[key] / 1.3 if req.get(key) is not None else None
+                for key in ("prefill_tps", "decode_tps"):
+                    req[key] = req[key] * 1.3 if req.get(key) is not None else None
+            w.update(workloads.summarize(w["runs"]))
+        rec["settings"], rec["id"] = settings, spec.item.id
+        return rec
+
+    monkeypatch.setattr(search_mod, "measure", h200)
+    raw = yaml.safe_load((TUNE_H200 / "tune.yaml").read_text())
+    for entry in raw["configurations"]:
+        if "search" in entry:
+            entry["search"]["partial"] = True
+    cfg = C.validate({**raw, "results_dir": str(tmp_path)}, SCHEMA)
+    real = read_json(folder / "search.json")
+    spec = jobs.spec("search", cfg, "qwen3-30b-a3b", real["group"])
+    assert spec.group.partial
+    summary = search_mod.run_search(spec, jobs.JobInputs({}, manifest, {}), tmp_path)
+    mib = lambda names: round(sum(split[t] for t in names) / 2**20, 1)  # noqa: E731
+    tried = summary["partial"]  # the larger move first, until one keeps the margin
+    assert [(e["n_cpu_moe"], e["override_tensor"], e["moved_mib"]) for e in tried] == [
+        (28, r"blk\.28\.ffn_down_exps=CPU", mib(["up", "gate"])),
+        (28, r"blk\.28\.ffn_(gate|down)_exps=CPU", mib(["up"])),
+    ][: len(tried)]
+    for entry in tried:
+        assert entry["predicted_headroom_mib"] == round(h29 - entry["moved_mib"], 1)
+        kept = entry["predicted_headroom_mib"] >= 1024
+        assert entry["status"].startswith("measured: kept" if kept else "skipped: predicted to leave")
+    assert tried[-1]["status"] == "measured: kept the margin"
+    tried = tried[-1]
+    assert started.count((28, tried["override_tensor"])) == 2  # its first start and its finalist start
+    (won,) = [f for f in summary["finalists"] if f["override_tensor"]]
+    assert won["starts"] == summary["starts"] == 2 and won["n_cpu_moe"] == 28
+    assert (summary["recommended_n_cpu_moe"], summary["recommended_override_tensor"]) == (28, tried["override_tensor"])
+    assert S.label(S.resolve({"n_cpu_moe": 28, "override_tensor": tried["override_tensor"]})).count("'") == 2

@@ -113,7 +113,7 @@ def test_the_levers_tried_are_the_users_to_choose(tmp_path, tiny_moe):
         {
             "settings": {"cache_ram": 0},
             "grid": {"ubatch": [2048, 512]},  # the largest first: the smaller one races it
-            "search": {"n_cpu_moe": [0, 1000], "prune": True},
+            "search": {"n_cpu_moe": [0, 1000], "prune": True, "partial": True},
         },
         # each fit run started as often as a search's finalist, so the spread between starts can tie it
         {"settings": {"ubatch": 2048, "fit": "on", "cache_ram": 0}, "starts": 2},

@@ -205,7 +205,8 @@ def config(
         grid = {"ubatch": ubatches, **({"threads": tried["threads"]} if tried["threads"] else {})}
         if on_gpu:
             fit_on = {**kv_settings, "ubatch": ubatches[0], "fit": "on"}
-            search = {"n_cpu_moe": [0, 1000], "prune": True}  # the search clamps the range to the model's layers
+            # the search clamps the range to the model's layers; partial: the boundary layer in part on the card too
+            search = {"n_cpu_moe": [0, 1000], "prune": True, "partial": True}
             # each fit run is started as often as the searches' finalists, so the spread between starts decides
             # whether llama.cpp's placement ties crashline's answer (a run started once cannot tie a finalist)
             starts = {"starts": finalist_starts()}

@@ -64,7 +64,7 @@ def expand_searches(config: dict) -> list[dict]:
     for i, entry, given in _combinations(config, searches=True):
         given = {k: v for k, v in given.items() if k != "n_cpu_moe"}
         lo, hi = entry["search"]["n_cpu_moe"]
-        how = {k: entry["search"][k] for k in ("climb", "starts", "prune") if k in entry["search"]}
+        how = {k: entry["search"][k] for k in ("climb", "starts", "prune", "partial") if k in entry["search"]}
         if "starts" in entry:
             raise ConfigError(
                 f"config key configurations.{i}.starts = {entry['starts']!r}: an entry with a search starts its "
@@ -82,7 +82,7 @@ def expand_searches(config: dict) -> list[dict]:
             if out.setdefault((model, gid), group) != group:
                 raise ConfigError(
                     f"config key configurations.{i}.search: an earlier entry searches the same range with the same "
-                    f"settings for model {model!r}, with another climb, starts or prune; keep one of them"
+                    f"settings for model {model!r}, with another climb, starts, prune or partial; keep one of them"
                 )
     groups = list(out.values())
     for k, group in enumerate(groups):  # a pruned search runs after its model's searches listed before it

@@ -56,6 +56,7 @@ FINALISTS = pa.list_(
     pa.struct(
         [
             ("n_cpu_moe", INT),
+            ("override_tensor", TEXT),  # the boundary layer's experts kept on the CPU too (a partial placement)
             ("config_id", TEXT),
             ("starts", INT),
             ("start_medians", pa.list_(FLOAT)),
@@ -273,6 +274,7 @@ SEARCHES: dict[str, pa.DataType] = {
     "boundary": INT,
     "lowest_with_margin": INT,  # the lowest value that survived every workload with the margin
     "recommended_n_cpu_moe": INT,  # the winner: the fastest finalist (without a climb, lowest_with_margin)
+    "recommended_override_tensor": TEXT,  # the winner's -ot where it places its boundary layer in part on the card
     "server_starts": INT,  # every record the search used, starts 2, 3, ... of finalists included
     "calibration_job_s": FLOAT,  # the calibration's start (no workloads, no record in the configs table): its clock
     "calibration_serving_s": FLOAT,  # and the part of it starting the server

@@ -11,6 +11,7 @@ import difflib
 import hashlib
 import json
 import re
+import shlex
 from dataclasses import dataclass
 from typing import Any
 from collections.abc import Callable, Iterable
@@ -473,7 +474,7 @@ def server_args(resolved: dict[str, Any], draft_path: Callable[[str], str] | Non
 
 def label(resolved: dict[str, Any]) -> str:
     """The llama-server arguments, plus the measurement settings that are not server flags."""
-    text = " ".join(server_args(resolved))
+    text = shlex.join(server_args(resolved))  # pasteable: an -ot pattern holds ( | and \\ for the shell
     if resolved.get("page_cache") == "cold":
         text += " · cold page cache"
     if resolved.get("gpus"):  # set only where more GPUs than tensor_split's shares (or than 1)

@@ -32,7 +32,13 @@ AIMED_FIT_STARTS = 2
 def search_starts(group: dict, has_limit: bool) -> int:
     """The server starts of a search's usual course (jobs/search.py's steps): its calibration, the predicted value
     and its neighbour, then the rest as the search itself counts it (planner.course_after_boundary)."""
-    return 1 + 2 + planner.course_after_boundary(group.get("climb", 0), group.get("starts", 1), has_limit)
+    return (
+        1
+        + 2
+        + planner.course_after_boundary(
+            group.get("climb", 0), group.get("starts", 1), has_limit, bool(group.get("partial"))
+        )
+    )
 
 
 def search_must(has_limit: bool) -> int:

@@ -289,15 +289,77 @@ def probes_left(seen: dict[int, bool], lo: int, hi: int) -> int:
 MAX_FINALISTS = 3  # values re-measured in interleaved starts after the climb (a challenger may join later)
 
 
+# The partial placements of a boundary layer's experts, as llama.cpp's --fit on makes them (common/fit.cpp's
+# LAYER_FRACTION_UP and LAYER_FRACTION_GATE): its up tensors on the card first, then its gate too; its down last.
+# Each names the expert tensors that stay on the CPU, the larger move to the card first.
+PARTIAL_ON_CPU = (("down",), ("gate", "down"))
+
+
+class Partial(float):
+    """An n_cpu_moe between two whole values: the experts of layers 0 .. ``whole`` - 1 on the CPU (``--n-cpu-moe
+    whole``) and, of layer ``whole``, the expert tensors named in ``on_cpu`` too (an ``-ot`` override); the rest of
+    that layer's experts stay on the card. As a number it is ``whole`` plus the share of that layer's three expert
+    tensors on the CPU, so it sorts between its whole neighbours (more on the CPU, more VRAM to spare)."""
+
+    whole: int
+    on_cpu: tuple[str, ...]
+
+    def __new__(cls, whole: int, on_cpu: tuple[str, ...]) -> Partial:
+        self = super().__new__(cls, whole + len(on_cpu) / 3)
+        self.whole, self.on_cpu = whole, tuple(on_cpu)
+        return self
+
+    def __reduce__(self):
+        return (Partial, (self.whole, self.on_cpu))
+
+    @property
+    def override(self) -> str:
+        """llama-server's ``-ot`` value that keeps those tensors on the CPU."""
+        names = self.on_cpu[0] if len(self.on_cpu) == 1 else f"({'|'.join(self.on_cpu)})"
+        return f"blk\\.{self.whole}\\.ffn_{names}_exps=CPU"
+
+    def __str__(self) -> str:
+        return f"{self.whole} (+ layer {self.whole}'s {', '.join(self.on_cpu)} experts on the CPU)"
+
+    __repr__ = __str__
+
+    def __format__(self, spec: str) -> str:
+        return str(self) if not spec else float(self).__format__(spec)
+
+
+def plain(n: int | Partial) -> tuple[int, str | None]:
+    """A value as the settings hold it: (n_cpu_moe, the -ot override or None)."""
+    return (n.whole, n.override) if isinstance(n, Partial) else (n, None)
+
+
+def partials(manifest: dict, below: int, headroom_mib: float, margin_mib: float) -> list[tuple[Partial, float, float]]:
+    """The partial placements of layer ``below`` - 1, where n_cpu_moe ``below`` kept ``headroom_mib`` free and the
+    value under it did not keep the margin: (value, MiB its tensors bring to the card, the headroom predicted to be
+    left), the larger move first, for each of ``PARTIAL_ON_CPU`` the layer's tensors allow (a fused gate_up allows
+    none). The caller starts those predicted to keep the margin."""
+    layer = below - 1
+    if layer < 0:
+        return []
+    split = manifest["per_layer"][layer].get("expert_tensor_bytes") or {}
+    if set(split) != {"up", "gate", "down"}:
+        return []
+    found = []
+    for on_cpu in PARTIAL_ON_CPU:
+        moved = sum(b for name, b in split.items() if name not in on_cpu) / MIB
+        found.append((Partial(layer, on_cpu), round(moved, 1), round(headroom_mib - moved, 1)))
+    return found
+
+
 def finalist_starts(climb: int, starts: int) -> int:
     """The further starts of a search's usual two finalists (none without a climb)."""
     return 2 * (starts - 1) if climb else 0
 
 
-def course_after_boundary(climb: int, starts: int, has_limit: bool) -> int:
-    """The server starts of a search's usual course once its boundary is found: one for the margin where there is
-    a VRAM limit (without one the boundary is the answer), the whole climb, and the finalists' further starts."""
-    return (1 if has_limit else 0) + climb + finalist_starts(climb, starts)
+def course_after_boundary(climb: int, starts: int, has_limit: bool, partial: bool = False) -> int:
+    """The server starts of a search's usual course once its boundary is found: where there is a VRAM limit (without
+    one the boundary is the answer) one for the margin and, with a climb and ``partial``, one for the boundary layer
+    in part on the card (``partials``); the whole climb; and the finalists' further starts."""
+    return (1 + (1 if climb and partial else 0) if has_limit else 0) + climb + finalist_starts(climb, starts)
 
 
 @dataclass(frozen=True)

@@ -226,6 +226,7 @@ class SearchGroup:
     rivals: tuple[str, ...] | None = None
     objective: Objective | None = None
     time_limit_s: int | None = None  # the run's time for the optional starts (config key time_limit_s)
+    partial: bool = False  # also start the boundary layer with part of its experts on the card (jobs.search)
 
     def __post_init__(self):
         if self.climb and self.objective is None:
@@ -242,6 +243,7 @@ class SearchGroup:
             **({"rivals": list(self.rivals)} if self.rivals is not None else {}),
             "margin_mib": self.margin_mib,
             **({"objective": self.objective.as_dict()} if self.objective is not None else {}),
+            **({"partial": True} if self.partial else {}),
         }
 
     @classmethod
@@ -256,6 +258,7 @@ class SearchGroup:
             tuple(raw["rivals"]) if "rivals" in raw else None,
             Objective(**raw["objective"]) if "objective" in raw else None,
             raw.get("time_limit_s"),
+            bool(raw.get("partial")),
         )
 
 

@@ -183,8 +183,9 @@ class _Search:
 
     # -- measuring ---------------------------------------------------------------------------------------------------
 
-    def given(self, n: int) -> dict:
-        return {**self.group.given, "n_cpu_moe": n}
+    def given(self, n: int | planner.Partial) -> dict:
+        whole, override = planner.plain(n)
+        return {**self.group.given, "n_cpu_moe": whole, **({"override_tensor": override} if override else {})}
 
     def probe(self, n: int, why: str) -> dict:
         """Measure n_cpu_moe ``n`` once (``why``: what the probe is for), saying how it went."""
@@ -244,7 +245,7 @@ class _Search:
         finals = planner.finalist_starts(climb, self.starts)
         left = {
             "boundary": planner.probes_left(self.results, lo, hi)
-            + planner.course_after_boundary(climb, self.starts, bool(self.limit)),
+            + planner.course_after_boundary(climb, self.starts, bool(self.limit), self.group.partial),
             "margin": planner.probes_left(self.roomy(), self.boundary + 1, hi) + climb + finals,
             "climb": max(0, climb - self.climbed) + finals,
             "finalists": self.finalist_starts,
@@ -344,6 +345,7 @@ class _Search:
             guess = margin_guess(self.starts_of[boundary][0], boundary, predictions, limit, margin, hi)
             lowest, _ = planner.search_lowest(roomy, guess, boundary, hi)
         fastest = self.fastest(lowest, hi) if lowest is not None and self.climb else {}
+        winner = fastest.get("winner", lowest)
         values = []
         for n in range(lo, hi + 1):
             p = predictions[n]
@@ -384,11 +386,14 @@ class _Search:
             "starts": self.starts if self.climb else 1,
             "finalists": fastest.get("finalists", []),
             "start_order": fastest.get("start_order", []),
-            "runner_up": fastest.get("runner_up"),
+            "runner_up": planner.plain(fastest["runner_up"])[0] if fastest.get("runner_up") is not None else None,
             "lead_won": fastest.get("won"),
             "lead_pairs": fastest.get("pairs"),
             "lead_held": fastest.get("lead_held"),
-            "recommended_n_cpu_moe": fastest.get("winner", lowest),
+            "recommended_n_cpu_moe": planner.plain(winner)[0] if winner is not None else None,
+            # where the winner keeps part of its boundary layer's experts on the CPU too (step 4b)
+            "recommended_override_tensor": planner.plain(winner)[1] if winner is not None else None,
+            "partial": fastest.get("partial", []),
             "server_starts": sum(map(len, self.ids_of.values())) + (self.calibration_record not in all_ids),
             "records": sorted(all_ids),
             "calibration": self.calibration_record,
@@ -420,6 +425,53 @@ class _Search:
         progress.say(text)
         return {"winner": n, "climbed": [], "climb_stop": text, "cut_short": True}
 
+    def partial(self, lowest: int) -> list[dict]:
+        """Step 4b: the boundary layer's experts in part on the card. Where n_cpu_moe ``lowest`` - 1 did not keep
+        the margin, the layer between them may still bring part of its experts (up, or up and gate, as --fit on
+        places a boundary layer) to the card: each placement predicted, from ``lowest``'s measured headroom less the
+        tensors' bytes, to keep the margin is probed, the larger move first, until one keeps it; it then competes
+        with the climb's values for the finalists. None where the group overrides tensors itself, there is no VRAM
+        limit, or the layer is not on the card, or the group did not ask for it (``partial``). Returns what was
+        predicted and done, for the summary."""
+        lo = self.range[0]
+        headroom = (self.starts_of[lowest][0].get("memory") or {}).get("headroom_mib")
+        layer = lowest - 1
+        if (
+            not self.group.partial
+            or not self.limit
+            or headroom is None
+            or layer < lo
+            or self.group.given.get("override_tensor")
+            or layer not in planner.gpu_layers(self.manifest, self.group.given.get("n_gpu_layers"))
+        ):
+            return []
+        done = []
+        for value, moved, left in planner.partials(self.manifest, lowest, headroom, self.margin):
+            entry = {
+                "n_cpu_moe": value.whole,
+                "override_tensor": value.override,
+                "moved_mib": moved,
+                "predicted_headroom_mib": left,
+            }
+            done.append(entry)
+            if left < self.margin:
+                entry["status"] = (
+                    f"skipped: predicted to leave {left:,.0f} MiB ({headroom:,.0f} at n_cpu_moe {lowest} less "
+                    f"{moved:,.0f}), under the {self.margin:,} MiB margin"
+                )
+                continue
+            if why := self.out_of_time(f"the partial placement n_cpu_moe {value}"):
+                entry["status"] = why
+                break
+            rec = self.probe(value, f"layer {layer} in part on the card: predicted to leave {left:,.0f} MiB")
+            entry["config_id"] = self.measured[value]
+            entry["headroom_mib"] = (rec.get("memory") or {}).get("headroom_mib")
+            if headroom_ok(rec, self.margin):
+                entry["status"] = "measured: kept the margin"
+                break
+            entry["status"] = f"measured: {outcome_text(rec) if rec['outcome'] != Outcome.OK else 'under the margin'}"
+        return done
+
     def fastest(self, lowest: int, hi: int) -> dict:
         """Steps 5 and 6: the climb above the lowest value with the margin, then the finalists' interleaved starts."""
         most, starts = self.climb, self.starts
@@ -429,12 +481,13 @@ class _Search:
         raced = {"rival": {"search": rival[0], "n_cpu_moe": rival[1], **stat(rival[2])}} if rival else {}
         if first is not None and rival is not None and first.high < rival[2].low:
             if self.loses_at_every_reply(lowest, rival[3]):
-                return {**self.cut_short(lowest, first, *rival[:3]), **raced}
+                return {**self.cut_short(lowest, first, *rival[:3]), **raced, "partial": []}
             progress.say(
                 f"n_cpu_moe {lowest}, the lowest with the margin, {self.words()} {first.text()}, lies below the "
                 f"winner of search {rival[0]} ({rival[2].text()}) at the asked reply but not at every reply length: "
                 "it climbs and its finalists start as the answer's do"
             )
+        partial = self.partial(lowest)
         progress.say(
             f"climb from n_cpu_moe {lowest}, the lowest with the {self.margin:,} MiB margin: {self.words()} "
             f"{first.text() if first else 'n/a'}; up to {most} value(s) above it while faster or within noise"
@@ -495,12 +548,14 @@ class _Search:
             result["lead_held"] = f"{result['lead_held']}; {result['cut']}"
         return {
             **raced,
+            "partial": partial,
             **{k: result[k] for k in ("winner", "runner_up", "won", "pairs", "lead_held")},
             "climbed": [{"n_cpu_moe": st.n_cpu_moe, **stat(st.speed), "verdict": st.verdict} for st in steps],
             "climb_stop": stop,
             "finalists": [
                 {
-                    "n_cpu_moe": n,
+                    "n_cpu_moe": planner.plain(n)[0],
+                    "override_tensor": planner.plain(n)[1],
                     "config_id": self.measured[n],
                     "starts": len(result["per_start"][n]),
                     "start_medians": [s.median if s else None for s in result["per_start"][n]],
@@ -512,5 +567,5 @@ class _Search:
                 }
                 for n in result["finalists"]
             ],
-            "start_order": [{"n_cpu_moe": n, "start": k} for n, k in result["order"]],
+            "start_order": [{"n_cpu_moe": planner.plain(n)[0], "start": k} for n, k in result["order"]],
         }

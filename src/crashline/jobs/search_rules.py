@@ -112,7 +112,12 @@ def best_rival(
             continue
         won = summary.get("recommended_n_cpu_moe")
         for final in summary.get("finalists") or []:
-            if final["n_cpu_moe"] == won and final["survived"] and final.get("median") is not None:
+            if (
+                final["n_cpu_moe"] == won
+                and final.get("override_tensor") == summary.get("recommended_override_tensor")
+                and final["survived"]
+                and final.get("median") is not None
+            ):
                 speed = planner.Speed(final["median"], final["min"], final["max"], final["n"])
                 if best is None or speed.median > best[2].median:
                     best = (summary["group"], won, speed, planner.Request.of(final.get("request")))

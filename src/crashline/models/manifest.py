@@ -300,7 +300,10 @@ def inspect_gguf(path: Path) -> dict[str, Any]:
     value_length = int(value_length) if value_length is not None else head_dim
 
     tensor_types: Counter[str] = Counter()
-    per_layer = [{"layer": i, "expert_bytes": 0, "shared_expert_bytes": 0, "other_bytes": 0} for i in range(layers)]
+    per_layer = [
+        {"layer": i, "expert_bytes": 0, "shared_expert_bytes": 0, "other_bytes": 0, "expert_tensor_bytes": {}}
+        for i in range(layers)
+    ]
     embedding_bytes = output_bytes = other_bytes = 0
     n_tensors = 0
     for header in headers:
@@ -316,6 +319,12 @@ def inspect_gguf(path: Path) -> dict[str, Any]:
                     row["shared_expert_bytes"] += nbytes
                 elif "_exps" in part:
                     row["expert_bytes"] += nbytes
+                    # each expert tensor's own bytes (up, gate, down, or a fused gate_up), for a placement that
+                    # keeps part of a layer's experts on the CPU (planner.Partial)
+                    kind = re.match(r"ffn_([a-z_]+?)_(?:ch)?exps", part)
+                    if kind:
+                        split = row["expert_tensor_bytes"]
+                        split[kind[1]] = split.get(kind[1], 0) + nbytes
                 else:
                     row["other_bytes"] += nbytes
             elif t["name"].startswith("token_embd."):

@@ -84,13 +84,19 @@ def climb_text(row) -> str | None:
     )
 
 
+def _partial(override) -> str:
+    """A finalist's partial placement, as its -ot (nothing for whole layers)."""
+    return "" if missing(override) else f" with -ot {override}"
+
+
 def finalists_text(row) -> str | None:
     """The finalists' interleaved server starts and how long the winner's lead held."""
     finalists = list(row.get("finalists") if row.get("finalists") is not None else [])
     if not finalists:
         return None
     each = "; ".join(
-        f"{f['n_cpu_moe']}: {f['starts']} starts, medians {', '.join(f'{m:,.1f}' for m in f['start_medians'])}, "
+        f"{f['n_cpu_moe']}{_partial(f.get('override_tensor'))}: {f['starts']} starts, "
+        f"medians {', '.join(f'{m:,.1f}' for m in f['start_medians'])}, "
         f"pooled {_speed(f)}" + ("" if f["survived"] else ", failed a start")
         for f in finalists
     )

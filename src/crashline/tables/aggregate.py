@@ -435,6 +435,7 @@ def _search_row(s: dict) -> dict:
         "boundary": s["boundary"],
         "lowest_with_margin": s.get("lowest_with_margin", s["recommended_n_cpu_moe"]),
         "recommended_n_cpu_moe": s["recommended_n_cpu_moe"],
+        "recommended_override_tensor": s.get("recommended_override_tensor"),
         "server_starts": s["server_starts"],
         **_calibration_time(s.get("calibration_time_budget_s")),
         "probe_rows": s["probes"],
