@@ -420,3 +420,41 @@ def test_the_answer_names_each_rival_others_processes_made_unjudgeable_as_a_poss
     answer = _answer(busy, configs, measurements)
     assert (answer["use"], answer["or_use"]) == ("-ub 256", ["-ub 512"])
     assert block(recommendation(answer)).splitlines()[0].endswith("**Use `-ub 256` or `-ub 512`**")
+
+
+def _starts(*medians: float):
+    from crashline.tables.ties import Spread
+
+    return Spread(min(medians), max(medians), "starts", len(medians), tuple(medians))
+
+
+def test_two_starts_each_lying_wholly_apart_tie_unless_students_t_tells_them_apart():
+    """#41: two starts each of configurations that do not differ lie wholly apart one time in three, and run 2 of the
+    default's three-run check named gemma's -np 2 alone for it (475.1, 491.9 against -ub 128's 470.0, 471.0: t = 1.5
+    against 4.3 at 95%). tiny-moe's -ub 512 (7,585.9, 7,675.2) against -ub 128 (7,195.4, 7,202.6) is apart (t = 9.6);
+    with one start on a side the ranges decide as before."""
+    from crashline.tables.ties import Spread, apart, ties
+
+    assert not apart(_starts(491.9, 475.1), _starts(471.0, 470.0))
+    assert ties(_starts(471.0, 470.0), _starts(491.9, 475.1))
+    assert apart(_starts(7585.9, 7675.2), _starts(7195.4, 7202.6))
+    assert not ties(_starts(7195.4, 7202.6), _starts(7585.9, 7675.2))
+    one = Spread(460.0, 469.0, "every request of its repetitions")
+    assert apart(one, _starts(491.9, 475.1)) and not ties(one, _starts(491.9, 475.1))
+
+
+def test_a_tie_only_by_the_t_test_names_the_slower_but_never_hands_it_the_answer():
+    """The H200's 30B tune (session 17): n_cpu_moe 29's starts (4,703, 4,579 e2e t/s) all above 30's (4,355, 3,918),
+    tied by Student's t over two starts each (t = 2.2). 30 has more VRAM headroom, which breaks a tie where the
+    ranges overlap; here the tie is named and 29, every start above, keeps the answer."""
+    from crashline.tables.ties import break_tie
+
+    spreads = {"n29": _starts(4703.0, 4579.0), "n30": _starts(4355.0, 3918.0)}
+    rows = {cid: {} for cid in spreads}
+    measured = {cid: {} for cid in spreads}
+    winner, why = break_tie(["n29", "n30"], {"n29": 1100.0, "n30": 1400.0}, rows, "e2e_tps", measured, {}, spreads)
+    assert winner == "n29"
+    assert why == (
+        "tied with 1 other(s) on speed (`n30`: every start below, but too few starts to tell apart by Student's t at "
+        "95%); chosen for every start above theirs"
+    )

@@ -420,13 +420,15 @@ def _fit_bar_started_twice(tmp_path, factor: float) -> Path:
     return results
 
 
-@pytest.mark.parametrize(("factor", "tied"), [(1.04, True), (0.9, False), (None, False)])
+@pytest.mark.parametrize(("factor", "tied"), [(1.04, True), (0.9, True), (None, False)])
 def test_the_fit_bar_started_as_often_as_the_answer_can_tie_it(tmp_path, factor, tied):
     """#22: tune starts its --fit on runs as often as a search's finalist, so the spread between starts decides how
     llama.cpp's placement stands against the answer. The lease's fit run, one start at 4,669.0 e2e t/s, lay below the
     pick's start medians (4,847.4 and 5,008.0) and could not tie it "in one server start"; with a second start 4%
     faster its start medians overlap the pick's: tied (the pick keeps the answer for its headroom, 1,310 MiB against
-    1,156); 10% slower, apart. The report, recommendation.json and tune's line say the same."""
+    1,156); 10% slower, every start below the pick's, yet two starts each cannot tell them apart by Student's t at
+    95% (t = 2.0 against 4.3): tied too, and the pick keeps the answer for its starts all above. The report,
+    recommendation.json and tune's line say the same."""
     sys.path.insert(0, str(REPO / "bench"))
     from crashline.cli.tune import answer
 
@@ -441,17 +443,15 @@ def test_the_fit_bar_started_as_often_as_the_answer_can_tie_it(tmp_path, factor,
     bar = next(f for f in found["fit_on"] if f["config_id"] == FIT_BAR)
     assert found["winner"] == "bd8df82c42" and (bar["starts"], bar["tied"]) == (1 if factor is None else 2, tied)
     said = {
-        True: " (tied: within the spread between its 2 server starts and the recommendation's: as fast an answer)",
+        True: " (tied: its 2 server starts and the recommendation's cannot be told apart)",
         False: " (in one server start)" if factor is None else "",
     }[tied]
     line = next(x for x in answer({"results_dir": str(results)}) if "of --fit on --cache-ram 0" in x)
     assert line.startswith(f"  {bar['ratio']:.2f}× the end to end t/s of --fit on --cache-ram 0{said} (aimed at")
     md = (results / "report.md").read_text()
     assert f"of `--fit on --cache-ram 0` at the objective workload{said}, with 1310 MiB" in md
-    if tied:
-        assert found["tie"] == (
-            f"tied with 1 other(s) on speed; chosen for the most VRAM headroom (+154 MiB against `{FIT_BAR}`)"
-        )
+    if factor == 1.04:
+        assert found["tie"].endswith(f"; chosen for the most VRAM headroom (+154 MiB against `{FIT_BAR}`)")
 
 
 LEASE_S17 = REPO / "bench" / "results" / "lease-2026-12-03-s17"
@@ -477,10 +477,12 @@ def test_llama_cpps_placement_ties_the_answer_where_both_were_started_twice(tmp_
     fits = {f["label"]: f for f in found["fit_on"]}
     bar, cached = fits["--fit on --cache-ram 0"], fits["--fit on --cache-ram 8192"]
     assert found["winner"] == winner and bar["config_id"] == fit_bar
-    assert (bar["starts"], bar["tied"], cached["starts"], cached["tied"]) == (2, True, 2, False)
+    # --fit on --cache-ram 8192: 1.1-1.3x slower, yet its two starts moved 10-20% (4,023 and 3,317 e2e t/s on the 30B
+    # shape): by Student's t at 95% over two starts each it cannot be told apart from the answer (t = 2.7 and 4.1)
+    assert (bar["starts"], bar["tied"], cached["starts"], cached["tied"]) == (2, True, 2, True)
     assert cached["ratio"] > 1.10 and found["headroom_mib"] > bar["headroom_mib"]
     assert found["tie"].startswith("tied with") and f"most VRAM headroom (+{more:,} MiB against" in found["tie"]
-    said = " (tied: within the spread between its 2 server starts and the recommendation's: as fast an answer)"
+    said = " (tied: its 2 server starts and the recommendation's cannot be told apart)"
     lines = answer({"results_dir": str(results)})
     assert any(x.startswith(f"  {bar['ratio']:.2f}× the end to end t/s of --fit on --cache-ram 0{said}") for x in lines)
     md = (results / "report.md").read_text()

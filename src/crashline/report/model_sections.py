@@ -270,8 +270,7 @@ def fit_starts(f: dict) -> str:
     if f.get("under_margin"):
         return ""
     if f.get("tied"):
-        spread = f"within the spread between its {f['starts']} server starts and the recommendation's"
-        return f" (tied: {spread}: as fast an answer)"
+        return f" (tied: its {f['starts']} server starts and the recommendation's cannot be told apart)"
     return " (in one server start)" if f.get("starts", 1) < 2 else ""
 
 

@@ -236,7 +236,7 @@ def recommend(
             cid: measured_columns(ours[ours["config_id"] == cid], config_rows[cid], (workload, metric)) for cid in tied
         }
         memory = {cid: config_rows[cid].get(HOST_MEMORY) for cid in tied}
-        winner, tie = break_tie(tied, headroom, rows, metric, measured, memory) if tied else (None, None)
+        winner, tie = break_tie(tied, headroom, rows, metric, measured, memory, spread) if tied else (None, None)
         best = float(speeds.loc[winner, col]) if winner else None
         verdicts = []
         reference = group[group["config_id"] == winner].iloc[0] if winner else group.iloc[0]

@@ -23,13 +23,15 @@ class Spread:
     high: float
     what: str
     starts: int = 1
+    medians: tuple[float, ...] = ()  # each server start's median, where it had several
 
 
 def spread_of(row, metric: str) -> Spread:
     listed = row.get(cols.start_medians(metric))
     starts = [float(v) for v in (listed if listed is not None and not np.isscalar(listed) else []) if v == v]
     if len(starts) >= 2:
-        return Spread(min(starts), max(starts), f"the medians of its {len(starts)} server starts", len(starts))
+        what = f"the medians of its {len(starts)} server starts"
+        return Spread(min(starts), max(starts), what, len(starts), tuple(starts))
     low, high = row[cols.stat(metric, "min")], row[cols.stat(metric, "max")]
     return Spread(float(low), float(high), "every request of its repetitions")
 
@@ -39,13 +41,34 @@ def overlap(a: Spread, b: Spread) -> bool:
     return a.low <= b.high and b.low <= a.high
 
 
+# Student's t, two-sided 95%, by degrees of freedom (pyperf's table, as its compare_to judges "significant")
+T95 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131)
+
+
+def apart(a: Spread, b: Spread) -> bool:
+    """Whether the starts' medians of ``a`` and ``b`` differ by Student's two-sample t-test at 95% (pooled variance,
+    pyperf's rule): where each had several server starts, their ranges lying wholly apart is not enough, since two
+    starts each of configurations that do not differ at all lie wholly apart one time in three
+    (bench/results/default-agreement-cpu-s24/). Without several starts on both sides: their ranges decide."""
+    if len(a.medians) < 2 or len(b.medians) < 2:
+        return not overlap(a, b)
+    n, m = len(a.medians), len(b.medians)
+    mean_a, mean_b = sum(a.medians) / n, sum(b.medians) / m
+    pooled = (sum((x - mean_a) ** 2 for x in a.medians) + sum((x - mean_b) ** 2 for x in b.medians)) / (n + m - 2)
+    if pooled == 0:
+        return mean_a != mean_b
+    t = abs(mean_a - mean_b) / (pooled * (1 / n + 1 / m)) ** 0.5
+    return t > (T95[n + m - 3] if n + m - 3 < len(T95) else 1.96)
+
+
 def ties(a: Spread, b: Spread) -> bool:
-    """``a`` is tied with the fastest, ``b``: their ranges overlap, and where the fastest was started several times
-    (the search's finalists, interleaved), ``a`` was too: between-start variance decides, and one start's range
-    of requests holds only the noise within that start. A value the search left out of its finalists, measured in
-    one start, cannot tie one that won interleaved starts (on the H200 it made a value the climb found slowest the
-    answer, for its headroom)."""
-    return overlap(a, b) and (b.starts < 2 or a.starts >= 2)
+    """``a`` is tied with the fastest, ``b``: their ranges overlap, or, where both were started several times, the
+    t-test cannot tell their starts apart (``apart``); and where the fastest was started several times (the search's
+    finalists, interleaved), ``a`` was too: between-start variance decides, and one start's range of requests holds
+    only the noise within that start. A value the search left out of its finalists, measured in one start, cannot tie
+    one that won interleaved starts (on the H200 it made a value the climb found slowest the answer, for its
+    headroom)."""
+    return (overlap(a, b) or not apart(a, b)) and (b.starts < 2 or a.starts >= 2)
 
 
 # the metrics that break a tie on the objective, each with whether higher is better
@@ -90,9 +113,12 @@ def _ahead_elsewhere(a, b, metric: str) -> bool:
 
 
 def break_tie(
-    tied: list[str], headroom: dict, rows: dict, metric: str, measured: dict, memory: dict
+    tied: list[str], headroom: dict, rows: dict, metric: str, measured: dict, memory: dict, spreads: dict
 ) -> tuple[str, str | None]:
-    """Among configurations tied with the fastest (``tied``, fastest first), never one that another tied configuration
+    """Among configurations tied with the fastest (``tied``, fastest first), only those whose spread (``spreads``)
+    overlaps the fastest's may be chosen: one tied only because the t-test cannot tell its few starts apart, its
+    starts all below the fastest's, stays named in the tie but does not win it for its headroom (on the H200 that
+    would have answered n_cpu_moe 30 for 29, 15% slower over two starts each). Among those, never one that another
     beats or equals on every measured column (``measured``: ``measured_columns`` per configuration). Of those left:
     the one better than every other on every other metric (prefill, decode, time to first token; ``rows``: their
     measurement rows at the objective's workload) where one is; else the one with the most VRAM headroom, since the
@@ -102,6 +128,13 @@ def break_tie(
     if len(tied) == 1:
         return tied[0], None
     said = f"tied with {len(tied) - 1} other(s) on speed"
+    below = [c for c in tied[1:] if not overlap(spreads[c], spreads[tied[0]])]
+    if below:
+        names = ", ".join(f"`{c}`" for c in below)
+        said += f" ({names}: every start below, but too few starts to tell apart by Student's t at 95%)"
+        tied = [c for c in tied if c not in below]
+        if len(tied) == 1:
+            return tied[0], f"{said}; chosen for every start above theirs"
     kept = [c for c in tied if not any(dominates(measured[o], measured[c]) for o in tied if o != c)]
     if len(kept) == 1:
         others = ", ".join(f"`{o}`" for o in tied if o != kept[0])
