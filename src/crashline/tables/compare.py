@@ -1,8 +1,9 @@
 """Finished runs side by side (``crashline compare``): per model, each run's answer at its objective, as vLLM's
-benchmark folders are compared. The first run is the reference: every other run's speed is its ratio to it,
-tied where the two ranges overlap (the medians of the server starts where a run has several, as the search and
-the recommendation judge noise), "cannot tell" where a side measured it once. Runs that rank by different
-objectives cannot be compared and are refused. Pure: each run's recommendation and tables in, rows out."""
+benchmark folders are compared. The first run is the reference: every other run's speed is its ratio to it, tied
+where the recommendation would tie them (``ties.same_speed``: the ranges overlap, or Student's t cannot tell the
+medians of the server starts apart where both have several), "cannot tell" where a side measured it once. Runs that
+rank by different objectives cannot be compared and are refused. Pure: each run's recommendation and tables in, rows
+out."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import pandas as pd
 from ..core import columns as cols
 from ..core.thresholds import inconclusive
 from .recheck import build_of, number
-from .ties import overlap, spread_of
+from .ties import same_speed, spread_of
 from ..core.errors import CrashlineError
 
 # What a row shows of the answer at its objective's workload, besides the metric itself.
@@ -127,6 +128,6 @@ def _against(row: dict, reference: dict | None) -> tuple[float | None, str | Non
         return ratio, "cannot tell"  # one request on a side: no range to judge the noise by
     if inconclusive([row, reference]):
         return ratio, "inconclusive"  # other processes competed on one side: neither faster nor slower
-    if overlap(row["spread"], reference["spread"]):
+    if same_speed(row["spread"], reference["spread"]):
         return ratio, "tied"
     return ratio, "faster" if ratio > 1 else "slower"

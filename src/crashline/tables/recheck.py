@@ -1,7 +1,7 @@
 """An earlier run against this one, configuration by configuration (``recheck.against``): usually the same
 configurations on another llama-server build. Per configuration measured in both: did it survive then and now
-(and where it failed), the first request after ``/health``, the objective's speed now over then (tied when their
-ranges overlap, as the recommendation judges noise; "cannot tell" where a side measured it once), and the change
+(and where it failed), the first request after ``/health``, the objective's speed now over then (tied where the
+recommendation would tie them, ``ties.same_speed``; "cannot tell" where a side measured it once), and the change
 in peak VRAM and host memory. Pure: tables in, rows out."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pandas as pd
 from ..core import columns as cols
 from ..core.records import Outcome
 from ..core.thresholds import inconclusive
-from .ties import overlap, spread_of
+from .ties import same_speed, spread_of
 
 
 def build_of(row) -> str:
@@ -75,7 +75,7 @@ def compare(
             verdict = "cannot tell"  # one request on a side: no range to judge the noise by
         elif doubt := inconclusive([a, b]):
             verdict = "inconclusive"  # other processes competed on one side: neither faster nor slower
-        elif overlap(spread_of(a, metric), spread_of(b, metric)):
+        elif same_speed(spread_of(a, metric), spread_of(b, metric)):
             verdict = "tied"
         else:
             verdict = "slower" if ratio < 1 else "faster"

@@ -61,6 +61,12 @@ def apart(a: Spread, b: Spread) -> bool:
     return t > (T95[n + m - 3] if n + m - 3 < len(T95) else 1.96)
 
 
+def same_speed(a: Spread, b: Spread) -> bool:
+    """Neither is faster: their ranges overlap, or the t-test cannot tell their starts apart (``apart``). The one rule
+    ranking, ``compare`` and ``recheck`` say "tied" by."""
+    return overlap(a, b) or not apart(a, b)
+
+
 def ties(a: Spread, b: Spread) -> bool:
     """``a`` is tied with the fastest, ``b``: their ranges overlap, or, where both were started several times, the
     t-test cannot tell their starts apart (``apart``); and where the fastest was started several times (the search's
@@ -68,7 +74,7 @@ def ties(a: Spread, b: Spread) -> bool:
     only the noise within that start. A value the search left out of its finalists, measured in one start, cannot tie
     one that won interleaved starts (on the H200 it made a value the climb found slowest the answer, for its
     headroom)."""
-    return (overlap(a, b) or not apart(a, b)) and (b.starts < 2 or a.starts >= 2)
+    return same_speed(a, b) and (b.starts < 2 or a.starts >= 2)
 
 
 # the metrics that break a tie on the objective, each with whether higher is better
