@@ -44,6 +44,8 @@ shape_of() {
     # vocabulary (1 layer, 8 experts, 31 MiB)
     s8) echo '{"layers": 8, "ctx": 131072} qwen3-30b-a3b' ;;
     draft8) echo '{"layers": 1, "n_expert": 8, "ctx": 131072} qwen3-30b-a3b' ;;
+    # issue #40's partial placement, a second shape: 16 of the 30B-A3B shape's layers (5.3 GiB)
+    s16) echo '{"layers": 16, "ctx": 131072} qwen3-30b-a3b' ;;
     tiny-moe) echo '{} tiny-moe' ;;  # to try the steps on a machine without a GPU (VRAM -)
     *) echo "unknown shape $1" >&2; exit 2 ;;
   esac
