@@ -12,7 +12,7 @@ hold)
   [ ! -e "$held" ] || { echo "$held exists: restore first" >&2; exit 2; }
   mkdir -p "$held"
   # keep what a lease's steps may read: the two newest lease folders (resume) and bench/results/README-like files
-  keep=$(ls -d bench/results/lease-* 2>/dev/null | sort | tail -2)
+  keep=$(ls -d bench/results/lease-* 2>/dev/null | sort | tail -2 | tr "\n" " ")
   for d in bench/results/*/; do
     d=${d%/}
     case " $keep " in *" $d "*) continue ;; esac
