@@ -532,3 +532,10 @@ def test_the_boundary_layer_in_part_on_the_card_races_the_climb_on_the_h200_sear
     assert won["starts"] == summary["starts"] == 2 and won["n_cpu_moe"] == 28
     assert (summary["recommended_n_cpu_moe"], summary["recommended_override_tensor"]) == (28, tried["override_tensor"])
     assert S.label(S.resolve({"n_cpu_moe": 28, "override_tensor": tried["override_tensor"]})).count("'") == 2
+    from crashline.report.searches import finalists_text, partial_text
+
+    (row,) = aggregate.search_table([tmp_path / "search.json"]).to_dict("records")
+    said = partial_text(row)
+    assert said.startswith("Layer 28 in part on the card, with --n-cpu-moe 28: -ot blk\\.28\\.ffn_down_exps=CPU (")
+    assert said.endswith(f"left {tried['headroom_mib']:,.0f} MiB): measured.")
+    assert f"28 with -ot {tried['override_tensor']}: 2 starts" in finalists_text(row)

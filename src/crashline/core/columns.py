@@ -65,6 +65,20 @@ FINALISTS = pa.list_(
         ]
     )
 )
+# the boundary layer's partial placements a search predicted, skipped or started (jobs.search's step 4b)
+PARTIAL = pa.list_(
+    pa.struct(
+        [
+            ("n_cpu_moe", INT),
+            ("override_tensor", TEXT),
+            ("moved_mib", FLOAT),
+            ("predicted_headroom_mib", FLOAT),
+            ("headroom_mib", FLOAT),
+            ("config_id", TEXT),
+            ("status", TEXT),
+        ]
+    )
+)
 START_ORDER = pa.list_(pa.struct([("n_cpu_moe", INT), ("start", INT)]))  # the finalists' starts 2, 3, ... in order
 
 
@@ -288,6 +302,7 @@ SEARCHES: dict[str, pa.DataType] = {
     "starts_per_finalist": INT,  # config key starts: server starts of each finalist, the first included
     "finalists": FINALISTS,
     "start_order": START_ORDER,
+    "partial": PARTIAL,
     "runner_up": INT,  # the finalist with the second pooled median
     "lead_won": INT,  # start pairs (start k of each) in which the winner's median beat the runner-up's ...
     "lead_pairs": INT,  # ... of this many

@@ -321,7 +321,7 @@ def planner(s: dict) -> list:
     rows = [[v["n_cpu_moe"], f"{v['predicted_mib']:,.0f}", v["status"]] for v in s["value_rows"]]
     table = Table(["n_cpu_moe", "predicted MiB", "status"], rows, frozenset({0, 1}))
     blocks = [Para(text), Bullets(s["ranges"])]
-    blocks += [Para(t) for t in (s.get("climb"), s.get("finalists_text")) if t]
+    blocks += [Para(t) for t in (s.get("partial_text"), s.get("climb"), s.get("finalists_text")) if t]
     blocks.append(Details(f"every value of {s['range']}", [table]))
     return blocks + what_if(s.get("what_if"))
 

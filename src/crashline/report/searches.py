@@ -89,6 +89,23 @@ def _partial(override) -> str:
     return "" if missing(override) else f" with -ot {override}"
 
 
+def partial_text(row) -> str | None:
+    """The boundary layer's partial placements: what each would bring to the card, the headroom predicted, and what
+    was done (skipped under the margin, or started and what it left)."""
+    tried = list(row.get("partial") if row.get("partial") is not None else [])
+    if not tried:
+        return None
+    each = []
+    for p in tried:
+        left = "" if missing(p.get("headroom_mib")) else f", left {p['headroom_mib']:,.0f} MiB"
+        each.append(
+            f"-ot {p['override_tensor']} ({p['moved_mib']:,.0f} MiB more on the card, predicted to leave "
+            f"{p['predicted_headroom_mib']:,.0f} MiB{left}): {p['status'].split(': ', 1)[0]}"
+        )
+    layer = tried[0]["n_cpu_moe"]
+    return f"Layer {layer} in part on the card, with --n-cpu-moe {layer}: {'; '.join(each)}."
+
+
 def finalists_text(row) -> str | None:
     """The finalists' interleaved server starts and how long the winner's lead held."""
     finalists = list(row.get("finalists") if row.get("finalists") is not None else [])
@@ -152,6 +169,7 @@ def searches(table: pd.DataFrame, model: str, configs: pd.DataFrame, manifest: d
                 "range": f"[{row['range_lo']}, {row['range_hi']}]",
                 "climb": climb_text(row),
                 "finalists_text": finalists_text(row),
+                "partial_text": partial_text(row),
                 "what_if": what_if_table(row, manifest),
             }
         )

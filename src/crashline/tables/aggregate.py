@@ -448,6 +448,7 @@ def _search_row(s: dict) -> dict:
         "starts_per_finalist": s.get("starts", 1),
         "finalists": [_finalist_row(f) for f in s.get("finalists") or []],
         "start_order": s.get("start_order") or [],
+        "partial": [{k: p.get(k) for k in cols.PARTIAL.value_type.names} for p in s.get("partial") or []],
         "runner_up": s.get("runner_up"),
         "lead_won": s.get("lead_won"),
         "lead_pairs": s.get("lead_pairs"),
