@@ -71,8 +71,8 @@ build)
   cmake -S /tmp/llama -B /tmp/llama/build -G Ninja -DCMAKE_BUILD_TYPE=Release -DGGML_CUDA=ON \
     -DCMAKE_CUDA_ARCHITECTURES=90 -DLLAMA_OPENSSL=OFF -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_BUILD_TESTS=OFF \
     -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_CURL=OFF ${LLAMA_CMAKE_ARGS:-} > /tmp/build.log 2>&1
-  # llama-perplexity for the KV types' KL divergence (crashline.jobs.kvquality), found beside llama-server
-  cmake --build /tmp/llama/build --target llama-server llama-perplexity -j16 >> /tmp/build.log 2>&1
+  # llama-perplexity for the KV types' KL divergence (crashline.jobs.kvquality), found beside llama-server; LLAMA_TARGETS=llama-server leaves it out
+  cmake --build /tmp/llama/build --target ${LLAMA_TARGETS:-llama-server llama-perplexity} -j16 >> /tmp/build.log 2>&1
   tail -3 /tmp/build.log
   wait
   echo "build and models: $(( $(date +%s) - started )) s"; ls -l /tmp/clc/models 2>/dev/null || true
