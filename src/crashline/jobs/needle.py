@@ -331,7 +331,10 @@ def search_candidates(summary_path: Path, objective: Objective, margin_mib: int)
             continue
         runs = {w["name"]: w for w in rec.get("workloads") or []}
         median = ((runs.get(workload) or {}).get(metric) or {}).get("median")
-        first = rec["settings"].get("n_cpu_moe") == summary.get("recommended_n_cpu_moe")
+        first = (rec["settings"].get("n_cpu_moe"), rec["settings"].get("override_tensor")) == (
+            summary.get("recommended_n_cpu_moe"),
+            summary.get("recommended_override_tensor"),
+        )
         item = Item(rec["config_id"], rec["settings"], rec.get("given") or {})
         candidates.append((not first, -(median or 0.0), item))
     return [item for *_, item in sorted(candidates, key=lambda c: (c[0], c[1]))]
