@@ -539,3 +539,30 @@ def test_the_boundary_layer_in_part_on_the_card_races_the_climb_on_the_h200_sear
     assert said.startswith("Layer 28 in part on the card, with --n-cpu-moe 28: -ot blk\\.28\\.ffn_down_exps=CPU (")
     assert said.endswith(f"left {tried['headroom_mib']:,.0f} MiB): measured.")
     assert f"28 with -ot {tried['override_tensor']}: 2 starts" in finalists_text(row)
+
+
+def test_a_partial_winner_is_the_first_recall_candidate_before_a_faster_whole_layer_of_the_same_n(tmp_path):
+    """The search's recall check starts with its winner. A partial placement shares its n_cpu_moe with the whole
+    layer: the winner is found by n_cpu_moe and -ot together, not by the n_cpu_moe alone (which put the whole 30,
+    faster here, first). Records of the H200 tune's -ub 2048 search, one copied as a partial placement of 30."""
+    import shutil
+
+    from crashline.jobs import needle as needle_job
+    from crashline.jobs.contract import Objective
+
+    (folder,) = [p.parent for p in TUNE_H200.glob("results/search/*/*/search.json") if "4a7dabea11" in str(p)]
+    copy_ = tmp_path / "search"
+    shutil.copytree(folder, copy_)
+    summary = read_json(copy_ / "search.json")
+    partial = read_json(copy_ / "records" / "2b5b114356" / "measure.json")  # 31's start, slower than 30's
+    override = planner.Partial(30, ("down",)).override
+    partial["settings"] = {**partial["settings"], "n_cpu_moe": 30, "override_tensor": override}
+    partial["config_id"] = "a1b2c3d4e5"
+    write_json(copy_ / "records" / "a1b2c3d4e5" / "measure.json", partial)
+    summary.update(recommended_n_cpu_moe=30, recommended_override_tensor=override)
+    summary["records"] = [*summary["records"], "a1b2c3d4e5"]
+    write_json(copy_ / "search.json", summary)
+    objective = Objective(**summary["objective"])
+    candidates = needle_job.search_candidates(copy_ / "search.json", objective, summary["margin_mib"])
+    assert candidates[0].id == "a1b2c3d4e5"
+    assert candidates[1].settings["n_cpu_moe"] == 30 and not candidates[1].settings.get("override_tensor")
