@@ -327,19 +327,16 @@ class Partial(float):
         return str(self) if not spec else float(self).__format__(spec)
 
 
-def plain(n: int | Partial) -> tuple[int, str | None]:
-    """A value as the settings hold it: (n_cpu_moe, the -ot override or None)."""
+def plain(n: int | Partial | None) -> tuple[int | None, str | None]:
+    """A value as the settings hold it: (n_cpu_moe, the -ot override or None); None gives (None, None)."""
     return (n.whole, n.override) if isinstance(n, Partial) else (n, None)
 
 
-def partials(manifest: dict, below: int, headroom_mib: float, margin_mib: float) -> list[tuple[Partial, float, float]]:
-    """The partial placements of layer ``below`` - 1, where n_cpu_moe ``below`` kept ``headroom_mib`` free and the
-    value under it did not keep the margin: (value, MiB its tensors bring to the card, the headroom predicted to be
-    left), the larger move first, for each of ``PARTIAL_ON_CPU`` the layer's tensors allow (a fused gate_up allows
-    none). The caller starts those predicted to keep the margin."""
-    layer = below - 1
-    if layer < 0:
-        return []
+def partials(manifest: dict, layer: int, headroom_mib: float) -> list[tuple[Partial, float, float]]:
+    """The partial placements of ``layer``, where n_cpu_moe ``layer`` + 1 kept ``headroom_mib`` free and n_cpu_moe
+    ``layer`` did not keep the margin: (value, MiB its tensors bring to the card, the headroom predicted to be left),
+    the larger move first, for each of ``PARTIAL_ON_CPU`` the layer's tensors allow (a fused gate_up allows none). The
+    caller starts those predicted to keep the margin."""
     split = manifest["per_layer"][layer].get("expert_tensor_bytes") or {}
     if set(split) != {"up", "gate", "down"}:
         return []

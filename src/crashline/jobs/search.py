@@ -345,7 +345,7 @@ class _Search:
             guess = margin_guess(self.starts_of[boundary][0], boundary, predictions, limit, margin, hi)
             lowest, _ = planner.search_lowest(roomy, guess, boundary, hi)
         fastest = self.fastest(lowest, hi) if lowest is not None and self.climb else {}
-        winner = fastest.get("winner", lowest)
+        won, won_override = planner.plain(fastest.get("winner", lowest))  # (None, None) without a winner
         values = []
         for n in range(lo, hi + 1):
             p = predictions[n]
@@ -386,13 +386,12 @@ class _Search:
             "starts": self.starts if self.climb else 1,
             "finalists": fastest.get("finalists", []),
             "start_order": fastest.get("start_order", []),
-            "runner_up": planner.plain(fastest["runner_up"])[0] if fastest.get("runner_up") is not None else None,
+            "runner_up": planner.plain(fastest.get("runner_up"))[0],
             "lead_won": fastest.get("won"),
             "lead_pairs": fastest.get("pairs"),
             "lead_held": fastest.get("lead_held"),
-            "recommended_n_cpu_moe": planner.plain(winner)[0] if winner is not None else None,
-            # where the winner keeps part of its boundary layer's experts on the CPU too (step 4b)
-            "recommended_override_tensor": planner.plain(winner)[1] if winner is not None else None,
+            "recommended_n_cpu_moe": won,
+            "recommended_override_tensor": won_override,  # where the winner is a partial placement (step 4b)
             "partial": fastest.get("partial", []),
             "server_starts": sum(map(len, self.ids_of.values())) + (self.calibration_record not in all_ids),
             "records": sorted(all_ids),
@@ -446,7 +445,7 @@ class _Search:
         ):
             return []
         done = []
-        for value, moved, left in planner.partials(self.manifest, lowest, headroom, self.margin):
+        for value, moved, left in planner.partials(self.manifest, layer, headroom):
             entry = {
                 "n_cpu_moe": value.whole,
                 "override_tensor": value.override,
@@ -481,7 +480,7 @@ class _Search:
         raced = {"rival": {"search": rival[0], "n_cpu_moe": rival[1], **stat(rival[2])}} if rival else {}
         if first is not None and rival is not None and first.high < rival[2].low:
             if self.loses_at_every_reply(lowest, rival[3]):
-                return {**self.cut_short(lowest, first, *rival[:3]), **raced, "partial": []}
+                return {**self.cut_short(lowest, first, *rival[:3]), **raced}
             progress.say(
                 f"n_cpu_moe {lowest}, the lowest with the margin, {self.words()} {first.text()}, lies below the "
                 f"winner of search {rival[0]} ({rival[2].text()}) at the asked reply but not at every reply length: "
@@ -554,8 +553,7 @@ class _Search:
             "climb_stop": stop,
             "finalists": [
                 {
-                    "n_cpu_moe": planner.plain(n)[0],
-                    "override_tensor": planner.plain(n)[1],
+                    **dict(zip(("n_cpu_moe", "override_tensor"), planner.plain(n), strict=True)),
                     "config_id": self.measured[n],
                     "starts": len(result["per_start"][n]),
                     "start_medians": [s.median if s else None for s in result["per_start"][n]],
