@@ -213,8 +213,8 @@ configurations:
   - settings: {ubatch: 128}
 workloads:
   - {name: long, prompt_tokens: 64, gen_tokens: 3000}
-repetitions: 8
-"""
+repetitions: 2
+"""  # about 6 s a request here, 18 s a measurement: the kill lands inside it, and the rerun is short
 
 
 def _snakemake(workdir, *args) -> subprocess.Popen:
@@ -320,7 +320,7 @@ def test_workflow_terminated_finishes_the_running_measurement(tmp_path, server_p
     rerun measures nothing again."""
     _killed_mid_measurement(tmp_path, lambda pid: os.kill(pid, signal.SIGTERM))
     (record,) = (tmp_path / "results" / "records").rglob("measure.json")
-    assert read_json(record)["outcome"] == "ok" and len(read_json(record)["workloads"][0]["runs"]) == 8
+    assert read_json(record)["outcome"] == "ok" and len(read_json(record)["workloads"][0]["runs"]) == 2
     assert "rule measure:" not in _rerun(tmp_path)
 
 
@@ -441,7 +441,7 @@ def test_two_workflows_at_once(tmp_path, server_provenance):
     for work in (first, second):
         work.mkdir()
         copy_workflow(work)
-        (work / "slow.yaml").write_text(SLOW_CONFIG.replace("repetitions: 8", "repetitions: 12"))
+        (work / "slow.yaml").write_text(SLOW_CONFIG.replace("repetitions: 2", "repetitions: 4"))
     a = _snakemake(first)
     _wait_for_server(first)
     b = _snakemake(second)  # at once: Snakemake's start takes seconds, and the first's measurement is short
@@ -476,7 +476,7 @@ configurations:
     search: {n_cpu_moe: [0, 3], climb: 0}
 workloads:
   - {name: long, prompt_tokens: 64, gen_tokens: 3000}
-repetitions: 8
+repetitions: 2
 """  # about 10 s a probe here: the kill lands well inside the probe after the calibration (a start without workloads)
 
 
