@@ -5,9 +5,11 @@ prints one JSON line per process, then each method's figures and their spread: (
 the statistic fixed before the run. ``before`` is crashline's measurement up to session 18, copied here verbatim (one
 thread faults every array in, then 16 threads copy 512 MiB three times, best of three); ``now`` is
 ``crashline.core.host.memory_bandwidth`` (pinned threads, each faulting in its own arrays; best of passes);
-``three`` (with ``--three``) is ``now`` at session 18's shape of three passes of five timings.
+``three`` is ``now`` at session 18's shape of three passes of five timings; ``half`` is ``now`` on half the process's
+CPUs (a pass waits for its slowest thread, and on a shared host a thread on every CPU meets every CPU's stolen time);
+``long`` is ``now`` with 32 passes instead of 8 (the best of more passes meets the host's fast level more often).
 
-    python bench/bandwidth_spread.py --runs 5 > bandwidth.jsonl
+    python bench/bandwidth_spread.py --runs 5 [--methods before,now,half] > bandwidth.jsonl
 """
 
 from __future__ import annotations
@@ -34,8 +36,9 @@ with ThreadPoolExecutor(threads) as pool:
         best = min(best, time.perf_counter() - t)
 print(json.dumps({"gbs": round(2 * threads * src[0].nbytes / best / 1e9, 2), "threads": threads}))
 """
-NOW = "import json, sys; from crashline.core.host import memory_bandwidth; print(json.dumps(memory_bandwidth({})))"
-SHAPES = {"before": None, "now": "", "three": "passes=3, repeats=5"}
+NOW = "import json, os, sys; from crashline.core.host import memory_bandwidth; print(json.dumps(memory_bandwidth({})))"
+SHAPES = {"before": None, "now": "", "three": "passes=3, repeats=5", "half": "max(1, len(os.sched_getaffinity(0)) // 2)",
+          "long": "passes=32"}
 
 
 def one(method: str, passes: int | None) -> dict:
@@ -50,9 +53,11 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--passes", type=int, help="memory_bandwidth's passes (default: its own)")
-    parser.add_argument("--three", action="store_true", help="also session 18's three passes of five timings")
+    parser.add_argument("--methods", default="before,now", help=f"comma-separated, of {', '.join(SHAPES)}")
     args = parser.parse_args()
-    methods = ("before", "now", *(("three",) if args.three else ()))
+    methods = args.methods.split(",")
+    if unknown := set(methods) - set(SHAPES):
+        parser.error(f"--methods: {', '.join(sorted(unknown))} unknown; choose from {', '.join(SHAPES)}")
     rows = []
     for _ in range(args.runs):
         for method in methods:

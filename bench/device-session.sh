@@ -14,6 +14,7 @@
 #                                                            # (stopped after CONTEXT_LIMIT_S, default 560)
 #   bash bench/device-session.sh bandwidth [RUNS]            # bench/bandwidth_spread.py --runs RUNS (default 3):
 #                                                            # the host's memory bandwidth in fresh processes
+#                                                            # (BANDWIDTH_METHODS: its --methods, e.g. now,half)
 #   bash bench/device-session.sh grid NAME                   # bench/answer_grid.py run on that tune's results
 #   bash bench/device-session.sh resume DIR                  # copy an earlier lease's NAME folder (DIR, from the
 #                                                            # repository) to /tmp/res/NAME, for its grid
@@ -128,7 +129,7 @@ context)
 bandwidth)
   pack=bandwidth
   mkdir -p /tmp/res/bandwidth
-  python bench/bandwidth_spread.py --runs "${1:-3}" > /tmp/res/bandwidth/bandwidth.jsonl 2> /tmp/res/bandwidth/console.txt \
+  python bench/bandwidth_spread.py --runs "${1:-3}" ${BANDWIDTH_METHODS:+--methods $BANDWIDTH_METHODS} > /tmp/res/bandwidth/bandwidth.jsonl 2> /tmp/res/bandwidth/console.txt \
     && step_rc=0 || step_rc=$?
   tail -6 /tmp/res/bandwidth/bandwidth.jsonl
   ;;
