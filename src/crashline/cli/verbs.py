@@ -81,9 +81,11 @@ def cmd_provision(args) -> int:
     cfg, layout = _load(args)
     from ..core.host import measured_memory_bandwidth
 
-    info = provision.provide(cfg["server"], own_folder(plan.cache_dir(cfg), "cache_dir"), log=sys.stderr)
+    cache = own_folder(plan.cache_dir(cfg), "cache_dir")
+    info = provision.provide(cfg["server"], cache, log=sys.stderr)
     plan.check_flags(cfg, provision.supported_flags(info), info["version"])
-    info["host_memory_bandwidth"] = measured_memory_bandwidth()  # once here, not in every job (1.5 s each)
+    # once per machine and build, kept in the cache folder; not in every job (1.5 s each)
+    info["host_memory_bandwidth"] = measured_memory_bandwidth(cache, info["sha256"])
     write_json(args.out or layout.provenance(), info)
     print(info["binary"])
     return 0

@@ -69,10 +69,11 @@ def bandwidth_text(provenance: dict) -> str | None:
     spread = (
         f", its {len(passes)} passes {found['spread']:.0%} apart" if passes and found.get("spread") is not None else ""
     )
+    when = f" on {found['measured_at']} UTC" if found.get("measured_at") else ""
     return (
         f"The host's memory bandwidth in the bound: {found['gbs']:,.1f} GB/s, the best pass of a copy measured once "
-        f"when llama-server was provisioned on {found.get('hostname') or 'this host'}{spread}; a ratio to the bound "
-        "is as sure as that figure."
+        f"for {found.get('hostname') or 'this host'} and this llama-server build{when}{spread}, and read by every "
+        "later run there; a ratio to the bound is as sure as that figure."
     )
 
 
