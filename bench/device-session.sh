@@ -3,7 +3,10 @@
 #   bash bench/device-session.sh build [SHAPE...]            # wheels, llama-server with CUDA (about 300 s); the
 #                                                            # synthetic GGUFs named are written meanwhile;
 #                                                            # LLAMA_CMAKE_ARGS adds cmake options (a short
-#                                                            # lease: -DGGML_CUDA_FA=OFF builds in less time)
+#                                                            # lease: -DGGML_CUDA_FA=OFF builds in less time);
+#                                                            # the build comes back as $OUT/llama-cuda-bin.tar.xz.part*
+#                                                            # and SOURCE: copied to .dev/llama-cuda-bin and carried,
+#                                                            # a later lease's build step unpacks it instead
 #   bash bench/device-session.sh tune SHAPE VRAM [NAME]      # crashline tune of that GGUF (--ctx 32768 --prompt
 #                                                            # 16000) into /tmp/res/NAME (default SHAPE), its wall
 #                                                            # time in tune-wall.jsonl; stopped after TUNE_LIMIT_S
@@ -68,12 +71,30 @@ build)
     2>&1 | tail -2
   started=$(date +%s)
   for shape in "$@"; do write_model "$shape" > /tmp/write-$shape.log 2>&1 & done
-  mkdir -p /tmp/llama && tar xzf .dev/llama-src-min.tar.gz -C /tmp/llama
-  cmake -S /tmp/llama -B /tmp/llama/build -G Ninja -DCMAKE_BUILD_TYPE=Release -DGGML_CUDA=ON \
-    -DCMAKE_CUDA_ARCHITECTURES=90 -DLLAMA_OPENSSL=OFF -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_BUILD_TESTS=OFF \
-    -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_CURL=OFF ${LLAMA_CMAKE_ARGS:-} > /tmp/build.log 2>&1
-  # llama-perplexity for the KV types' KL divergence (crashline.jobs.kvquality), found beside llama-server; LLAMA_TARGETS=llama-server leaves it out
-  cmake --build /tmp/llama/build --target ${LLAMA_TARGETS:-llama-server llama-perplexity} -j16 >> /tmp/build.log 2>&1
+  mkdir -p /tmp/llama/build/bin
+  if ls .dev/llama-cuda-bin/llama-cuda-bin.tar.xz.part* > /dev/null 2>&1; then
+    # an earlier lease's build of the same sources, carried (.dev/llama-cuda-bin): no build here (about 290 s saved);
+    # its RUNPATH is /tmp/llama/build/bin, where it was built
+    cat .dev/llama-cuda-bin/llama-cuda-bin.tar.xz.part* | xz -d | tar xf - -C /tmp/llama/build/bin
+    echo "carried build: $(cat .dev/llama-cuda-bin/SOURCE)" > /tmp/build.log
+    /tmp/llama/build/bin/llama-server --version >> /tmp/build.log 2>&1
+  else
+    tar xzf .dev/llama-src-min.tar.gz -C /tmp/llama
+    cmake -S /tmp/llama -B /tmp/llama/build -G Ninja -DCMAKE_BUILD_TYPE=Release -DGGML_CUDA=ON \
+      -DCMAKE_CUDA_ARCHITECTURES=90 -DLLAMA_OPENSSL=OFF -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_BUILD_TESTS=OFF \
+      -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_CURL=OFF ${LLAMA_CMAKE_ARGS:-} > /tmp/build.log 2>&1
+    # llama-perplexity for the KV types' KL divergence (crashline.jobs.kvquality), found beside llama-server;
+    # LLAMA_TARGETS=llama-server leaves it out
+    cmake --build /tmp/llama/build --target ${LLAMA_TARGETS:-llama-server llama-perplexity} -j16 >> /tmp/build.log 2>&1
+    # the binaries back to this machine, for the next lease to carry instead of building: xz in parts of 15 MiB
+    # (a file coming back holds at most 16 MiB; three parts at most, beside results.tgz); kept in .dev/llama-cuda-bin
+    (cd /tmp/llama/build/bin && tar cf - llama-* lib*.so*) | xz -T0 -6 > /tmp/llama-cuda-bin.tar.xz
+    if [ "$(stat -c %s /tmp/llama-cuda-bin.tar.xz)" -le $((45 << 20)) ]; then
+      split -b 15M -d /tmp/llama-cuda-bin.tar.xz "$OUT/llama-cuda-bin.tar.xz.part"
+      sha256sum .dev/llama-src-min.tar.gz | cut -c1-64 > "$OUT/SOURCE"
+    fi
+    ls -l /tmp/llama-cuda-bin.tar.xz >> /tmp/build.log
+  fi
   tail -3 /tmp/build.log
   wait
   echo "build and models: $(( $(date +%s) - started )) s"; ls -l /tmp/clc/models 2>/dev/null || true
