@@ -37,8 +37,13 @@ with ThreadPoolExecutor(threads) as pool:
 print(json.dumps({"gbs": round(2 * threads * src[0].nbytes / best / 1e9, 2), "threads": threads}))
 """
 NOW = "import json, os, sys; from crashline.core.host import memory_bandwidth; print(json.dumps(memory_bandwidth({})))"
-SHAPES = {"before": None, "now": "", "three": "passes=3, repeats=5", "half": "max(1, len(os.sched_getaffinity(0)) // 2)",
-          "long": "passes=32"}
+SHAPES = {
+    "before": None,
+    "now": "",
+    "three": "passes=3, repeats=5",
+    "half": "max(1, len(os.sched_getaffinity(0)) // 2)",
+    "long": "passes=32",
+}
 
 
 def one(method: str, passes: int | None) -> dict:
