@@ -84,8 +84,8 @@ def cmd_provision(args) -> int:
     cache = own_folder(plan.cache_dir(cfg), "cache_dir")
     info = provision.provide(cfg["server"], cache, log=sys.stderr)
     plan.check_flags(cfg, provision.supported_flags(info), info["version"])
-    # once per machine and build, kept in the cache folder; not in every job (1.5 s each)
-    info["host_memory_bandwidth"] = measured_memory_bandwidth(cache, info["sha256"])
+    # once per machine, kept in the cache folder; not in every job (1.5 s each)
+    info["host_memory_bandwidth"] = measured_memory_bandwidth(cache)
     write_json(args.out or layout.provenance(), info)
     print(info["binary"])
     return 0

@@ -181,35 +181,35 @@ def memory_bandwidth_gbs() -> float:
     return memory_bandwidth()["gbs"]
 
 
-# Passes of the measurement kept once per machine and build: once, so it can take 32 passes (about 13 s) where a
-# measurement in a job takes 8 (on this project's 2-core VM, three fresh processes of each read 10% apart with 8 and
-# 1.3% with 32: bench/results/bandwidth-cpu-s27/; a shared GPU host's passes ran 55-94 GB/s in one process)
+# Passes of the measurement kept once per machine: once, so it can take 32 passes (about 13 s) where a measurement
+# in a job takes 8 (on this project's 2-core VM, three fresh processes of each read 10% apart with 8 and 1.3% with
+# 32: bench/results/bandwidth-cpu-s27/; a shared GPU host's passes ran 55-94 GB/s in one process)
 KEPT_PASSES = 32
 
 
-def measured_memory_bandwidth(cache_dir: Path, build_sha256: str, passes: int = KEPT_PASSES) -> dict:
+def measured_memory_bandwidth(cache_dir: Path, passes: int = KEPT_PASSES) -> dict:
     """This machine's memory bandwidth with the machine it was measured on and every pass (provenance.json keeps
-    it), measured once per machine and llama-server build (#40 item 6): the first provisioning of a build on a host
-    measures it and keeps it in the cache folder, and every later run there reads it, so that two runs on one machine
-    divide their decode by the same bound (four runs on one kind of machine read 58 to 106 GB/s, and a ratio read 0.58
-    in one and 0.78 in the next). A new build measures again; so does deleting the file."""
+    it), measured once per machine (#40 item 6): the first provisioning on a host measures it and keeps it in the
+    cache folder, and every later one there reads it, whichever llama-server it provisions, so that two runs on one
+    machine divide their decode by the same bound (four runs on one kind of machine read 58 to 106 GB/s, and a ratio
+    read 0.58 in one and 0.78 in the next). It is the memory's figure, not a build's: keyed by the build, every test's
+    wrapper binary measured again and left a file. Deleting the file measures again."""
     import re
     import time
 
     from .atomic import read_json, write_json
 
     host = platform.node()
-    path = Path(cache_dir) / "host-bandwidth" / f"{re.sub(r'[^A-Za-z0-9._-]', '_', host)}-{build_sha256[:16]}.json"
+    path = Path(cache_dir) / "host-bandwidth" / f"{re.sub(r'[^A-Za-z0-9._-]', '_', host) or 'host'}.json"
     try:
         known = read_json(path)
-        if known["hostname"] == host and known["build_sha256"] == build_sha256 and known["gbs"] > 0:
+        if known["hostname"] == host and known["gbs"] > 0:
             return known
     except (OSError, ValueError, KeyError, TypeError):
         pass  # none yet, or not one this code wrote: measured now and written over
     found = {
         "hostname": host,
         **memory_bandwidth(passes=passes),
-        "build_sha256": build_sha256,
         "measured_at": time.strftime("%Y-%m-%d %H:%M", time.gmtime()),
     }
     path.parent.mkdir(parents=True, exist_ok=True)

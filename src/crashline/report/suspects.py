@@ -72,8 +72,8 @@ def bandwidth_text(provenance: dict) -> str | None:
     when = f" on {found['measured_at']} UTC" if found.get("measured_at") else ""
     return (
         f"The host's memory bandwidth in the bound: {found['gbs']:,.1f} GB/s, the best pass of a copy measured once "
-        f"for {found.get('hostname') or 'this host'} and this llama-server build{when}{spread}, and read by every "
-        "later run there; a ratio to the bound is as sure as that figure."
+        f"for {found.get('hostname') or 'this host'}{when}{spread}, and read by every later run there; a ratio to "
+        "the bound is as sure as that figure."
     )
 
 
