@@ -5,7 +5,8 @@ the full protocol gives (#40 item 3)?
     python bench/resent_check.py analyse TUNE_YAML DIR
 
 TUNE_YAML is the config a finished ``crashline tune`` wrote. ``run`` takes each search's winner and runner-up
-(``recommended_n_cpu_moe``, ``runner_up`` of its summary; a search without a runner-up gives its winner only) and
+(the finalists of its summary that are ``recommended_n_cpu_moe`` with ``recommended_override_tensor``, a partial
+placement where the search kept one, and ``runner_up``; a search without a runner-up gives its winner only) and
 measures each again, once, interleaved (winner, runner-up, next search's winner, ...; the answer's search first),
 through the same measure job the search runs, with the same settings, budget, build and workload, but the full
 protocol: every timed repetition a fresh prompt at the asked depth (``decode_from`` unset), after the same untimed
@@ -38,7 +39,8 @@ from crashline.jobs.search_rules import speed_of
 
 
 def _pairs(cfg: dict) -> list[dict]:
-    """Per finished search with a winner: its model, group, summary and the values to check (winner, runner-up)."""
+    """Per finished search with a winner: its model, group, summary and the finalists to check (the winner, then the
+    runner-up), each as its ``n_cpu_moe`` and ``override_tensor`` (a partial placement of one layer's experts)."""
     layout = Layout(cfg["results_dir"])
     out = []
     for group in C.expand_searches(cfg):
@@ -46,16 +48,35 @@ def _pairs(cfg: dict) -> list[dict]:
         if not path.exists():
             continue
         summary = json.loads(path.read_text())
-        values = [n for n in (summary.get("recommended_n_cpu_moe"), summary.get("runner_up")) if n is not None]
-        if values and summary.get("finalists"):
+        finals = [f for f in summary.get("finalists") or [] if f.get("median") is not None]
+        won = (summary.get("recommended_n_cpu_moe"), summary.get("recommended_override_tensor"))
+        winner = [f for f in finals if (f["n_cpu_moe"], f.get("override_tensor")) == won]
+        # the runner-up: the summary names its whole layers only; the fastest other finalist with those
+        others = sorted(
+            (f for f in finals if f not in winner and f["n_cpu_moe"] == summary.get("runner_up")),
+            key=lambda f: -f["median"],
+        )
+        values = [(f["n_cpu_moe"], f.get("override_tensor")) for f in winner + others[:1]]
+        if winner:
             out.append({"model": group["model"], "group": group, "summary": summary, "values": values})
     # the search of the answer first: where the check runs out of time, it has checked the answer
     answer = {a.get("winner") for a in json.loads(layout.recommendation().read_text())}
     return sorted(out, key=lambda p: _cid(p["model"], p["group"], p["values"][0]) not in answer)
 
 
-def _cid(model: str, group: dict, n: int) -> str:
-    return S.config_id(model, S.resolve({**group["given"], "n_cpu_moe": n}))
+def _given(group: dict, value: tuple[int, str | None]) -> dict:
+    """The settings of one finalist: the search's own, its n_cpu_moe and its partial placement, if any."""
+    n, override = value
+    return {**group["given"], "n_cpu_moe": n, **({"override_tensor": override} if override else {})}
+
+
+def _cid(model: str, group: dict, value: tuple[int, str | None]) -> str:
+    return S.config_id(model, S.resolve(_given(group, value)))
+
+
+def _label(value: tuple[int, str | None]) -> str:
+    n, override = value
+    return f"n_cpu_moe {n}" + (f" -ot {override}" if override else "")
 
 
 def _fresh(cfg: dict) -> dict:
@@ -79,13 +100,13 @@ def run(args) -> None:
         model, group = pair["model"], pair["group"]
         measurement = jobs.search_spec(fresh, model, group["id"]).measurement
         inputs = jobs.inputs(Path(layout.fetch(model)), Path(layout.manifest(model)), Path(layout.provenance()), None)
-        for n in pair["values"]:
-            given = {**group["given"], "n_cpu_moe": n}
+        for value in pair["values"]:
+            given = _given(group, value)
             cid = S.config_id(model, S.resolve(given))
             folder = _folder(Path(args.out), model, cid)
             if folder.measure.exists():
                 continue
-            print(f"check: {model} {group['id']} n_cpu_moe {n} ({cid}), fresh prompts", flush=True)
+            print(f"check: {model} {group['id']} {_label(value)} ({cid}), fresh prompts", flush=True)
             item = jobs.Item(cid, S.resolve(given), given)
             measure(jobs.MeasureSpec(model, item, measurement), inputs.records(), MeasurePaths.of(folder))
 
@@ -119,8 +140,8 @@ def analyse(args) -> None:
         margin = summary["margin_mib"]
         folder = Layout(cfg["results_dir"]).search_folder(model, group["id"])
         rows = []
-        for n in pair["values"]:
-            cid = _cid(model, group, n)
+        for value in pair["values"]:
+            cid = _cid(model, group, value)
             tuned = [
                 records.load(folder.probe(rel).measure, "measure")
                 for rel in summary["records"]
@@ -132,7 +153,8 @@ def analyse(args) -> None:
             decode_resent, decode_fresh = _decode(tuned, objective.workload), _decode(checked, objective.workload)
             rows.append(
                 {
-                    "n_cpu_moe": n,
+                    "n_cpu_moe": value[0],
+                    "override_tensor": value[1],
                     "config_id": cid,
                     "tune_resent": _stat(resent),
                     "check_fresh": _stat(full),

@@ -37,6 +37,7 @@ def search_errors(search_dir: Path, manifest: dict) -> dict:
         rows.append(
             {
                 "n_cpu_moe": record["settings"]["n_cpu_moe"],
+                "override_tensor": record["settings"].get("override_tensor"),
                 "ubatch": record["settings"]["ubatch"],
                 "outcome": record["outcome"],
                 "predicted_serving_mib": predicted["total_mib"],

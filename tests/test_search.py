@@ -5,6 +5,7 @@ it measures the values above, then starts the finalists again, interleaved)."""
 from __future__ import annotations
 
 import copy
+import re
 import statistics
 
 import pytest
@@ -467,8 +468,8 @@ def test_a_request_loses_at_every_reply_only_where_it_loses_at_the_shortest_and_
 def test_the_boundary_layer_in_part_on_the_card_races_the_climb_on_the_h200_search(tmp_path, monkeypatch):
     """``partial``: the H200 tune's -ub 2048 search (12,288 MiB, margin 1,024) found 29 the lowest value with the
     margin (28 did not keep it). Layer 28's up and gate experts brought to the card are predicted from 29's measured
-    headroom less those tensors' bytes (the manifest's); where that is under the margin the smaller move, its up
-    alone, is tried: started with ``--n-cpu-moe 28 -ot blk\\.28\\.ffn_(gate|down)_exps=CPU``. Answered here as 29's
+    headroom less those tensors' bytes (the manifest's) and the 96 MiB of activations a split layer adds at -ub 2048;
+    under the margin (1,308 - 216 - 96 = 996 MiB), the smaller move, its up alone, is tried: started with ``--n-cpu-moe 28 -ot blk\\.28\\.ffn_(gate|down)_exps=CPU``. Answered here as 29's
     record with the predicted headroom and a faster request, it races the climb's values, gets the winner's starts
     and wins: the summary names its override."""
     from crashline.jobs import spec as jobs
@@ -484,6 +485,7 @@ def test_the_boundary_layer_in_part_on_the_card_races_the_climb_on_the_h200_sear
         by_n.setdefault(rec["settings"]["n_cpu_moe"], rec)
     h29 = by_n[29]["memory"]["headroom_mib"]
     split = manifest["per_layer"][28]["expert_tensor_bytes"]
+    crossing = 2 * 2048 * 8 * 768 * 4 / 2**20  # a split layer's two activations crossing to the CPU: 96 MiB
     started = []
 
     def h200(spec, inputs, paths, load_only=False):
@@ -494,7 +496,7 @@ def test_the_boundary_layer_in_part_on_the_card_races_the_climb_on_the_h200_sear
             return read_json(folder / "records" / rel / "measure.json")
         rec = copy.deepcopy(by_n[29])
         on_card = [t for t in ("up", "gate", "down") if t not in settings["override_tensor"].split("ffn_")[1]]
-        rec["memory"]["headroom_mib"] = h29 - sum(split[t] for t in on_card) / 2**20
+        rec["memory"]["headroom_mib"] = h29 - sum(split[t] for t in on_card) / 2**20 - crossing
         for w in rec["workloads"]:  # every request 1.3 times as fast
             for req in (r for run in w["runs"] for r in run["requests"]):
                 for key in ("prompt_ms", "predicted_ms", "ttft_s", "end_s"):
@@ -522,7 +524,7 @@ def test_the_boundary_layer_in_part_on_the_card_races_the_climb_on_the_h200_sear
         (28, r"blk\.28\.ffn_(gate|down)_exps=CPU", mib(["up"])),
     ][: len(tried)]
     for entry in tried:
-        assert entry["predicted_headroom_mib"] == round(h29 - entry["moved_mib"], 1)
+        assert entry["predicted_headroom_mib"] == round(h29 - entry["moved_mib"] - crossing, 1)
         kept = entry["predicted_headroom_mib"] >= 1024
         assert entry["status"].startswith("measured: kept" if kept else "skipped: predicted to leave")
     assert tried[-1]["status"] == "measured: kept the margin"
@@ -566,3 +568,38 @@ def test_a_partial_winner_is_the_first_recall_candidate_before_a_faster_whole_la
     candidates = needle_job.search_candidates(copy_ / "search.json", objective, summary["margin_mib"])
     assert candidates[0].id == "a1b2c3d4e5"
     assert candidates[1].settings["n_cpu_moe"] == 30 and not candidates[1].settings.get("override_tensor")
+
+
+def test_a_split_layer_s_peak_is_predicted_from_the_h200_run_that_measured_it():
+    """The first partial placement started on a GPU (session 28, H200, the 8-layer 30B-A3B shape at -c 32768 -ub 2048
+    under 4,440 MiB): n_cpu_moe 4 left 1,342 MiB; layer 3's up and gate brought to the card (its down experts on the
+    CPU) left 1,030, not the 1,126 the weights alone predicted. Its log says why: the compute buffer grew from
+    476.05 to 572.05 MiB, the two activations a split layer sends across. The planner now predicts what was
+    measured."""
+    run = REPO / "bench" / "results" / "lease-2026-12-07-s28" / "s8p" / "tune" / "results"
+    manifest = read_json(run / "models" / "s8" / "manifest.json")
+    (search,) = run.glob("search/s8/*/search.json")
+    records_of = {
+        (r["settings"]["n_cpu_moe"], r["settings"].get("override_tensor")): r
+        for r in map(read_json, search.parent.glob("records/*/measure.json"))
+    }
+    whole, split = records_of[(4, None)], records_of[(3, r"blk\.3\.ffn_down_exps=CPU")]
+    compute = {
+        key: float(re.search(r"CUDA0 compute buffer size =\s+([\d.]+) MiB", text).group(1))
+        for key, text in (
+            (key, (search.parent / "records" / rec["config_id"] / "server.log").read_text())
+            for key, rec in (("whole", whole), ("split", split))
+        )
+    }
+    assert round(compute["split"] - compute["whole"], 2) == planner.split_layer_mib(manifest, 2048) == 96.0
+    placements = planner.partials(manifest, 3, whole["memory"]["headroom_mib"], 2048)
+    (predicted,) = [left for value, _, left in placements if value.override == split["settings"]["override_tensor"]]
+    assert abs(predicted - split["memory"]["headroom_mib"]) <= 1
+    # and the whole prediction of that configuration (context, serving_peak) counts both: its load peak rose 312 MiB
+    # over n_cpu_moe 4's, 216 of up and gate and 96 of activations
+    load = lambda rec: rec["memory"]["per_phase"]["load"]["gpu_mib"]  # noqa: E731
+    compute_model = planner.ComputeModel({2048: compute["whole"]})
+    rise = planner.predict(manifest, split["settings"], compute_model, 0)["load_mib"] - planner.predict(
+        manifest, whole["settings"], compute_model, 0
+    )["load_mib"]
+    assert abs(rise - (load(split) - load(whole))) <= 1

@@ -4,18 +4,21 @@ the measurement as a callback).
 
 Prediction, as a person would do it on paper:
   weights on the GPU  = the non-expert tensors of every offloaded layer
-                      + the expert FFNs of the layers at or above n_cpu_moe
+                      + the expert FFNs of the layers at or above n_cpu_moe (less those of one layer that a partial
+                        placement's -ot keeps on the CPU)
                       + the output head
   KV cache            = Σ offloaded layers cells × n_head_kv × head_dim × (bytes(K type) + bytes(V type)),
                         cells = ctx, or for a sliding-window layer (unless swa_full) the window per slot
                         plus one ubatch, padded to 256 cells, as llama.cpp's llama_kv_cache_iswa sizes it
-  compute buffer      = measured per ubatch from a server's log (linear between two measurements)
+  compute buffer      = measured per ubatch from a server's log (linear between two measurements), plus the
+                        activations a layer split between the CPU and the card sends across
   the rest            = CUDA context and small buffers: measured peak − the three above
 """
 
 from __future__ import annotations
 
 import math
+import re
 
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -45,12 +48,15 @@ def gpu_layers(manifest: dict, n_gpu_layers: int | None) -> list[int]:
 def weights_mib(manifest: dict, settings: dict) -> float:
     on_gpu = gpu_layers(manifest, settings.get("n_gpu_layers"))
     n_cpu_moe = settings.get("n_cpu_moe") or 0
+    partial = Partial.of(settings)
     total = 0
     for layer in on_gpu:
         row = manifest["per_layer"][layer]
         total += row["other_bytes"] + row.get("shared_expert_bytes", 0)
         if layer >= n_cpu_moe:
             total += row["expert_bytes"]
+            if partial is not None and layer == partial.whole:
+                total -= sum((row.get("expert_tensor_bytes") or {}).get(name, 0) for name in partial.on_cpu)
     if (settings.get("n_gpu_layers") or 10**9) > manifest["layers"]:
         total += manifest["output_bytes"]
     return total / MIB
@@ -130,6 +136,8 @@ def predict(manifest: dict, settings: dict, compute: ComputeModel, rest_mib: flo
     w = weights_mib(manifest, settings)
     kv = kv_mib(manifest, settings)
     c = compute(settings["ubatch"])
+    if Partial.of(settings) is not None:
+        c += split_layer_mib(manifest, settings["ubatch"])
     return {
         "weights_mib": round(w, 1),
         "kv_mib": round(kv, 1),
@@ -293,6 +301,8 @@ MAX_FINALISTS = 3  # values re-measured in interleaved starts after the climb (a
 # LAYER_FRACTION_UP and LAYER_FRACTION_GATE): its up tensors on the card first, then its gate too; its down last.
 # Each names the expert tensors that stay on the CPU, the larger move to the card first.
 PARTIAL_ON_CPU = (("down",), ("gate", "down"))
+# Partial.override's form, read back: blk\.28\.ffn_down_exps=CPU, blk\.28\.ffn_(gate|down)_exps=CPU
+_PARTIAL_OVERRIDE = re.compile(r"blk\\\.(?P<layer>\d+)\\\.ffn_(?:(?P<one>\w+)|\((?P<several>[\w|]+)\))_exps=CPU")
 
 
 class Partial(float):
@@ -311,6 +321,16 @@ class Partial(float):
 
     def __reduce__(self):
         return (Partial, (self.whole, self.on_cpu))
+
+    @classmethod
+    def of(cls, settings: dict) -> Partial | None:
+        """The partial placement ``settings`` hold: ``override_tensor`` as ``override`` writes it, for the layer
+        ``n_cpu_moe`` names; None for any other override (the planner then counts whole layers)."""
+        found = _PARTIAL_OVERRIDE.fullmatch(settings.get("override_tensor") or "")
+        if not found or int(found["layer"]) != settings.get("n_cpu_moe"):
+            return None
+        on_cpu = tuple((found["one"] or found["several"]).split("|"))
+        return cls(int(found["layer"]), on_cpu) if set(on_cpu) <= {"up", "gate", "down"} else None
 
     @property
     def override(self) -> str:
@@ -332,18 +352,30 @@ def plain(n: int | Partial | None) -> tuple[int | None, str | None]:
     return (n.whole, n.override) if isinstance(n, Partial) else (n, None)
 
 
-def partials(manifest: dict, layer: int, headroom_mib: float) -> list[tuple[Partial, float, float]]:
+def split_layer_mib(manifest: dict, ubatch: int) -> float:
+    """What a layer whose expert tensors are split between the CPU and the card adds to the card's compute buffer:
+    two activations of ``ubatch`` × n_expert_used × expert_ffn in F32 that cross between them. Measured on one shape
+    (the 8-layer 30B-A3B shape at -ub 2048 on an H200, layer 3's down experts on the CPU: compute buffer 572.05 MiB
+    against 476.05 with whole layers, 2 × 2048 × 8 × 768 × 4 B exactly; its peak 96 MiB above what the weights alone
+    predicted: bench/results/lease-2026-12-07-s28/) and counted for the other split as well."""
+    ffn = manifest.get("expert_ffn") or 0
+    ffn = max(ffn) if isinstance(ffn, list) else ffn
+    return 2 * ubatch * (manifest.get("n_expert_used") or 0) * ffn * 4 / MIB
+
+
+def partials(manifest: dict, layer: int, headroom_mib: float, ubatch: int) -> list[tuple[Partial, float, float]]:
     """The partial placements of ``layer``, where n_cpu_moe ``layer`` + 1 kept ``headroom_mib`` free and n_cpu_moe
-    ``layer`` did not keep the margin: (value, MiB its tensors bring to the card, the headroom predicted to be left),
-    the larger move first, for each of ``PARTIAL_ON_CPU`` the layer's tensors allow (a fused gate_up allows none). The
-    caller starts those predicted to keep the margin."""
+    ``layer`` did not keep the margin: (value, MiB its tensors bring to the card, the headroom predicted to be left,
+    less ``split_layer_mib`` too), the larger move first, for each of ``PARTIAL_ON_CPU`` the layer's tensors allow (a
+    fused gate_up allows none). The caller starts those predicted to keep the margin."""
     split = manifest["per_layer"][layer].get("expert_tensor_bytes") or {}
     if set(split) != {"up", "gate", "down"}:
         return []
+    crossing = split_layer_mib(manifest, ubatch)
     found = []
     for on_cpu in PARTIAL_ON_CPU:
         moved = sum(b for name, b in split.items() if name not in on_cpu) / MIB
-        found.append((Partial(layer, on_cpu), round(moved, 1), round(headroom_mib - moved, 1)))
+        found.append((Partial(layer, on_cpu), round(moved, 1), round(headroom_mib - moved - crossing, 1)))
     return found
 
 

@@ -428,7 +428,8 @@ class _Search:
         """Step 4b: the boundary layer's experts in part on the card. Where n_cpu_moe ``lowest`` - 1 did not keep
         the margin, the layer between them may still bring part of its experts (up, or up and gate, as --fit on
         places a boundary layer) to the card: each placement predicted, from ``lowest``'s measured headroom less the
-        tensors' bytes, to keep the margin is probed, the larger move first, until one keeps it; it then competes
+        tensors' bytes and the activations a split layer adds (``planner.split_layer_mib``), to keep the margin is
+        probed, the larger move first, until one keeps it; it then competes
         with the climb's values for the finalists. None where the group overrides tensors itself, there is no VRAM
         limit, or the layer is not on the card, or the group did not ask for it (``partial``). Returns what was
         predicted and done, for the summary."""
@@ -445,7 +446,8 @@ class _Search:
         ):
             return []
         done = []
-        for value, moved, left in planner.partials(self.manifest, layer, headroom):
+        ubatch = self.starts_of[lowest][0]["settings"]["ubatch"]
+        for value, moved, left in planner.partials(self.manifest, layer, headroom, ubatch):
             entry = {
                 "n_cpu_moe": value.whole,
                 "override_tensor": value.override,
@@ -456,7 +458,8 @@ class _Search:
             if left < self.margin:
                 entry["status"] = (
                     f"skipped: predicted to leave {left:,.0f} MiB ({headroom:,.0f} at n_cpu_moe {lowest} less "
-                    f"{moved:,.0f}), under the {self.margin:,} MiB margin"
+                    f"{moved:,.0f} of weights and {headroom - moved - left:,.0f} of activations crossing to the CPU), "
+                    f"under the {self.margin:,} MiB margin"
                 )
                 continue
             if why := self.out_of_time(f"the partial placement n_cpu_moe {value}"):
