@@ -74,6 +74,12 @@ def test_nullable_columns_and_nothing_known_from_the_log(tables):
     unlogged = n31.copy()
     unlogged["n_threads"] = pd.NA
     assert difference(unlogged, winner) == "-t left to llama.cpp"
+    # a partial placement's winner beside the same whole layers: the row lacks the -ot, which llama.cpp fills with
+    # nothing of its own (session 28's H200 report read "-ot left to llama.cpp")
+    partial = n31.copy()
+    partial["s_override_tensor"] = r"blk\.30\.ffn_down_exps=CPU"
+    assert difference(n31, partial) == "without -ot"
+    assert difference(partial, n31) == r"-ot blk\.30\.ffn_down_exps=CPU"
 
 
 # -- like with like: the objective's load, limits per request, the per-request / aggregate trade-off -----------------

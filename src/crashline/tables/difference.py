@@ -13,6 +13,9 @@ from ..engine.logparse import on_host
 
 # Settings left to llama.cpp (unset) and the configs column where its log says what it chose.
 CHOSEN_COLUMNS = {"n_gpu_layers": "layers_offloaded", "threads": "n_threads", "threads_batch": "n_threads_batch"}
+# Settings whose absence llama.cpp fills with nothing of its own: unset, the row is "without" them (a partial
+# placement's winner beside its whole layers reads "without -ot", not "-ot left to llama.cpp").
+ABSENT_WITHOUT = {"override_tensor"}
 
 
 def difference(row, reference) -> str:
@@ -29,6 +32,8 @@ def difference(row, reference) -> str:
         flag = SETTINGS[name].flag or name
         if shown_value(row[col]) is not None:
             parts.append(f"{flag} {shown_value(row[col])}")
+        elif name in ABSENT_WITHOUT:
+            parts.append(f"without {flag}")
         elif (said := _chosen(row, name, flag)) is not None:
             chosen.append(said)
         else:
