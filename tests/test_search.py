@@ -469,9 +469,10 @@ def test_the_boundary_layer_in_part_on_the_card_races_the_climb_on_the_h200_sear
     """``partial``: the H200 tune's -ub 2048 search (12,288 MiB, margin 1,024) found 29 the lowest value with the
     margin (28 did not keep it). Layer 28's up and gate experts brought to the card are predicted from 29's measured
     headroom less those tensors' bytes (the manifest's) and the 96 MiB of activations a split layer adds at -ub 2048;
-    under the margin (1,308 - 216 - 96 = 996 MiB), the smaller move, its up alone, is tried: started with ``--n-cpu-moe 28 -ot blk\\.28\\.ffn_(gate|down)_exps=CPU``. Answered here as 29's
-    record with the predicted headroom and a faster request, it races the climb's values, gets the winner's starts
-    and wins: the summary names its override."""
+    under the margin (1,308 - 216 - 96 = 996 MiB), the smaller move, its up alone, is tried: started with
+    ``--n-cpu-moe 28 -ot blk\\.28\\.ffn_(gate|down)_exps=CPU``. Answered here as 29's record with the predicted
+    headroom and a faster request, it races the climb's values, gets the winner's starts and wins: the summary names
+    its override."""
     from crashline.jobs import spec as jobs
     from crashline.jobs import search as search_mod
 
@@ -599,7 +600,8 @@ def test_a_split_layer_s_peak_is_predicted_from_the_h200_run_that_measured_it():
     # over n_cpu_moe 4's, 216 of up and gate and 96 of activations
     load = lambda rec: rec["memory"]["per_phase"]["load"]["gpu_mib"]  # noqa: E731
     compute_model = planner.ComputeModel({2048: compute["whole"]})
-    rise = planner.predict(manifest, split["settings"], compute_model, 0)["load_mib"] - planner.predict(
-        manifest, whole["settings"], compute_model, 0
-    )["load_mib"]
+    rise = (
+        planner.predict(manifest, split["settings"], compute_model, 0)["load_mib"]
+        - planner.predict(manifest, whole["settings"], compute_model, 0)["load_mib"]
+    )
     assert abs(rise - (load(split) - load(whole))) <= 1
