@@ -12,7 +12,8 @@
 #                                                            # time in tune-wall.jsonl; stopped after TUNE_LIMIT_S
 #                                                            # (560) and resumed by the same step
 #   bash bench/device-session.sh check NAME                  # bench/resent_check.py run + analyse on that tune
-#                                                            # (run stopped after CHECK_LIMIT_S, default 900)
+#                                                            # (run stopped after CHECK_LIMIT_S, default 900;
+#                                                            # CHECK_ARGS adds run's options, e.g. --resent-too)
 #   bash bench/device-session.sh context NAME                # crashline context --finalists on that tune's results
 #                                                            # (stopped after CONTEXT_LIMIT_S, default 560)
 #   bash bench/device-session.sh bandwidth [RUNS]            # bench/bandwidth_spread.py --runs RUNS (default 3):
@@ -136,7 +137,7 @@ tune)
   ;;
 check)
   name=$1 pack=$1
-  timeout -k 20 "${CHECK_LIMIT_S:-900}" python bench/resent_check.py run /tmp/res/$name/tune/tune.yaml --out /tmp/res/$name/check \
+  timeout -k 20 "${CHECK_LIMIT_S:-900}" python bench/resent_check.py run /tmp/res/$name/tune/tune.yaml --out /tmp/res/$name/check ${CHECK_ARGS:-} \
     >> /tmp/res/$name/check-console.txt 2>&1 && step_rc=0 || step_rc=$?
   python bench/resent_check.py analyse /tmp/res/$name/tune/tune.yaml /tmp/res/$name/check > /dev/null 2>&1 || true
   tail -5 /tmp/res/$name/check-console.txt

@@ -19,6 +19,10 @@ check's: its timed requests). The check **agrees** when, under the full protocol
 the runner-up's, or the two ranges overlap (a tie, which the tune would also call within noise). It also gives,
 per configuration, decode t/s re-sent (tune) over fresh (check), medians, as a second reading of session 19's
 check. DIR/check.json holds every figure with the records' paths; the raw records are the check's own.
+
+``run --resent-too`` measures each finalist a second time, right after its fresh start, with the tune's own protocol
+(re-sent prompts) into DIR/resent/records/: the re-sent ÷ fresh decode then comes from one machine and one lease, for
+a tune measured on an earlier lease's machine (``resent_source`` in check.json says which records it read).
 """
 
 from __future__ import annotations
@@ -87,28 +91,30 @@ def _fresh(cfg: dict) -> dict:
     return fresh
 
 
-def _folder(out: Path, model: str, cid: str) -> RecordFolder:
-    return RecordFolder(out / "records" / model / cid)
+def _folder(out: Path, model: str, cid: str, protocol: str = "fresh") -> RecordFolder:
+    return RecordFolder(out / ("records" if protocol == "fresh" else "resent/records") / model / cid)
 
 
 def run(args) -> None:
     cfg = C.load(args.config)
     layout = Layout(cfg["results_dir"])
-    fresh = _fresh(cfg)
-    fresh["repetitions"] = args.repetitions
+    protocols = {"fresh": _fresh(cfg), **({"resent": copy.deepcopy(cfg)} if args.resent_too else {})}
+    for c in protocols.values():
+        c["repetitions"] = args.repetitions
     for pair in _pairs(cfg):
         model, group = pair["model"], pair["group"]
-        measurement = jobs.search_spec(fresh, model, group["id"]).measurement
         inputs = jobs.inputs(Path(layout.fetch(model)), Path(layout.manifest(model)), Path(layout.provenance()), None)
         for value in pair["values"]:
             given = _given(group, value)
             cid = S.config_id(model, S.resolve(given))
-            folder = _folder(Path(args.out), model, cid)
-            if folder.measure.exists():
-                continue
-            print(f"check: {model} {group['id']} {_label(value)} ({cid}), fresh prompts", flush=True)
-            item = jobs.Item(cid, S.resolve(given), given)
-            measure(jobs.MeasureSpec(model, item, measurement), inputs.records(), MeasurePaths.of(folder))
+            for protocol, c in protocols.items():
+                folder = _folder(Path(args.out), model, cid, protocol)
+                if folder.measure.exists():
+                    continue
+                print(f"check: {model} {group['id']} {_label(value)} ({cid}), {protocol} prompts", flush=True)
+                measurement = jobs.search_spec(c, model, group["id"]).measurement
+                item = jobs.Item(cid, S.resolve(given), given)
+                measure(jobs.MeasureSpec(model, item, measurement), inputs.records(), MeasurePaths.of(folder))
 
 
 def _stat(speed) -> dict | None:
@@ -147,10 +153,12 @@ def analyse(args) -> None:
                 for rel in summary["records"]
                 if rel == cid or rel.startswith(f"{cid}/")
             ]
-            path = _folder(out, model, cid).measure
+            path, again = _folder(out, model, cid).measure, _folder(out, model, cid, "resent").measure
             checked = [records.load(path, "measure")] if path.exists() else []
+            # the re-sent decode from this check's own start where it made one (one machine), else the tune's
+            resent_recs = [records.load(again, "measure")] if again.exists() else tuned
             resent, full = speed_of(tuned, objective, margin), speed_of(checked, objective, margin)
-            decode_resent, decode_fresh = _decode(tuned, objective.workload), _decode(checked, objective.workload)
+            decode_resent, decode_fresh = _decode(resent_recs, objective.workload), _decode(checked, objective.workload)
             rows.append(
                 {
                     "n_cpu_moe": value[0],
@@ -158,6 +166,8 @@ def analyse(args) -> None:
                     "config_id": cid,
                     "tune_resent": _stat(resent),
                     "check_fresh": _stat(full),
+                    "check_resent": _stat(speed_of(resent_recs, objective, margin)) if again.exists() else None,
+                    "resent_source": "check" if again.exists() else "tune",
                     "decode_resent_over_fresh": decode_resent / decode_fresh
                     if decode_resent and decode_fresh
                     else None,
@@ -182,6 +192,7 @@ def main() -> None:
     r.add_argument("config")
     r.add_argument("--out", required=True)
     r.add_argument("--repetitions", type=int, default=2)
+    r.add_argument("--resent-too", action="store_true", help="each finalist also re-measured with re-sent prompts")
     a = sub.add_parser("analyse")
     a.add_argument("config")
     a.add_argument("out")
