@@ -23,7 +23,8 @@
 #   bash bench/device-session.sh resume DIR                  # copy an earlier lease's NAME folder (DIR, from the
 #                                                            # repository) to /tmp/res/NAME, for its grid
 #   bash bench/device-session.sh measure CONFIG MODEL ID...  # fetch/inspect the config's models and provision once,
-#                                                            # then measure each configuration id of MODEL, aggregate
+#                                                            # then measure each configuration id of MODEL, aggregate;
+#                                                            # MEASURE_STARTS=K: starts 2..K of each, interleaved
 #   bash bench/device-session.sh soak ID...                  # measure with bench/configs/h200-draft-soak.yaml
 #   bash bench/device-session.sh all ID...                   # build, then soak (one call)
 #   bash bench/device-session.sh gputest ARGS...             # pytest -m gpu ARGS (e.g. tests/test_gpu_live.py -k aim)
@@ -174,7 +175,19 @@ measure)
     done
     python -m crashline provision --config /tmp/$name.yaml
   fi
-  for id in "$@"; do python -m crashline measure --model $model --id $id --config /tmp/$name.yaml; done
+  # MEASURE_STARTS=K: starts 2..K of every id after start 1 of all (interleaved), each only while MEASURE_LIMIT_S
+  # (counted from here) still leaves room for the longest start so far
+  begun=$(date +%s) longest=0
+  for k in $(seq 1 "${MEASURE_STARTS:-1}"); do
+    for id in "$@"; do
+      if [ $(( ${MEASURE_LIMIT_S:-100000} - ($(date +%s) - begun) )) -le "$longest" ]; then
+        echo "start $k of $id left out: MEASURE_LIMIT_S"; continue
+      fi
+      t=$(date +%s)
+      python -m crashline measure --model $model --id $id --start $k --config /tmp/$name.yaml
+      t=$(( $(date +%s) - t )); [ "$t" -gt "$longest" ] && longest=$t
+    done
+  done
   python -m crashline aggregate --config /tmp/$name.yaml || true
   ;;
 gputest)
