@@ -486,7 +486,9 @@ def test_the_boundary_layer_in_part_on_the_card_races_the_climb_on_the_h200_sear
         by_n.setdefault(rec["settings"]["n_cpu_moe"], rec)
     h29 = by_n[29]["memory"]["headroom_mib"]
     split = manifest["per_layer"][28]["expert_tensor_bytes"]
-    crossing = 2 * 2048 * 8 * 768 * 4 / 2**20  # a split layer's two activations crossing to the CPU: 96 MiB
+    on_card = lambda override: [t for t in ("up", "gate", "down") if t not in override.split("ffn_")[1]]  # noqa: E731
+    # a split layer's activations crossing to the CPU, one of 48 MiB per gate or up tensor on the card
+    crossing = lambda override: len({"gate", "up"} & set(on_card(override))) * 2048 * 8 * 768 * 4 / 2**20  # noqa: E731
     started = []
 
     def h200(spec, inputs, paths, load_only=False):
@@ -496,8 +498,8 @@ def test_the_boundary_layer_in_part_on_the_card_races_the_climb_on_the_h200_sear
             rel = paths.record.parent.relative_to(tmp_path / "records")
             return read_json(folder / "records" / rel / "measure.json")
         rec = copy.deepcopy(by_n[29])
-        on_card = [t for t in ("up", "gate", "down") if t not in settings["override_tensor"].split("ffn_")[1]]
-        rec["memory"]["headroom_mib"] = h29 - sum(split[t] for t in on_card) / 2**20 - crossing
+        override = settings["override_tensor"]
+        rec["memory"]["headroom_mib"] = h29 - sum(split[t] for t in on_card(override)) / 2**20 - crossing(override)
         for w in rec["workloads"]:  # every request 1.3 times as fast
             for req in (r for run in w["runs"] for r in run["requests"]):
                 for key in ("prompt_ms", "predicted_ms", "ttft_s", "end_s"):
@@ -525,7 +527,8 @@ def test_the_boundary_layer_in_part_on_the_card_races_the_climb_on_the_h200_sear
         (28, r"blk\.28\.ffn_(gate|down)_exps=CPU", mib(["up"])),
     ][: len(tried)]
     for entry in tried:
-        assert entry["predicted_headroom_mib"] == round(h29 - entry["moved_mib"] - crossing, 1)
+        left = h29 - entry["moved_mib"] - crossing(entry["override_tensor"])
+        assert entry["predicted_headroom_mib"] == round(left, 1)
         kept = entry["predicted_headroom_mib"] >= 1024
         assert entry["status"].startswith("measured: kept" if kept else "skipped: predicted to leave")
     assert tried[-1]["status"] == "measured: kept the margin"
@@ -571,37 +574,47 @@ def test_a_partial_winner_is_the_first_recall_candidate_before_a_faster_whole_la
     assert candidates[1].settings["n_cpu_moe"] == 30 and not candidates[1].settings.get("override_tensor")
 
 
-def test_a_split_layer_s_peak_is_predicted_from_the_h200_run_that_measured_it():
-    """The first partial placement started on a GPU (session 28, H200, the 8-layer 30B-A3B shape at -c 32768 -ub 2048
-    under 4,440 MiB): n_cpu_moe 4 left 1,342 MiB; layer 3's up and gate brought to the card (its down experts on the
-    CPU) left 1,030, not the 1,126 the weights alone predicted. Its log says why: the compute buffer grew from
-    476.05 to 572.05 MiB, the two activations a split layer sends across. The planner now predicts what was
-    measured."""
-    run = REPO / "bench" / "results" / "lease-2026-12-07-s28" / "s8p" / "tune" / "results"
-    manifest = read_json(run / "models" / "s8" / "manifest.json")
-    (search,) = run.glob("search/s8/*/search.json")
+# The partial placements started on a GPU: (run, model, the whole value beside it, the split's override, the
+# activations counted in MiB). Session 28 (H200, the 8-layer 30B-A3B shape at -c 32768 -ub 2048 under 4,440 MiB):
+# n_cpu_moe 4 left 1,342 MiB; layer 3's up and gate brought to the card left 1,030, not the 1,126 the weights alone
+# predicted, its compute buffer 476.05 -> 572.05 MiB (two activations). Session 30 (H100, the seed-scale shape at
+# -c 131072 -ub 2048 q4_0 under 31,729 MiB, 100K prompts): layer 17's up alone brought to the card beside
+# n_cpu_moe 18, its compute buffer 1,024.13 -> 1,070.13 MiB (one activation, 48 counted).
+SPLITS = [
+    ("lease-2026-12-07-s28/s8p", "s8", 4, r"blk\.3\.ffn_down_exps=CPU", 96.0),
+    ("lease-2026-12-07-s30/seed100k", "seed", 18, r"blk\.17\.ffn_(gate|down)_exps=CPU", 48.0),
+]
+
+
+@pytest.mark.parametrize("folder, model, above, override, counted", SPLITS, ids=["s8-h200", "seed-h100"])
+def test_a_split_layer_s_peak_is_predicted_from_the_gpu_runs_that_measured_it(folder, model, above, override, counted):
+    """A split layer's activations, one per gate or up tensor left on the card, are what its server log's compute
+    buffer grew by (within 2 MiB, the planner on the safe side), and the planner predicts the split's headroom and its
+    load peak's rise over the whole value beside it as measured."""
+    run = REPO / "bench" / "results" / folder / "tune" / "results"
+    manifest = read_json(run / "models" / model / "manifest.json")
     records_of = {
-        (r["settings"]["n_cpu_moe"], r["settings"].get("override_tensor")): r
-        for r in map(read_json, search.parent.glob("records/*/measure.json"))
+        (r["settings"]["n_cpu_moe"], r["settings"].get("override_tensor")): (path.parent, r)
+        for path in run.glob(f"search/{model}/*/records/*/measure.json")
+        for r in [read_json(path)]
     }
-    whole, split = records_of[(4, None)], records_of[(3, r"blk\.3\.ffn_down_exps=CPU")]
+    (whole_dir, whole), (split_dir, split) = records_of[(above, None)], records_of[(above - 1, override)]
     compute = {
-        key: float(re.search(r"CUDA0 compute buffer size =\s+([\d.]+) MiB", text).group(1))
-        for key, text in (
-            (key, (search.parent / "records" / rec["config_id"] / "server.log").read_text())
-            for key, rec in (("whole", whole), ("split", split))
-        )
+        key: float(re.search(r"CUDA0 compute buffer size =\s+([\d.]+) MiB", (d / "server.log").read_text()).group(1))
+        for key, d in (("whole", whole_dir), ("split", split_dir))
     }
-    assert round(compute["split"] - compute["whole"], 2) == planner.split_layer_mib(manifest, 2048) == 96.0
-    placements = planner.partials(manifest, 3, whole["memory"]["headroom_mib"], 2048)
-    (predicted,) = [left for value, _, left in placements if value.override == split["settings"]["override_tensor"]]
-    assert abs(predicted - split["memory"]["headroom_mib"]) <= 1
-    # and the whole prediction of that configuration (context, serving_peak) counts both: its load peak rose 312 MiB
-    # over n_cpu_moe 4's, 216 of up and gate and 96 of activations
+    on_cpu = planner.Partial.of(split["settings"]).on_cpu
+    assert planner.split_layer_mib(manifest, 2048, on_cpu) == counted
+    assert 0 <= counted - (compute["split"] - compute["whole"]) <= 2
+    placements = planner.partials(manifest, above - 1, whole["memory"]["headroom_mib"], 2048)
+    (predicted,) = [left for value, _, left in placements if value.override == override]
+    assert 0 <= split["memory"]["headroom_mib"] - predicted <= 3
+    # and the whole prediction of that configuration (context, serving_peak) counts both: its load peak's rise over
+    # the whole value's is the tensors brought to the card and the activations
     load = lambda rec: rec["memory"]["per_phase"]["load"]["gpu_mib"]  # noqa: E731
     compute_model = planner.ComputeModel({2048: compute["whole"]})
     rise = (
         planner.predict(manifest, split["settings"], compute_model, 0)["load_mib"]
         - planner.predict(manifest, whole["settings"], compute_model, 0)["load_mib"]
     )
-    assert abs(rise - (load(split) - load(whole))) <= 1
+    assert 0 <= rise - (load(split) - load(whole)) <= 3

@@ -136,8 +136,8 @@ def predict(manifest: dict, settings: dict, compute: ComputeModel, rest_mib: flo
     w = weights_mib(manifest, settings)
     kv = kv_mib(manifest, settings)
     c = compute(settings["ubatch"])
-    if Partial.of(settings) is not None:
-        c += split_layer_mib(manifest, settings["ubatch"])
+    if (partial := Partial.of(settings)) is not None:
+        c += split_layer_mib(manifest, settings["ubatch"], partial.on_cpu)
     return {
         "weights_mib": round(w, 1),
         "kv_mib": round(kv, 1),
@@ -352,15 +352,19 @@ def plain(n: int | Partial | None) -> tuple[int | None, str | None]:
     return (n.whole, n.override) if isinstance(n, Partial) else (n, None)
 
 
-def split_layer_mib(manifest: dict, ubatch: int) -> float:
+def split_layer_mib(manifest: dict, ubatch: int, on_cpu: tuple[str, ...]) -> float:
     """What a layer whose expert tensors are split between the CPU and the card adds to the card's compute buffer:
-    two activations of ``ubatch`` × n_expert_used × expert_ffn in F32 that cross between them. Measured on one shape
-    (the 8-layer 30B-A3B shape at -ub 2048 on an H200, layer 3's down experts on the CPU: compute buffer 572.05 MiB
-    against 476.05 with whole layers, 2 × 2048 × 8 × 768 × 4 B exactly; its peak 96 MiB above what the weights alone
-    predicted: bench/results/lease-2026-12-07-s28/) and counted for the other split as well."""
+    one activation of ``ubatch`` × n_expert_used × expert_ffn in F32 for each of its gate and up tensors left on the
+    card (``on_cpu`` names those that are not), whose output crosses to the CPU. Measured on two shapes: the 8-layer
+    30B-A3B shape at -ub 2048 on an H200, layer 3's down experts on the CPU (gate and up on the card): compute buffer
+    572.05 MiB against 476.05 with whole layers, 2 × 2048 × 8 × 768 × 4 B exactly
+    (bench/results/lease-2026-12-07-s28/); the seed-scale shape at -ub 2048 on an H100, layer 17's gate and down
+    experts on the CPU (up on the card): 1,070.13 against 1,024.13, 46 MiB of the 48 counted
+    (bench/results/lease-2026-12-07-s30/)."""
     ffn = manifest.get("expert_ffn") or 0
     ffn = max(ffn) if isinstance(ffn, list) else ffn
-    return 2 * ubatch * (manifest.get("n_expert_used") or 0) * ffn * 4 / MIB
+    crossing = len({"gate", "up"} - set(on_cpu))
+    return crossing * ubatch * (manifest.get("n_expert_used") or 0) * ffn * 4 / MIB
 
 
 def partials(manifest: dict, layer: int, headroom_mib: float, ubatch: int) -> list[tuple[Partial, float, float]]:
@@ -371,11 +375,11 @@ def partials(manifest: dict, layer: int, headroom_mib: float, ubatch: int) -> li
     split = manifest["per_layer"][layer].get("expert_tensor_bytes") or {}
     if set(split) != {"up", "gate", "down"}:
         return []
-    crossing = split_layer_mib(manifest, ubatch)
     found = []
     for on_cpu in PARTIAL_ON_CPU:
         moved = sum(b for name, b in split.items() if name not in on_cpu) / MIB
-        found.append((Partial(layer, on_cpu), round(moved, 1), round(headroom_mib - moved - crossing, 1)))
+        left = headroom_mib - moved - split_layer_mib(manifest, ubatch, on_cpu)
+        found.append((Partial(layer, on_cpu), round(moved, 1), round(left, 1)))
     return found
 
 

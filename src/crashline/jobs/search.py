@@ -447,7 +447,6 @@ class _Search:
             return []
         done = []
         ubatch = self.starts_of[lowest][0]["settings"]["ubatch"]
-        crossing = planner.split_layer_mib(self.manifest, ubatch)
         for value, moved, left in planner.partials(self.manifest, layer, headroom, ubatch):
             entry = {
                 "n_cpu_moe": value.whole,
@@ -459,7 +458,7 @@ class _Search:
             if left < self.margin:
                 entry["status"] = (
                     f"skipped: predicted to leave {left:,.0f} MiB ({headroom:,.0f} at n_cpu_moe {lowest} less "
-                    f"{moved:,.0f} of weights and {crossing:,.0f} of activations crossing to the CPU), "
+                    f"{moved:,.0f} of weights and {headroom - moved - left:,.0f} of activations crossing to the CPU), "
                     f"under the {self.margin:,} MiB margin"
                 )
                 continue
