@@ -53,6 +53,11 @@ def test_the_reply_length_where_the_issues_two_configurations_cross():
     flipped = reply_lengths("b", {"a": measured(A, 300), "b": measured(B, 300)}, {"a": "--n-cpu-moe 18 -ub 2048"})
     assert flipped["longer"] is None and flipped["shorter"]["tokens"] == pytest.approx(143.8, abs=0.1)
     assert "for replies shorter than ~144 tokens" in flipped["text"]
+    # the range holds the medians' own crossing: B's requests pooled decode at 65.5 while each start's median read
+    # 56-57, so every pairing of starts crosses past 144 tokens, and the range reaches down to the medians' 144
+    apart = {**B, "decode_tps_start_medians": [56.0, 57.0]}
+    wide = reply_lengths("a", {"a": measured(A), "b": measured(apart)}, {"b": "-ub 1024"})["longer"]
+    assert wide["low"] == wide["tokens"] == pytest.approx(143.8, abs=0.1)  # each pairing alone: 361 and more
     # a configuration slower at both never finishes first; the context bounds the replies asked about
     slow = {**B, "decode_tps_median": 50.0, "decode_tps_start_medians": [49.0, 51.0]}
     never = reply_lengths("a", {"a": {**measured(A), "s_ctx": 18_000}, "b": measured(slow)}, {"b": "-ub 512"})

@@ -92,9 +92,9 @@ def reply_lengths(winner: str, rows: dict, labels: dict) -> dict | None:
     measurement row at the objective workload; the winner's among them) and ``labels`` (config id -> how it
     differs from the winner). ``longer``: the configuration that takes over first as replies grow past the
     objective's (the smallest reply length), ``shorter`` as they shrink below it; each with ``tokens`` (from the
-    medians), ``low``/``high`` (over the pairings of server starts, or the corners of the requests' ranges;
-    ``high`` None where some pairing never crosses within the range), ``from`` and ``label``. None without the
-    winner's medians."""
+    medians), ``low``/``high`` (over ``tokens`` and the pairings of server starts, or the corners of the requests'
+    ranges; ``high`` None where some pairing never crosses within the range), ``from`` and ``label``. None without
+    the winner's medians."""
     ours = rows[winner]
     mine = _median_point(ours)
     if mine is None:
@@ -127,12 +127,14 @@ def reply_lengths(winner: str, rows: dict, labels: dict) -> dict | None:
             for e, (a, b) in zip(ends, pairs)
             if e is not None and 1 <= e <= top and (b[1] > a[1]) == (side == "longer")
         ]
+        # the range holds the medians' own crossing too: pooled over every request, the medians may lie outside
+        # what each start's medians give (the demo's tiny-moe read "~106 tokens (~249 to never)")
         entry = {
             "config_id": cid,
             "label": labels.get(cid, cid),
             "tokens": round(n, 1),
-            "low": round(min(same_side), 1) if same_side else None,
-            "high": round(max(same_side), 1) if same_side and len(same_side) == len(ends) else None,
+            "low": round(min([*same_side, n]), 1),
+            "high": round(max([*same_side, n]), 1) if len(same_side) == len(ends) else None,
             "from": both,
         }
         best = found[side]
