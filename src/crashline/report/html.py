@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 from .compact import flag_groups
 from .doc import (
     Abbr,
@@ -70,13 +72,23 @@ def _attrs(**values) -> str:
     return "".join(f' {k}="{escape(v)}"' for k, v in values.items() if v)
 
 
+LONG_GROUP = 24  # characters of a flag and its value past which the value may break at its dots
+
+
 def _cell_code(text: str) -> str:
     """Code in a table cell: a command line breaks between flags, never inside a flag and its values; other
     code does not break (the text copied is the same)."""
     groups = flag_groups(text)
     if len(groups) < 2 or " ".join(groups) != text:  # one group, or spacing a join would change
         return f"<code>{escape(text)}</code>"
-    return '<code class="flags">' + " ".join(f"<span>{escape(g)}</span>" for g in groups) + "</code>"
+    return '<code class="flags">' + " ".join(f"<span>{_breakable(g)}</span>" for g in groups) + "</code>"
+
+
+def _breakable(group: str) -> str:
+    """A flag and its value, escaped; a long value (an -ot regex) may break after each dot or underscore (<wbr>: the
+    text copied is the same), so that one placement does not widen a table past the window."""
+    text = escape(group)
+    return re.sub(r"([._])", r"\1<wbr>", text) if len(group) > LONG_GROUP else text
 
 
 def inline(content, in_cell: bool = False) -> str:
