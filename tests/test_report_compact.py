@@ -142,3 +142,21 @@ def test_bold_keeps_its_spaces_outside_the_stars():
     assert markdown.inline(["a", Strong(" b "), "c"]) == "a **b** c"
     assert markdown.inline(Strong(["Use ", Code("-ub 512")])) == "**Use `-ub 512`**"
     assert markdown.inline(Strong(" ")) == " "
+
+
+def test_a_long_flag_value_in_a_table_cell_may_break_at_its_dots():
+    """Session 30's 100K run drew its measurements table 55 px past a 1280-px window: the partial placement's -ot
+    regex was one unbreakable group. A long value now breaks after its dots and underscores (<wbr>, no text of its
+    own); short flags stay whole, and the text read or copied is the command."""
+    import html as stdlib_html
+    import re
+
+    from crashline.report import html
+    from crashline.report.doc import Code
+
+    cell = html.inline(Code(r"-ngl 999 --n-cpu-moe 17 -ub 2048 -ot blk\.17\.ffn_(gate|down)_exps=CPU"), in_cell=True)
+    groups = re.findall(r"<span>(.*?)</span>", cell)
+    assert groups[:3] == ["-ngl 999", "--n-cpu-moe 17", "-ub 2048"]
+    assert groups[3].count("<wbr>") == 4 and groups[3].startswith(r"-ot blk\.<wbr>17\.<wbr>")
+    text = stdlib_html.unescape(re.sub(r"<[^>]+>", "", cell))
+    assert text == r"-ngl 999 --n-cpu-moe 17 -ub 2048 -ot blk\.17\.ffn_(gate|down)_exps=CPU"
