@@ -456,9 +456,10 @@ class _Search:
             }
             done.append(entry)
             if left < self.margin:
+                crossing = planner.split_layer_mib(self.manifest, ubatch, value.on_cpu)
                 entry["status"] = (
                     f"skipped: predicted to leave {left:,.0f} MiB ({headroom:,.0f} at n_cpu_moe {lowest} less "
-                    f"{moved:,.0f} of weights and {headroom - moved - left:,.0f} of activations crossing to the CPU), "
+                    f"{moved:,.0f} of weights and {crossing:,.0f} of activations crossing to the CPU), "
                     f"under the {self.margin:,} MiB margin"
                 )
                 continue
