@@ -408,9 +408,13 @@ def test_fit_on_starts_aimed_at_the_margin_and_the_context(tmp_path, tiny_moe, s
     assert "--fit-target" not in rec["command"] and "--fit-ctx" not in rec["command"] and "--fit" in rec["command"]
 
 
-def _aimed_job(tmp_path, monkeypatch, headroom_at, outcome_at=lambda target: "ok", starts=1, fit_free_at=None):
+def _aimed_job(
+    tmp_path, monkeypatch, headroom_at, outcome_at=lambda target: "ok", starts=1, fit_free_at=None, load_at=None
+):
     """measure() of a --fit on configuration whose target crashline chose (margin 1024), each start played by a
-    stand-in for _measure whose peak leaves ``headroom_at(target)`` MiB: the loop of measure_aimed, no server."""
+    stand-in for _measure whose peak leaves ``headroom_at(target)`` MiB: the loop of measure_aimed, no server.
+    ``load_at(target)``: the headroom its load peak leaves, where a start that may skip its timing is stopped once
+    loaded when that less the planner's serving growth is under the margin (as _measure's work does)."""
     from crashline.core import records
     from crashline.core.paths import RecordFolder
     from crashline.core.settings import aim_fit, resolve
@@ -436,6 +440,11 @@ def _aimed_job(tmp_path, monkeypatch, headroom_at, outcome_at=lambda target: "ok
             "workloads": [],
             "conversations": [],
         }
+        if load_at and skip_under_margin is not None:
+            at_load = {"load_headroom_mib": load_at(target), "headroom_mib": load_at(target) - M.planner.SERVING_MIB}
+            record["serving_predicted_at_load"] = at_load
+            if at_load["headroom_mib"] < skip_under_margin:
+                record.update(memory={"headroom_mib": load_at(target)}, stopped_at_load=True)
         return records.write(paths.record, "measure", record)
 
     monkeypatch.setattr(M, "_measure", one_start)
@@ -493,6 +502,36 @@ def test_fit_on_aimed_raises_the_target_past_what_fit_projected_to_leave(tmp_pat
     record, starts = _aimed_job(tmp_path, monkeypatch, lambda target: fit_free(target) - 205, fit_free_at=fit_free)
     assert starts == [(1024, 1024), (1248, 1024)]
     assert record["memory"]["headroom_mib"] == 1490 - 205
+
+
+def test_an_aimed_fit_predicted_short_at_load_is_stopped_there_and_raised_by_the_predicted_shortfall(
+    tmp_path, monkeypatch
+):
+    """Session 30's H100 lease: each --fit on reference's first start (target 1024) ran its whole 100K-token warm-up
+    (about 50 s) to learn it left 979 MiB. Its load peak already says so: the load's headroom less what serving adds
+    (planner.SERVING_MIB) is under the margin, so the start ends once loaded and the raise is the same (fit's
+    projection 1,183 + the predicted shortfall rounded up to 64). A start predicted to keep the margin is served."""
+    from crashline.tables.aggregate import fit_aim_text
+
+    def fit_free(target):
+        return next(free for free in (1183, 1490) if free >= target)
+
+    record, starts = _aimed_job(
+        tmp_path,
+        monkeypatch,
+        lambda target: fit_free(target) - 204,
+        fit_free_at=fit_free,
+        load_at=lambda target: fit_free(target) - 204 + 136,  # serving grew by 136 MiB on that run
+    )
+    assert starts == [(1024, 1024), (1247, 1024)]  # 1183 + 64: 1115 - 154 = 961 is 63 short
+    assert record["memory"]["headroom_mib"] == 1490 - 204 and not record.get("stopped_at_load")
+    first = records.load(tmp_path / "fit-target-1024" / "measure.json", "measure")
+    assert first["stopped_at_load"] and first["serving_predicted_at_load"]["headroom_mib"] == 961
+    assert [a.get("predicted_headroom_mib") for a in record["fit_aim"]["attempts"]] == [961, None]
+    assert fit_aim_text(record["fit_aim"]) == (
+        "--fit-target 1024 stopped once loaded, serving predicted to leave 961 MiB, under the 1,024 MiB margin; "
+        "--fit-target 1247 left 1,286 MiB"
+    )
 
 
 def test_a_resumed_aim_reuses_the_start_it_kept_before_the_stop(tmp_path, monkeypatch):
@@ -783,3 +822,21 @@ def test_the_report_says_where_the_bound_s_bandwidth_comes_from_and_how_much_its
     undated = bandwidth_text({"host_memory_bandwidth": measured})
     assert "once for h200, its 3 passes" in undated
     assert bandwidth_text({}) is None
+
+
+def test_the_serving_headroom_is_predicted_from_the_load_peak_against_the_emulated_card():
+    """serving_at_load: what a loaded server's peak leaves of the VRAM limit (the emulated card's budget), less what
+    serving adds (planner.SERVING_MIB); nothing to predict without a card or a peak."""
+    from types import SimpleNamespace
+
+    from crashline.jobs import measure as M
+
+    sampled = {"peak_gpu_mib": 30_614.0}
+    sampler = SimpleNamespace(now=lambda: None, result=lambda: sampled)
+    host = {"gpu": {"devices": [{"name": "NVIDIA H100 80GB HBM3", "memory_total_mib": 81_559}]}}
+    at_load = M.serving_at_load(SimpleNamespace(sampler=sampler), 31_729, host)
+    assert at_load == {"load_headroom_mib": 1_115.0, "headroom_mib": 1_115.0 - M.planner.SERVING_MIB}
+    assert M.serving_at_load(SimpleNamespace(sampler=sampler), None, host)["load_headroom_mib"] == 81_559 - 30_614
+    assert M.serving_at_load(SimpleNamespace(sampler=sampler), 31_729, {"gpu": {}}) is None
+    sampled["peak_gpu_mib"] = None
+    assert M.serving_at_load(SimpleNamespace(sampler=sampler), 31_729, host) is None

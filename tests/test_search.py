@@ -627,3 +627,54 @@ def test_a_split_layer_s_peak_is_predicted_from_the_gpu_runs_that_measured_it(
         - planner.predict(manifest, whole["settings"], compute_model, 0)["load_mib"]
     )
     assert 0 <= rise - (load(split) - load(whole)) <= 3
+
+
+def test_session_30s_100k_search_replayed_on_its_own_clock_prices_an_optional_start_as_a_whole_one(
+    tmp_path, monkeypatch
+):
+    """Session 30's seed-scale 100K tune (--time 15m, H100) ran its -ub 2048 search's partial probe and climb, then
+    went past its time: an optional start was priced at the mean of every start so far (60 s), calibration and
+    probes that ended at a failed load or their warm-up included, where a whole start at 100K took about 100 s.
+    Replayed here from its records, each start taking the seconds its record says, with the same work owed elsewhere
+    (the other search's boundary, margin and neighbour; one whole start for each aimed --fit on reference): the
+    partial probe still fits, the climb and the finalists' second starts are left out, priced at the whole starts."""
+    from types import SimpleNamespace
+
+    from crashline.engine import eta
+    from crashline.jobs import search as search_mod
+
+    with tarfile.open(REPO / "bench" / "results" / "lease-2026-12-07-s30" / "seed100k.tgz") as packed:
+        packed.extractall(tmp_path, **({"filter": "data"} if hasattr(tarfile, "data_filter") else {}))
+    run = tmp_path / "seed100k" / "tune"
+    folder = run / "results" / "search" / "seed" / "7ef81a8a73"
+    clock = SimpleNamespace(now=1_000_000.0)
+    fake_time = SimpleNamespace(time=lambda: clock.now, monotonic=lambda: clock.now)
+    monkeypatch.setattr(search_mod, "time", fake_time)
+    monkeypatch.setattr(eta, "time", fake_time)
+
+    def replayed(spec, inputs, paths, load_only=False):
+        rec = read_json(folder / paths.record.relative_to(tmp_path / "out"))
+        clock.now += rec["time_budget_s"]["total"]
+        return rec
+
+    monkeypatch.setattr(search_mod, "measure", replayed)
+    owed = [{"job": "measure", "out": str(tmp_path / f"ref{k}.json"), "starts": 2, "must": 1} for k in (1, 2)] + [
+        {"job": "search", "out": str(tmp_path / "s2.json"), "starts": 9, "must": 3, "probes": str(tmp_path / "p")}
+    ]
+    # the search began 62 s into the run (provisioning, the model file's sha256), as on the H100
+    write_json(tmp_path / "plan.json", {"jobs": owed, "started": clock.now - 62})
+    monkeypatch.setenv(eta.PLAN_ENV, str(tmp_path / "plan.json"))
+    raw = yaml.safe_load((run / "tune.yaml").read_text())
+    cfg = C.validate({**raw, "results_dir": str(tmp_path / "results")}, SCHEMA)
+    spec = jobs.spec("search", cfg, "seed", "7ef81a8a73")
+    manifest = read_json(run / "results" / "models" / "seed" / "manifest.json")
+    summary = search_mod.run_search(spec, jobs.JobInputs({}, manifest, {}), tmp_path / "out")
+    assert summary["recommended_n_cpu_moe"] == 18 and summary["partial"][-1]["status"].startswith("measured")
+    assert summary["climbed"] == []
+    climb_cut, finals_cut = summary["time_cut"]
+    assert climb_cut == (
+        "the climb from n_cpu_moe 19 on left out: the time limit (15 min) leaves 77 s once 5 start(s) other jobs "
+        "must still make are set aside, and a server start takes about 1.7 min"
+    )
+    assert finals_cut.startswith("the finalists' start 2 of 2 and any later one left out")
+    assert clock.now - (1_000_000.0 - 62) + 5 * 100 < 900  # what it spent, with the owed starts, ends in time

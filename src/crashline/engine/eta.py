@@ -24,8 +24,10 @@ from ..core.settings import fit_aimed
 from ..engine import planner
 
 PLAN_ENV = "CRASHLINE_RUN_PLAN"  # where the server jobs of this run find its plan (set by the workflow)
-# The starts a --fit on aimed at the margin usually takes: every one of the ten in the committed leases (sessions
-# 16, 17, 23, 24; at 16K and at 100K) left less than the margin at its first target and took two or three.
+# The starts a --fit on aimed at the margin usually takes: every one of the twelve in the committed leases (sessions
+# 16, 17, 23, 24, 30; at 16K and at 100K) left less than the margin at its first target and took two or three. The
+# first now ends once loaded where its load peak says serving will leave less (jobs.measure.serving_at_load): a
+# load's seconds, so a time limit sets aside one start's worth for it, not two.
 AIMED_FIT_STARTS = 2
 
 
@@ -51,7 +53,7 @@ def search_must(has_limit: bool) -> int:
 def plan(config: dict) -> list[dict]:
     """Every server job of the run: its kind, its output, the server starts it is likely to need (a needle job whose
     twin's recall stands for it needs none) and those a time limit never leaves out (``must``: a configuration's
-    first start, two for a --fit on aimed at the margin, a search's boundary and margin; a needle check's short
+    first start, one for a --fit on aimed at the margin too, a search's boundary and margin; a needle check's short
     requests count as none); a search also names the folder of its probes."""
     layout = Layout(config["results_dir"])
     has_limit = config["budget"].get("vram_budget_mib") is not None
@@ -61,7 +63,7 @@ def plan(config: dict) -> list[dict]:
         first = AIMED_FIT_STARTS if fit_aimed(item["settings"], item["given"]) else 1
         for k, path in enumerate(layout.start_records(model, cid, item.get("starts", 1)), 1):
             starts = first if k == 1 else 1
-            jobs.append({"job": "measure", "out": str(path), "starts": starts, "must": starts * (k == 1)})
+            jobs.append({"job": "measure", "out": str(path), "starts": starts, "must": int(k == 1)})
         twin = needle_twin(config, model, cid)
         out = str(layout.needle_record(model, cid))
         jobs.append({"job": "needle", "out": out, "starts": 0 if twin else 1, "must": 0})
@@ -159,7 +161,8 @@ def reserved(own: Path | None) -> int:
 
 def over_time(what: str, limit_s: int | None, took: list[float], since: float, own: Path | None = None) -> str | None:
     """Why ``what``, an optional server start of the job whose output is ``own``, is left out, or None: a typical
-    start (the mean of ``took``, the seconds of the job's starts so far) would end past the run's time limit
+    start (the mean of ``took``, the seconds of the job's whole starts so far: those that ran their timed requests)
+    would end past the run's time limit
     ``limit_s`` (config key ``time_limit_s``), counted from the run's start (its plan), else from ``since``, once the
     starts the run still owes elsewhere (``reserved``: another search's boundary, a configuration's first start) are
     set aside at that length. As polyserve's --budget: the first start always runs, and what must run goes first."""

@@ -13,7 +13,7 @@ from typing import ClassVar
 
 import pandas as pd
 
-from ..engine import bottleneck, eta, logparse
+from ..engine import bottleneck, eta, logparse, planner
 from . import conversations as conv
 from ..core import host, progress, records
 from ..models import pagecache
@@ -372,10 +372,31 @@ FIT_AIM_STARTS = 3  # server starts at most for one --fit on aimed at the margin
 FIT_AIM_STEP_MIB = 64  # each raise of --fit-target is rounded up to this
 
 
+def serving_at_load(job: ServerJob, budget_mib: int | None, host_info: dict) -> dict | None:
+    """A loaded server's headroom while serving, predicted before any request: its peak so far (the load's) against
+    the VRAM limit, less ``planner.SERVING_MIB``, what serving adds beyond the load (measured within 46 MiB at 16K and
+    100K, on the safe side: bench/results/lease-2026-12-07-s30/serving-peak.json). None without a limit or a peak."""
+    job.sampler.now()
+    load = memory_summary(job.sampler.result(), budget_mib, host_info)["headroom_mib"]
+    if load is None:
+        return None
+    return {"load_headroom_mib": load, "headroom_mib": round(load - planner.SERVING_MIB, 1)}
+
+
+def stopped_at_load(record: dict) -> float | None:
+    """The headroom predicted while serving of a start stopped once loaded (``serving_at_load``), else None."""
+    if record["outcome"] != Outcome.OK or not record.get("stopped_at_load"):
+        return None
+    return record["serving_predicted_at_load"]["headroom_mib"]
+
+
 def fit_shortfall(record: dict, margin_mib: int) -> int | None:
     """How many MiB a ``--fit on`` start fell short of the margin: the margin less its headroom where it served and
-    its peak left less; the whole margin where it ran out of memory after load (by how much is unknown). None where
-    it left the margin, had no VRAM limit, or failed otherwise (a higher target cannot mend that)."""
+    its peak left less, or less its headroom predicted at load where it was stopped there (``serving_at_load``); the
+    whole margin where it ran out of memory after load (by how much is unknown). None where it left the margin, had
+    no VRAM limit, or failed otherwise (a higher target cannot mend that)."""
+    if (predicted := stopped_at_load(record)) is not None:
+        return math.ceil(margin_mib - predicted) if predicted < margin_mib else None
     headroom = (record.get("memory") or {}).get("headroom_mib")
     if headroom is None:
         return None
@@ -422,6 +443,8 @@ def measure_aimed(margin_mib: int, spec: MeasureSpec, inputs: JobInputs, paths: 
                 "fit_target": target,
                 "outcome": record["outcome"],
                 "headroom_mib": headroom,
+                # stopped once loaded: the headroom serving was predicted to leave (serving_at_load)
+                **({"predicted_headroom_mib": p} if (p := stopped_at_load(record)) is not None else {}),
                 "time_budget_s": record["time_budget_s"],
             }
         )
@@ -429,11 +452,14 @@ def measure_aimed(margin_mib: int, spec: MeasureSpec, inputs: JobInputs, paths: 
             break
         kept = RecordFolder.of(paths.record).fit_attempt(target).folder if reused else keep_attempt(paths, target)
         raised, base = fit_target_after(target, short, record)
-        why = (
-            f"its peak left {headroom:,.0f} MiB, {short:,} MiB short of the {margin_mib:,} MiB margin"
-            if record["outcome"] == Outcome.OK
-            else f"{outcome_text(record)}, so the target goes up by the {margin_mib:,} MiB margin"
-        )
+        predicted = stopped_at_load(record)
+        if predicted is not None:
+            why = f"serving would leave about {predicted:,.0f} MiB, {short:,} MiB short of the {margin_mib:,} MiB"
+            why += " margin"
+        elif record["outcome"] == Outcome.OK:
+            why = f"its peak left {headroom:,.0f} MiB, {short:,} MiB short of the {margin_mib:,} MiB margin"
+        else:
+            why = f"{outcome_text(record)}, so the target goes up by the {margin_mib:,} MiB margin"
         if base > target:
             why += f"; --fit projected {base:,} MiB free with this placement, so no target up to that changes it"
         progress.say(f"--fit on --fit-target {target}: {why} (kept in {kept}); again with --fit-target {raised}")
@@ -527,6 +553,16 @@ def _measure(
     done: dict = {"workloads": [], "talks": [], "soaked": None, "claims_failure": None}
 
     def work(job: ServerJob) -> None:
+        if not load_only and skip_under_margin is not None:
+            record["serving_predicted_at_load"] = at_load = serving_at_load(job, budget_mib, record["host"])
+            if at_load and at_load["headroom_mib"] < skip_under_margin:
+                record["stopped_at_load"] = True
+                progress.say(
+                    f"stopped once loaded: its load peak left {at_load['load_headroom_mib']:,.0f} MiB, so serving "
+                    f"would leave about {at_load['headroom_mib']:,.0f} (the planner's {planner.SERVING_MIB:,.0f} MiB "
+                    f"of serving growth), under the {skip_under_margin:,} MiB margin: no request can make it the answer"
+                )
+                return
         if not load_only:
             limit = vram_limit_mib(budget_mib, record["host"])
             served = (

@@ -175,6 +175,10 @@ class _Search:
         self.results: dict[int, bool] = {}  # n_cpu_moe -> survived every workload (its first start)
         self.calibration_record = ""  # "ID/calibration": the start that gave the compute buffer, no workloads
         self.took: list[float] = []  # seconds of each server start so far, for the time left
+        # seconds of each that ran its timed requests: what an optional start (a climb's, a finalist's) takes, where
+        # a calibration, a failed load or a probe under the margin ends in seconds (session 30's 100K run priced them
+        # alike: 60 s a start against 100 s for a whole one, and ran over its --time)
+        self.whole_took: list[float] = []
         self.stage, self.climbed, self.finalist_starts = "boundary", 0, 0  # where the search is, for the time left
         self.boundary = lo  # the lowest value that survived, once found
         self.limit: float | None = None  # the VRAM limit the search fits, once calibrated
@@ -258,7 +262,7 @@ class _Search:
     def out_of_time(self, what: str) -> str | None:
         """Why ``what`` (an optional server start) is left out by the run's time limit, said and kept, or None."""
         own = SearchFolder(self.out_dir).summary()
-        text = eta.over_time(what, self.group.time_limit_s, self.took, self.began, own)
+        text = eta.over_time(what, self.group.time_limit_s, self.whole_took or self.took, self.began, own)
         if text:
             self.time_cut.append(text)
             progress.say(text)
@@ -282,6 +286,8 @@ class _Search:
         )
         rec = measure(probe, self.inputs, MeasurePaths.of(folder), load_only=load_only)
         self.took.append(time.monotonic() - began)
+        if not load_only and headroom_ok(rec, self.margin):
+            self.whole_took.append(self.took[-1])
         return rec
 
     # -- speeds ------------------------------------------------------------------------------------------------------
