@@ -838,5 +838,6 @@ def test_the_serving_headroom_is_predicted_from_the_load_peak_against_the_emulat
     assert at_load == {"load_headroom_mib": 1_115.0, "headroom_mib": 1_115.0 - M.planner.SERVING_MIB}
     assert M.serving_at_load(SimpleNamespace(sampler=sampler), None, host)["load_headroom_mib"] == 81_559 - 30_614
     assert M.serving_at_load(SimpleNamespace(sampler=sampler), 31_729, {"gpu": {}}) is None
+    assert M.serving_at_load(SimpleNamespace(sampler=None), 31_729, host) is None  # no telemetry
     sampled["peak_gpu_mib"] = None
     assert M.serving_at_load(SimpleNamespace(sampler=sampler), 31_729, host) is None

@@ -375,7 +375,10 @@ FIT_AIM_STEP_MIB = 64  # each raise of --fit-target is rounded up to this
 def serving_at_load(job: ServerJob, budget_mib: int | None, host_info: dict) -> dict | None:
     """A loaded server's headroom while serving, predicted before any request: its peak so far (the load's) against
     the VRAM limit, less ``planner.SERVING_MIB``, what serving adds beyond the load (measured within 46 MiB at 16K and
-    100K, on the safe side: bench/results/lease-2026-12-07-s30/serving-peak.json). None without a limit or a peak."""
+    100K, on the safe side: bench/results/lease-2026-12-07-s30/serving-peak.json). None without a limit, a sampler or
+    a peak."""
+    if job.sampler is None:
+        return None
     job.sampler.now()
     load = memory_summary(job.sampler.result(), budget_mib, host_info)["headroom_mib"]
     if load is None:
