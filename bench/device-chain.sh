@@ -7,6 +7,7 @@
 #                                                                  # under setsid, then waits as `wait` does
 #   bash bench/device-chain.sh wait                                # until the chain ends or WAIT_S (560) passed, then
 #                                                                  # packs /tmp/res into $OUT, one tarball per folder
+# Send `start`'s output to a file, not into a pipe: piped, the call waited until its 600 s limit (session 31).
 # A step is a shell command run in /tmp/repo ('TUNE_LIMIT_S=900 bash bench/device-session.sh tune ...'). Each step's
 # start, end and status go to /tmp/res/chain.jsonl; what it printed to /tmp/res/chain-N.txt.
 set -euo pipefail
