@@ -325,6 +325,12 @@ def recommend(
                             f", in one server start: only configurations started as often as the fastest "
                             f"({fastest.starts} interleaved starts) can tie it"
                         )
+                    elif pct is not None and cid in spread and spread[cid].starts == fastest.starts == 1:
+                        # apart by the requests of one start each: what starts differ by was never measured (a
+                        # --time that left the finalists' further starts out; session 31's 100K run read the
+                        # runner-up 1.5% slower, and another start of each, with fresh prompts, put it 1.4% ahead)
+                        reason += ", in one server start each: the spread between starts, which decides a tie, was "
+                        reason += "not measured"
                 verdicts.append(
                     {"config_id": cid, "label": label, "failed": False, "tied": cid in tied, "speed": speed,
                      "reason": reason}
