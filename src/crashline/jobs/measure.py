@@ -441,13 +441,13 @@ def measure_aimed(margin_mib: int, spec: MeasureSpec, inputs: JobInputs, paths: 
             record = _measure(aimed, inputs, paths, skip_under_margin=None if last else margin_mib)
         short = fit_shortfall(record, margin_mib)
         headroom = (record.get("memory") or {}).get("headroom_mib")
+        predicted = stopped_at_load(record)  # the headroom serving was predicted to leave, where stopped once loaded
         attempts.append(
             {
                 "fit_target": target,
                 "outcome": record["outcome"],
                 "headroom_mib": headroom,
-                # stopped once loaded: the headroom serving was predicted to leave (serving_at_load)
-                **({"predicted_headroom_mib": p} if (p := stopped_at_load(record)) is not None else {}),
+                **({"predicted_headroom_mib": predicted} if predicted is not None else {}),
                 "time_budget_s": record["time_budget_s"],
             }
         )
@@ -455,7 +455,6 @@ def measure_aimed(margin_mib: int, spec: MeasureSpec, inputs: JobInputs, paths: 
             break
         kept = RecordFolder.of(paths.record).fit_attempt(target).folder if reused else keep_attempt(paths, target)
         raised, base = fit_target_after(target, short, record)
-        predicted = stopped_at_load(record)
         if predicted is not None:
             why = f"serving would leave about {predicted:,.0f} MiB, {short:,} MiB short of the {margin_mib:,} MiB"
             why += " margin"

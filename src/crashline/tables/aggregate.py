@@ -51,11 +51,13 @@ def fit_aim_text(aim: dict | None) -> str | None:
     said = []
     for a in attempts:
         predicted = a.get("predicted_headroom_mib")  # stopped once loaded (jobs.measure.serving_at_load)
-        served = a["outcome"] == Outcome.OK and a["headroom_mib"] is not None
-        left = f"left {a['headroom_mib']:,.0f} MiB" if served else f"ended {a['outcome']}"
         if predicted is not None:
-            left = f"stopped once loaded, serving predicted to leave {predicted:,.0f} MiB"
-        short = not served or (a["headroom_mib"] if predicted is None else predicted) < aim["margin_mib"]
+            left, room = f"stopped once loaded, serving predicted to leave {predicted:,.0f} MiB", predicted
+        elif a["outcome"] == Outcome.OK and a["headroom_mib"] is not None:
+            left, room = f"left {a['headroom_mib']:,.0f} MiB", a["headroom_mib"]
+        else:
+            left, room = f"ended {a['outcome']}", None
+        short = room is None or room < aim["margin_mib"]
         said.append(
             f"--fit-target {a['fit_target']} {left}"
             + (f", under the {aim['margin_mib']:,} MiB margin" if short else "")
