@@ -102,6 +102,16 @@ def test_the_time_limit_leaves_out_an_entry_s_later_starts(tmp_path, tiny_moe, s
     assert not RecordFolder(tmp_path).later_start(2).server_log.exists()  # no server started
 
 
+def test_a_later_start_is_timed_without_the_checks_it_leaves_to_the_first():
+    """A later start runs the timed workloads only (``FIRST_START_ONLY``): the time limit prices it from the earlier
+    starts' clocks less their conversations and soak (a default gemma start: 80 s, 35 of them its conversation)."""
+    laps = {"server_start": 1.1, "workloads": 42.9, "conversations": 34.8, "soak": 0.0, "total": 80.3}
+    from crashline.jobs import measure as M
+
+    assert M._seconds({"time_budget_s": laps}) == pytest.approx(45.5)
+    assert M._seconds({"time_budget_s": {"total": 12.0}}) == 12.0 and M._seconds({}) == 0.0
+
+
 def test_prompt_beyond_context_is_a_failure_of_the_configuration(tmp_path, tiny_moe, server_provenance):
     rec = run(
         tmp_path,

@@ -1,6 +1,7 @@
 """An entry's later server starts run interleaved (#41 item 1): start 2 of a model's configurations only once each has
 made start 1 (A B, A B), so that drift between starts hits every configuration alike; a configuration whose first start
-failed is not started again, and says so."""
+failed is not started again, and says so. A later start repeats the timed workloads only: the conversation, a check of
+survival, runs in the first."""
 
 from __future__ import annotations
 
@@ -24,6 +25,8 @@ configurations:
     starts: 2
 workloads:
   - {name: short, prompt_tokens: 300, gen_tokens: 8}
+conversations:
+  - {name: chat, turn_tokens: 64, reply_tokens: 8, depth_tokens: 192, at_once: 1, restart: true}
 repetitions: 1
 validity: {enabled: false}
 """
@@ -52,5 +55,12 @@ def test_later_starts_run_once_every_configuration_made_the_one_before(tmp_path,
     assert configs.loc[served, "starts"].tolist() == [2, 2] and configs.loc[failed[0], "starts"] == 1
     measurements = pd.read_parquet(work / "results" / "tables" / "measurements.parquet").set_index("config_id")
     assert measurements.loc[served, "decode_tps_n"].tolist() == [2, 2]  # one timed request of each start
+    # the conversation ran in each first start, with its restart, and in no later one: its row is the first start's
+    assert all(first[cid]["conversations"][0]["outcome"] == "ok" for cid in served)
+    assert all(
+        second[cid]["conversations"] == [] and "conversations" not in second[cid]["job_config"] for cid in served
+    )
+    talks = pd.read_parquet(work / "results" / "tables" / "conversations.parquet").set_index("config_id")
+    assert sorted(talks.loc[served].index) == sorted(served) and set(talks.loc[served, "outcome"]) == {"ok"}
     again = snakemake_in(work, "-n", "report")
     assert "Nothing to be done" in again.stdout + again.stderr

@@ -346,15 +346,27 @@ def later_start(spec: MeasureSpec, inputs: JobInputs, paths: MeasurePaths) -> di
         return records.write(
             paths.record, "measure", {**head, "left_out": why or cut, **({"time_cut": cut} if cut else {})}
         )
-    progress.say(f"start {k}/{spec.item.starts} of {spec.item.id}, as the first ran")
+    progress.say(f"start {k}/{spec.item.starts} of {spec.item.id}, as the first ran (its timed workloads)")
     paths.record.parent.mkdir(parents=True, exist_ok=True)
-    as_first = dataclasses.replace(spec, item=dataclasses.replace(spec.item, settings=first["settings"]))
+    timed = dataclasses.replace(spec.measurement, **FIRST_START_ONLY)
+    as_first = dataclasses.replace(
+        spec, measurement=timed, item=dataclasses.replace(spec.item, settings=first["settings"])
+    )
     return records.write(paths.record, "measure", {**_measure(as_first, inputs, paths), "start": k})
 
 
+# What a later start of an entry's configuration leaves to its first, each with its value when left out: the checks of
+# survival over time. A later start repeats the timed workloads, whose spread between starts decides a tie; a
+# conversation's turns and restart, and the soak, are checks run once per configuration, as its needle check is (in
+# every start they took 35 of a default gemma start's 80 s: bench/results/user-check-2026-12-07-s32/).
+FIRST_START_ONLY = {"conversations": (), "soak": None}
+
+
 def _seconds(record: dict) -> float:
-    """A start's seconds, as its record's clock says (``time_budget_s``), for the time a start takes."""
-    return float((record.get("time_budget_s") or {}).get("total") or 0.0)
+    """A later start's seconds, as a start's record's clock says (``time_budget_s``) less the laps a later start
+    does not run (``FIRST_START_ONLY``), for the time the next start takes."""
+    laps = record.get("time_budget_s") or {}
+    return float(laps.get("total") or 0.0) - sum(float(laps.get(name) or 0.0) for name in FIRST_START_ONLY)
 
 
 def _no_more_starts(last: dict, k: int, first: dict) -> str | None:
