@@ -60,6 +60,8 @@ def test_later_starts_run_once_every_configuration_made_the_one_before(tmp_path,
     assert all(
         second[cid]["conversations"] == [] and "conversations" not in second[cid]["job_config"] for cid in served
     )
+    # two starts and the first's restart case: three servers each
+    assert configs.loc[served, "server_starts"].tolist() == [3, 3]
     talks = pd.read_parquet(work / "results" / "tables" / "conversations.parquet").set_index("config_id")
     assert sorted(talks.loc[served].index) == sorted(served) and set(talks.loc[served, "outcome"]) == {"ok"}
     again = snakemake_in(work, "-n", "report")

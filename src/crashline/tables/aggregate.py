@@ -77,9 +77,13 @@ def _time_columns(rec: dict) -> dict:
         "first_request_s": laps.get("warmup_request"),  # lapped only once it answered
         "server_starts": 0  # refused before its server started (a budget or GPUs this machine cannot give)
         if rec.get("outcome") == Outcome.BUDGET_REFUSED
-        else (rec.get("starts") or 1) * (1 + sum(bool(t.get("restart_turn")) for t in rec.get("conversations") or []))
-        + len(before),
+        else (rec.get("starts") or 1) + rec.get("restart_cases", restart_cases(rec)) + len(before),
     }
+
+
+def restart_cases(rec: dict) -> int:
+    """The servers one start started again for its conversations' restart cases."""
+    return sum(bool(t.get("restart_turn")) for t in rec.get("conversations") or [])
 
 
 def _soak_columns(result: dict | None) -> dict:
@@ -297,11 +301,12 @@ def pool_starts(recs: list[dict]) -> dict:
     """Server starts of one configuration as one record (a search's finalists): the first start's record with
     ``starts``; the outcome of the first start that failed, if one did; the peaks over every start
     (``_pool_memory``); per workload, the statistics over every request of every start (``_pool_workload``); per
-    conversation workload, the first start's, or the first that failed; the soak of the start that would reach a
+    conversation workload, the first start's, or the first that failed, and every start's restart cases
+    (``restart_cases``: a later start of an entry runs no conversation); the soak of the start that would reach a
     limit soonest."""
     if len(recs) == 1:
         return recs[0]
-    out = {**recs[0], "starts": len(recs)}
+    out = {**recs[0], "starts": len(recs), "restart_cases": sum(map(restart_cases, recs))}
     bad = next((r for r in recs if r["outcome"] != "ok"), None)
     if bad is not None:
         out.update({k: bad.get(k) for k in ("outcome", "failure", "phase", "message", "log_tail", "returncode")})
