@@ -4,8 +4,9 @@ computed"), from a measured results folder whose workloads differ only in their 
     python bench/reply_measured.py RESULTS [--metric e2e_tps]
 
 Per workload (reply length), each configuration's median over its timed requests of every start and its starts'
-medians; the answer at that length is the faster by the tie rule a tune ranks with (``tables.ties.same_speed`` on the
-starts' medians: overlapping, or not apart by Student's t at 95%), else "tied". Beside it the switch crashline
+medians; the answer at that length is the one whose every start median lies above the other's (as a tune's tie-break
+names it, "chosen for every start above theirs"), else "tied"; ``apart_by_t`` says whether Student's t at 95% also
+parts them (``tables.ties.same_speed``, the rule that calls two configurations tied). Beside it the switch crashline
 computes (``recommendation.json``'s ``reply_length``, from its objective's workload). Prints JSON.
 """
 
