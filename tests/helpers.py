@@ -154,3 +154,12 @@ def snakemake(workdir, *args, check=True):
     if check and proc.returncode != 0:
         raise AssertionError(f"snakemake {' '.join(args)} failed:\n{output[-6000:]}")
     return output
+
+
+def recorded(search_dir: Path, rel: Path) -> dict:
+    """A replayed search's record at ``rel``; a calibration the run did not make, its own: before session 33 a search
+    calibrated with every expert on the CPU, a value above the one it asks now (its compute buffer the same at these
+    runs' -c 32768, 16K; at 100K, 128 MiB smaller on two shapes: bench/results/lease-2026-12-08-s33/)."""
+    if rel.parent.name == "calibration" and not (search_dir / rel).exists():
+        (rel,) = [p.relative_to(search_dir) for p in search_dir.glob("records/*/calibration/measure.json")]
+    return read_json(search_dir / rel)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import re
 import statistics
+import sys
 
 import pytest
 
@@ -13,7 +14,7 @@ from crashline.engine import logparse, planner
 from crashline.models import synthetic
 from crashline.core.settings import resolve
 
-from conftest import FIXTURES
+from conftest import FIXTURES, REPO
 
 LOGS = FIXTURES / "cuda-logs"
 
@@ -282,3 +283,32 @@ def test_the_probes_a_search_has_left_are_the_bisection_of_what_is_not_bracketed
     assert planner.probes_left({27: True, 20: False}, 0, 28) == 3  # 21..26
     assert planner.probes_left({20: False}, 0, 28) == 4  # 21..28, no survivor yet
     assert planner.probes_left({30: False, 27: True}, 0, 28) == 5  # a failure above a survivor brackets nothing
+
+
+def test_the_calibration_leaves_one_expert_layer_on_the_card():
+    """``calibration_value``: the most experts on the CPU with one layer's still on the card, within the range."""
+    manifest = {"layers": 8}
+    assert planner.calibration_value(manifest, 0, 8) == 7  # every layer's on the CPU would miss the card's MoE buffers
+    assert planner.calibration_value(manifest, 0, 5) == 5  # layers 5-7 already on the card
+    assert planner.calibration_value(manifest, 8, 8) == 8  # a range of one value: that value
+
+
+def test_the_serving_peak_at_100k_is_predicted_within_64_mib_when_calibrated_with_an_expert_layer_on_the_card():
+    """#40 item 4, on the H100 runs at -c 131072 -ub 2048 q4_0 (bench/results/lease-2026-12-08-s33/): the search
+    calibrated with every expert on the CPU read a compute buffer of 896.13 MiB where every probe had 1,024.13, and
+    predicted each whole-layer probe's peak while serving 110 MiB low on s8 and s16. Calibrated as a search does now
+    (on a start with an expert layer on the card: another probe of the same search), within 64 MiB, on the safe side."""
+    sys.path.insert(0, str(REPO / "bench"))
+    import serving_peak
+
+    lease = REPO / "bench" / "results" / "lease-2026-12-08-s33"
+    for shape in ("s8", "s16"):
+        results = lease / f"{shape}-100k" / f"{shape}-100k" / "tune" / "results"
+        manifest = json.loads((results / "models" / shape / "manifest.json").read_text())
+        (search_dir,) = (results / "search" / shape).iterdir()
+        then = serving_peak.search_errors(search_dir, manifest)  # the search's own all-CPU calibration
+        now = serving_peak.search_errors(search_dir, manifest, own=False)
+        whole = lambda found: [p["error_mib"] for p in found["probes"] if not p["override_tensor"]]  # noqa: E731
+        assert whole(then) and all(e < -64 for e in whole(then)), then
+        assert all(0 <= e <= 64 for e in whole(now)), now
+        assert all(p["calibrated_on"]["n_cpu_moe"] < manifest["layers"] for p in now["probes"])

@@ -204,7 +204,8 @@ def test_the_workflow_console_shows_each_job_as_it_happens(tmp_path, server_prov
     assert [int(n) for line in search if (m := re.match(server, line)) for n in m.groups()] == [3, 0], search
     assert sum(bool(re.fullmatch(r"llama-server ready in \d+\.\d s", line)) for line in search) == 2
     assert sum(bool(re.fullmatch(rf"short [12]/2: prefill {tps}, decode {tps}", line)) for line in search) == 2
-    assert any(line.startswith("calibration: n_cpu_moe 3 (the most expert layers on the CPU)") for line in search)
+    calibrated = "calibration: n_cpu_moe 3 (the most expert layers on the CPU with one on the card)"
+    assert any(line.startswith(calibrated) for line in search)
     assert "loaded and stopped (no workloads: a calibration)" in search
     assert "probe 1: n_cpu_moe 0 ok; boundary at 0" in search
     assert "search done: boundary n_cpu_moe 0, use 0, 2 server starts" in search

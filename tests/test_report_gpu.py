@@ -27,6 +27,7 @@ from crashline.jobs.measure import memory_summary
 from crashline.tables.recommend import recommend
 
 from conftest import FIXTURES, REPO, WIDTHS, unreadable
+from helpers import recorded
 
 RECORDS = FIXTURES / "h200-records"
 RECORDS_11761 = FIXTURES / "h200-records-11761"  # the same model and settings under an 11761 MiB budget
@@ -318,7 +319,7 @@ def test_the_margin_is_searched_from_the_prediction_on_the_h200_search(tmp_path,
     real = read_json(folder / "search.json")
 
     def h200(spec, inputs, paths, load_only=False):
-        return read_json(folder / "records" / paths.record.parent.relative_to(tmp_path / "records") / "measure.json")
+        return recorded(folder, paths.record.relative_to(tmp_path))
 
     monkeypatch.setattr(search, "measure", h200)
     cfg = C.validate(
@@ -332,6 +333,38 @@ def test_the_margin_is_searched_from_the_prediction_on_the_h200_search(tmp_path,
     assert (summary["boundary"], summary["lowest_with_margin"], summary["recommended_n_cpu_moe"]) == (25, 29, 30)
     assert real["server_starts"] - summary["server_starts"] == 2  # 26 and 27 never started
     assert {"26", "27"}.isdisjoint(str(v["n_cpu_moe"]) for v in summary["values"] if v["status"] == "measured")
+
+
+def test_a_calibration_whose_one_expert_layer_does_not_load_is_a_probe_and_every_expert_on_the_cpu_calibrates(
+    tmp_path, monkeypatch
+):
+    """The same H200 search over 0..48 with the load at 47 (one layer's experts on the card) answered as failed: that
+    start is 47's probe (failed), the search calibrates again at 48 and reaches the same boundary and answer."""
+    from crashline.jobs import spec as jobs
+
+    (folder,) = [p.parent for p in TUNE_H200.glob("results/search/*/*/search.json") if "4a7dabea11" in str(p)]
+    real = read_json(folder / "search.json")
+    asked = []
+
+    def h200(spec, inputs, paths, load_only=False):
+        n = spec.item.settings["n_cpu_moe"]
+        asked.append((n, load_only))
+        rec = recorded(folder, paths.record.relative_to(tmp_path))
+        if n == 47:
+            rec = {**rec, "settings": spec.item.settings, "outcome": "load_failed", "workloads": []}
+        return rec
+
+    monkeypatch.setattr(search, "measure", h200)
+    cfg = C.validate(
+        {**yaml.safe_load((TUNE_H200 / "tune.yaml").read_text()), "results_dir": str(tmp_path)}, C.load_schema()
+    )
+    spec = jobs.spec("search", cfg, "qwen3-30b-a3b", real["group"])
+    manifest = read_json(TUNE_H200 / "results" / "models" / "qwen3-30b-a3b" / "manifest.json")
+    summary = search.run_search(spec, jobs.JobInputs({}, manifest, {}), tmp_path)
+    assert asked[:2] == [(47, True), (48, True)]
+    assert summary["calibration"].startswith(real["calibration"].split("/")[0])  # 48's, as the run itself had
+    assert (summary["boundary"], summary["recommended_n_cpu_moe"]) == (real["boundary"], real["recommended_n_cpu_moe"])
+    assert {v["n_cpu_moe"]: v["status"] for v in summary["values"]}[47] == "measured"
 
 
 LEASE = REPO / "bench" / "results" / "lease-2026-12-02" / "qwen3-30b-a3b" / "tune" / "results"

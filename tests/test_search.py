@@ -15,7 +15,7 @@ import pandas as pd
 import yaml
 
 from conftest import REPO
-from helpers import fetch_record
+from helpers import fetch_record, recorded
 from crashline.config.plan import load_schema
 from crashline.tables import aggregate
 from crashline.config import plan as C
@@ -54,14 +54,14 @@ def test_search_on_cpu_writes_probes_summary_and_report(tmp_path, tiny_moe, serv
     assert summary["boundary"] == summary["recommended_n_cpu_moe"] == summary["lowest_with_margin"] == 0
     assert summary["climbed"] == summary["finalists"] == [] and summary["lead_held"] is None  # climb: 0
     assert summary["probes"] == [{"n_cpu_moe": 0, "survived": True}]
-    assert summary["server_starts"] == 2  # calibration at 4, then 0
+    assert summary["server_starts"] == 2  # calibration at 3 (layer 3's experts on the card), then 0
     statuses = {v["n_cpu_moe"]: v["status"] for v in summary["values"]}
-    assert statuses[0] == "measured" and statuses[2].startswith("not measured")
-    assert statuses[4] == "calibration: started and stopped once ready, no workloads"
-    # the calibration loaded 4 and stopped it: no workloads, a record of its own beside the probes', not a probe
+    assert statuses[0] == "measured" and statuses[2].startswith("not measured") and statuses[4].startswith("not meas")
+    assert statuses[3] == "calibration: started and stopped once ready, no workloads"
+    # the calibration loaded 3 and stopped it: no workloads, a record of its own beside the probes', not a probe
     calib = records.load(out / "records" / summary["calibration"] / "measure.json", "measure")
     assert calib["load_only"] and calib["outcome"] == "ok" and calib["workloads"] == []
-    assert calib["settings"]["n_cpu_moe"] == 4 and calib["placement"]["buffers_mib"]
+    assert calib["settings"]["n_cpu_moe"] == 3 and calib["placement"]["buffers_mib"]
     assert summary["calibration_time_budget_s"]["server_start"] > 0 and "workloads" not in summary["records"]
     probes = sorted((out / "records").glob("*/measure.json"))
     assert len(probes) == 1 and summary["records"] == [probes[0].parent.name]
@@ -88,8 +88,8 @@ def test_search_on_cpu_writes_probes_summary_and_report(tmp_path, tiny_moe, serv
     md = (tmp_path / "r.md").read_text()
     assert "**Planner**" in md and "Probed in this order: 0." in md and "use n_cpu_moe 0" in md
     assert (  # every value, in runs
-        "- 0 ✓ chosen\n- 1–3 fit by the same prediction (not measured)\n"
-        "- 4 calibration: started and stopped once ready, no workloads\n"
+        "- 0 ✓ chosen\n- 1–2 fit by the same prediction (not measured)\n"
+        "- 3 calibration: started and stopped once ready, no workloads\n- 4 fit by the same prediction (not measured)\n"
     ) in md
 
 
@@ -141,7 +141,7 @@ def test_search_climbs_then_starts_the_finalists_again_interleaved(tmp_path, tin
         rule = "slower" if s.high < b.low else "faster" if s.low > b.high else "within noise"
         assert c["verdict"] == rule
         best = max((best, c["n_cpu_moe"]), key=lambda v: (speed(cid[v]).median, v))
-    measured = {0, *(c["n_cpu_moe"] for c in climbed)}  # 4, the calibration, was loaded and stopped only
+    measured = {0, *(c["n_cpu_moe"] for c in climbed)}  # 3, the calibration, was loaded and stopped only
     assert {v["n_cpu_moe"] for v in summary["values"] if v["status"] == "measured"} == measured
     assert summary["calibration"].endswith("/calibration") and summary["calibration"] not in summary["records"]
 
@@ -496,8 +496,7 @@ def test_the_boundary_layer_in_part_on_the_card_races_the_climb_on_the_h200_sear
         settings = spec.item.settings
         started.append((settings["n_cpu_moe"], settings.get("override_tensor")))
         if not settings.get("override_tensor"):
-            rel = paths.record.parent.relative_to(tmp_path / "records")
-            return read_json(folder / "records" / rel / "measure.json")
+            return recorded(folder, paths.record.relative_to(tmp_path))
         rec = copy.deepcopy(by_n[29])
         override = settings["override_tensor"]
         rec["memory"]["headroom_mib"] = h29 - sum(split[t] for t in on_card(override)) / 2**20 - crossing(override)
@@ -653,7 +652,7 @@ def test_session_30s_100k_search_replayed_on_its_own_clock_prices_an_optional_st
     monkeypatch.setattr(eta, "time", fake_time)
 
     def replayed(spec, inputs, paths, load_only=False):
-        rec = read_json(folder / paths.record.relative_to(tmp_path / "out"))
+        rec = recorded(folder, paths.record.relative_to(tmp_path / "out"))
         clock.now += rec["time_budget_s"]["total"]
         return rec
 

@@ -223,6 +223,15 @@ def arithmetic(prediction: dict, limit_mib: float, margin_mib: float) -> str:
     )
 
 
+def calibration_value(manifest: dict, lo: int, hi: int) -> int:
+    """The n_cpu_moe a search calibrates on: the most expert layers on the CPU with one still on the card (the
+    load most likely to fit whose compute buffer is the probes'). With every expert on the CPU the card's compute
+    buffer can be smaller than with any on it: at -ub 2048, -c 131072, q4_0 cache, 896.13 against 1,024.13 MiB on
+    two 128-expert shapes and 1,022.13 against 1,024.13 on the 320-expert seed shape, every placement with an expert
+    layer on the card alike (bench/results/lease-2026-12-08-s33/); at -c 32768, f16, the same either way."""
+    return max(lo, min(hi, manifest["layers"] - 1))
+
+
 def predicted_lowest(
     manifest: dict, settings: dict, compute: ComputeModel, rest_mib: float, limit_mib: float, margin_mib: float
 ) -> int:

@@ -2,11 +2,13 @@
 n_cpu_moe that survives every workload with headroom, with a few server starts instead of one per
 value.
 
-1. Calibrate: start the highest n_cpu_moe of the range (every expert on the CPU: the load most
-   likely to fit) and stop it once it is ready, without workloads (recorded under
+1. Calibrate: start the highest n_cpu_moe of the range that leaves an expert layer on the card
+   (planner.calibration_value: the load most likely to fit whose compute buffer is the probes') and stop it
+   once it is ready, without workloads (recorded under
    ``records/ID/calibration/``): its log gives the compute buffer at this ubatch; its peak VRAM at load
-   less its buffers gives the rest (CUDA context, small buffers). Its workloads, the slowest of the
-   range, would decide nothing unless every lower value fails, and then the search measures it.
+   less its buffers gives the rest (CUDA context, small buffers). Its workloads, among the slowest of the
+   range, would decide nothing unless every lower value fails, and then the search measures it. Where it
+   fails to load, the highest value (every expert on the CPU) is the calibration.
 2. Predict every value's VRAM from the manifest (planner.predict) and start at the lowest value
    predicted to fit the budget.
 3. Search: gallop from the prediction and bisect (planner.search_lowest), each probe a full
@@ -225,8 +227,8 @@ class _Search:
         cid = self.measured.setdefault(n, settings_mod.config_id(self.model_name, settings_mod.resolve(self.given(n))))
         self.calibration_record = f"{cid}/calibration"
         progress.say(
-            f"calibration: n_cpu_moe {n} (the most expert layers on the CPU), configuration {cid}, started and "
-            "stopped once ready: its log gives the compute buffer, its load peak the rest"
+            f"calibration: n_cpu_moe {n} (the most expert layers on the CPU with one on the card), configuration "
+            f"{cid}, started and stopped once ready: its log gives the compute buffer, its load peak the rest"
         )
         rec = self._measure(n, self.calibration_record, load_only=True)
         if rec["outcome"] != Outcome.OK:  # it failed before any workload: that is n's probe too
@@ -319,7 +321,9 @@ class _Search:
         clipped = f" (the model has {self.manifest['layers']} layers)" if hi < self.group.range[1] else ""
         goal = "fastest n_cpu_moe that survives with the margin" if self.climb else "lowest n_cpu_moe that survives"
         progress.say(f"search for the {goal}, in {lo}..{hi}{clipped}")
-        calib = self.calibrate(hi)
+        calib = self.calibrate(at := planner.calibration_value(self.manifest, lo, hi))
+        if calib["outcome"] != Outcome.OK and at < hi:  # not even one expert layer's load fits: that is n's probe
+            calib = self.calibrate(hi)
         resolved = settings_mod.resolve(self.given(hi))
         compute, rest = calibration(calib, resolved["ubatch"])
         # the prediction is of the whole model: against the budget on each of its GPUs together
