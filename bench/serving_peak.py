@@ -30,13 +30,14 @@ def today(probe: dict, calibration: dict, probes: list[dict], manifest: dict) ->
     expert on the CPU (before session 33), the whole-layer probe of the same search with the most experts on the CPU
     that still has one layer's on the card and a compute buffer on it, never ``probe`` itself (None if none)."""
     layers = manifest["layers"]
-    if calibration["settings"]["n_cpu_moe"] < layers:
+    on_card = planner.calibration_value(manifest, 0, layers)  # the highest value with an expert layer on the card
+    if calibration["settings"]["n_cpu_moe"] <= on_card:
         return calibration
     others = [
         p
         for p in probes
         if p is not probe
-        and p["settings"]["n_cpu_moe"] < layers
+        and p["settings"]["n_cpu_moe"] <= on_card
         and not p["settings"].get("override_tensor")
         and ((p.get("memory") or {}).get("per_phase") or {}).get("load")
         and calibrated(p, p["settings"]["ubatch"])[0](p["settings"]["ubatch"]) > 0

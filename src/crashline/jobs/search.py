@@ -322,7 +322,7 @@ class _Search:
         goal = "fastest n_cpu_moe that survives with the margin" if self.climb else "lowest n_cpu_moe that survives"
         progress.say(f"search for the {goal}, in {lo}..{hi}{clipped}")
         calib = self.calibrate(at := planner.calibration_value(self.manifest, lo, hi))
-        if calib["outcome"] != Outcome.OK and at < hi:  # not even one expert layer's load fits: that is n's probe
+        if calib["outcome"] != Outcome.OK and at < hi:  # one expert layer's load did not fit: that is its probe
             calib = self.calibrate(hi)
         resolved = settings_mod.resolve(self.given(hi))
         compute, rest = calibration(calib, resolved["ubatch"])
